@@ -1,0 +1,1 @@
+"""The launcher: runs a command where the egress proxy is the only road out."""
