@@ -1,0 +1,91 @@
+"""Turns allowed traffic into events and metrics: tunnels opened, requests
+completed (with body bytes), upstream failures, connection counts, connect latency.
+
+Response bodies are always streamed through a counting function, so the proxy
+never holds a whole download in memory (mitmproxy buffers bodies by default).
+Refusals are recorded by the guard that refused.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import connection, http
+from mitmproxy.proxy import server_hooks
+
+from ..engine import Engine, client_label
+from ..events import Event
+
+
+class Reporter:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.metrics = engine.recorder.metrics
+
+    def client_connected(self, client: connection.Client) -> None:
+        self.metrics.open_connections.inc()
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.metrics.open_connections.dec()
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        server = data.server
+        if server.timestamp_start and server.timestamp_tcp_setup:
+            self.metrics.upstream_connect.observe(server.timestamp_tcp_setup - server.timestamp_start)
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None:
+            self._record(flow, "allow", "allowed")
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.request.stream is True:  # mitmproxy decided to stream a large upload
+            flow.request.stream = _Counter(flow, "egress.sent", self.metrics.upload)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if not flow.request.stream and flow.request.raw_content:
+            size = len(flow.request.raw_content)
+            flow.metadata["egress.sent"] = size
+            self.metrics.upload.inc(size)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None and not flow.metadata.get("egress.refused"):
+            flow.response.stream = _Counter(flow, "egress.received", self.metrics.download)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if not flow.metadata.get("egress.refused"):
+            self._record(flow, "allow", "allowed")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get("egress.refused") or flow.error is None:
+            return
+        message = flow.error.msg
+        code = "upstream-timeout" if "timed out" in message.lower() else "connect-failed"
+        self._record(flow, "error", code, detail=message[:200])
+
+    def _record(self, flow: http.HTTPFlow, decision: str, reason: str, detail: str = "") -> None:
+        self.engine.recorder.record(Event(
+            client=client_label(flow.client_conn.peername), method=flow.request.method,
+            host=_host(self.engine, flow), port=flow.request.port, decision=decision,
+            reason=reason, rule=flow.metadata.get("egress.rule"), detail=detail,
+            bytes_sent=flow.metadata.get("egress.sent", 0),
+            bytes_received=flow.metadata.get("egress.received", 0)))
+
+
+def _host(engine: Engine, flow: http.HTTPFlow) -> str:
+    tunnel = engine.tunnels.get(flow.client_conn.id)
+    return tunnel[0].name if tunnel else flow.request.host
+
+
+class _Counter:
+    """A mitmproxy stream function that passes chunks through and counts them."""
+
+    __slots__ = ("flow", "key", "counter", "total")
+
+    def __init__(self, flow: http.HTTPFlow, key: str, counter):
+        self.flow, self.key, self.counter, self.total = flow, key, counter, 0
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if chunk:
+            self.total += len(chunk)
+            self.counter.inc(len(chunk))
+        else:  # end of body
+            self.flow.metadata[self.key] = self.total
+        return chunk

@@ -1,0 +1,302 @@
+"""The `egress` command line.
+
+Exit statuses (documented in the README):
+  0 success / every target allowed        3 the policy cannot be loaded
+  1 a target refused / a policy invalid   4 cannot listen (address in use, ...)
+  2 usage error                           5 the state directory or a CA file is unusable
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.parse
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+EXIT_REFUSED = 1
+EXIT_POLICY = 3
+EXIT_LISTEN = 4
+EXIT_STATE = 5
+
+DEFAULT_POLICY = "dev"
+
+
+class Fatal(Exception):
+    """A failure that ends the command with a one-line reason and a documented status."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+def _fail(error: Fatal) -> None:
+    click.echo(f"egress: {error}", err=True)
+    sys.exit(error.status)
+
+
+def _load_policy(sources: tuple[str, ...]):
+    from .policy import PolicyError, load_policy
+
+    try:
+        return load_policy(list(sources) or [DEFAULT_POLICY])
+    except PolicyError as e:
+        for problem in e.problems:
+            click.echo(f"egress: {problem}", err=True)
+        raise Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)") from None
+
+
+def _parse_address(text: str, option: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` or ``PORT``."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option)
+    return host, int(port)
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="egress")
+def main() -> None:
+    """egress: one road out. An allow-list proxy that names what it refuses.
+
+    \b
+    Common commands:
+      egress serve --policy my.toml     run the proxy (127.0.0.1:8080, metrics :9464)
+      egress check example.com          would the policy allow it? (no network)
+      egress policy validate my.toml    check a policy file
+      egress ca path                    the CA certificate clients must trust
+    """
+
+
+policy_option = click.option(
+    "--policy", "policies", multiple=True, metavar="FILE",
+    help="Policy file (TOML) or built-in set name; repeatable. Default: the built-in set 'dev'.")
+
+
+# ----------------------------------------------------------------------- check
+
+
+@main.command()
+@policy_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per target, one per line.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port to decide for (default: from the URL, else any).")
+@click.argument("targets", nargs=-1, required=True, metavar="HOST_OR_URL...")
+def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: tuple[str, ...]) -> None:
+    """Say whether the policy allows each target, and which rule decided.
+
+    Pure: no DNS, no connection. Exit status 0 if every target is allowed, 1 if not.
+    """
+    try:
+        policy = _load_policy(policies)
+    except Fatal as e:
+        _fail(e)
+    refused = False
+    for target in targets:
+        host, target_port = _split_target(target)
+        decision = policy.decide(host, port or target_port)
+        refused |= not decision.allowed
+        if as_json:
+            click.echo(json.dumps({
+                "target": target, "host": decision.host, "port": decision.port,
+                "decision": "allow" if decision.allowed else "block", "reason": decision.reason,
+                "rule": str(decision.rule) if decision.rule else None,
+            }))
+        else:
+            verdict = "allow" if decision.allowed else "block"
+            click.echo(f"{verdict}: {decision.host}: {decision.words()}")
+    sys.exit(EXIT_REFUSED if refused else 0)
+
+
+def _split_target(target: str) -> tuple[str, int | None]:
+    from .hosts import InvalidHost, split_host_port
+
+    if "://" in target:
+        url = urllib.parse.urlsplit(target)
+        netloc = url.netloc.rpartition("@")[2]
+        default = {"http": 80, "https": 443}.get(url.scheme.lower())
+        try:
+            return split_host_port(netloc, default)
+        except InvalidHost:
+            return netloc, default
+    try:
+        return split_host_port(target)
+    except InvalidHost:
+        return target, None
+
+
+# ---------------------------------------------------------------------- policy
+
+
+@main.group()
+def policy() -> None:
+    """Work with policy files."""
+
+
+@policy.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def validate(files: tuple[str, ...]) -> None:
+    """Check policy files; print OK or every problem with file:line. Exit 1 if any."""
+    from .policy import PolicyError, load_policy
+
+    failed = False
+    for file in files:
+        try:
+            loaded = load_policy([file])
+        except PolicyError as e:
+            failed = True
+            for problem in e.problems:
+                click.echo(str(problem), err=True)
+        else:
+            click.echo(f"{file}: OK ({loaded.rule_count} entries from {len(loaded.files)} file(s))")
+    sys.exit(EXIT_REFUSED if failed else 0)
+
+
+# -------------------------------------------------------------------------- ca
+
+
+@main.group()
+def ca() -> None:
+    """The CA that signs intercepted TLS connections."""
+
+
+@ca.command("path")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+              help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
+def ca_path(state_dir: Path | None) -> None:
+    """Print the CA certificate's path (creating the CA if needed)."""
+    from .state import StateError, ensure_ca
+
+    try:
+        click.echo(str(ensure_ca(state_dir)))
+    except StateError as e:
+        _fail(Fatal(EXIT_STATE, str(e)))
+
+
+# ----------------------------------------------------------------------- serve
+
+
+@main.command()
+@policy_option
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
+              help="Proxy address; port 0 picks a free port (printed on start-up).")
+@click.option("--metrics", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT|off",
+              help="Prometheus metrics address (/metrics); port 0 picks a free port.")
+@click.option("--resolve", "overrides", multiple=True, metavar="HOST:ADDR",
+              help="Resolve HOST to ADDR without DNS (like curl's --resolve); repeatable.")
+@click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also trust this CA (PEM) for upstream servers, e.g. a company CA.")
+@click.option("--audit-log", default="-", show_default=True, metavar="FILE|-|off",
+              help="Where to write one JSON line per decision ('-' is standard output).")
+@click.option("--dns-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 60),
+              help="Seconds to wait for DNS answers.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+              help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
+def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_timeout, state_dir) -> None:
+    """Run the proxy until SIGINT or SIGTERM."""
+    listen_addr = _parse_address(listen, "--listen")
+    metrics_addr = None if metrics == "off" else _parse_address(metrics, "--metrics")
+    resolve_map = _parse_overrides(overrides)
+    try:
+        _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
+               dns_timeout, state_dir)
+    except Fatal as e:
+        _fail(e)
+
+
+def _parse_overrides(values: tuple[str, ...]) -> dict:
+    from .resolver import parse_override
+
+    result: dict = {}
+    for value in values:
+        try:
+            host, ip = parse_override(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--resolve") from None
+        result.setdefault(host, []).append(ip)
+    return result
+
+
+def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
+           dns_timeout, state_dir) -> None:
+    import asyncio
+    import signal
+
+    from prometheus_client import start_http_server
+
+    from .engine import Engine
+    from .events import Recorder
+    from .metrics import Metrics
+    from .proxy import EgressProxy, ListenError, ProxySettings, configure_logging
+    from .resolver import Resolver
+    from .state import StateError
+
+    configure_logging()
+    loaded = _load_policy(policies)
+    metrics = Metrics()
+    metrics.policy_rules.set(loaded.rule_count)
+    audit = _open_audit(audit_log)
+    engine = Engine(loaded, Resolver(resolve_map, timeout=dns_timeout), Recorder(metrics, audit))
+
+    metrics_server = None
+    if metrics_addr is not None:
+        try:
+            metrics_server, _ = start_http_server(metrics_addr[1], metrics_addr[0], registry=metrics.registry)
+        except OSError as e:
+            raise Fatal(EXIT_LISTEN, f"cannot serve metrics on {_format_address(*metrics_addr)}: "
+                                     f"{e.strerror or e}") from None
+
+    async def run() -> None:
+        try:
+            proxy = EgressProxy(engine, ProxySettings(
+                listen_host=listen_addr[0], listen_port=listen_addr[1],
+                state_dir=state_dir, upstream_ca=upstream_ca))
+            bound = await proxy.start()
+        except StateError as e:
+            raise Fatal(EXIT_STATE, str(e)) from None
+        except ListenError as e:
+            raise Fatal(EXIT_LISTEN, f"cannot listen on {_format_address(*listen_addr)}: {e}") from None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, proxy.stop)
+        for host, port in bound:
+            click.echo(f"egress: proxy listening on {_format_address(host, port)}", err=True)
+        if metrics_server is not None:
+            host, port = metrics_server.server_address[:2]
+            click.echo(f"egress: metrics on http://{_format_address(host, port)}/metrics", err=True)
+        from .state import ca_cert_path
+        click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.rule_count} entries); "
+                   f"CA certificate {ca_cert_path(state_dir)}", err=True)
+        await proxy.run_until_stopped()
+
+    try:
+        asyncio.run(run())
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        if audit not in (None, sys.stdout):
+            audit.close()
+
+
+def _open_audit(target: str):
+    if target == "off":
+        return None
+    if target == "-":
+        return sys.stdout
+    try:
+        return open(target, "a", encoding="utf-8", buffering=1)
+    except OSError as e:
+        raise Fatal(EXIT_STATE, f"cannot open the audit log {target}: {e.strerror or e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Host names and IP literals, normalised before any decision.
+
+A request names its destination in many spellings: case, a trailing dot, Unicode
+(IDN), and IP literals in every form the C library's ``inet_aton`` accepts
+(``2130706433``, ``0x7f.1``, ``0177.0.0.1``, ``127.1``) or in brackets with a zone
+id (``[fe80::1%eth0]``, ``[::ffff:127.0.0.1]``). Every one of them is reduced to
+one canonical :class:`Host` here, so the policy compares like with like.
+
+Pure functions, no network.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+import idna
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# A plain ASCII name: the fast path for nearly every real request.
+_ASCII_NAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(?:\.(?!-)[a-z0-9_-]{1,63}(?<!-))*$")
+# One part of an inet_aton address: hex, octal (leading 0) or decimal.
+_NUMERIC_LABEL = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
+
+
+class InvalidHost(ValueError):
+    """The text cannot name a host (empty label, bad characters, bad IP literal...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """A destination host in canonical form.
+
+    ``name`` is the punycode, lower-case domain without trailing dot, or the
+    compressed text of the IP address. ``ip`` is set for IP literals only.
+    """
+
+    name: str
+    ip: IPAddress | None = None
+
+    @property
+    def is_ip(self) -> bool:
+        return self.ip is not None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_host(raw: str) -> Host:
+    """Normalise ``raw`` (a host as a client wrote it, without port) to a :class:`Host`.
+
+    Raises :class:`InvalidHost` when it cannot name a host.
+    """
+    text = raw.strip()
+    if not text:
+        raise InvalidHost("empty host")
+    if text.startswith("[") and text.endswith("]"):
+        return Host(*_ip_pair(_parse_ipv6(text[1:-1], raw)))
+    text = text.lower()
+    if ":" in text:
+        return Host(*_ip_pair(_parse_ipv6(text, raw)))
+    if text.endswith("."):
+        text = text[:-1]
+    if not text:
+        raise InvalidHost(f"{raw!r} is not a host name")
+    labels = text.split(".")
+    # A name whose last label is a number is an IPv4 literal (as in browsers and
+    # inet_aton) or nothing at all: no top-level domain is numeric.
+    if _NUMERIC_LABEL.match(labels[-1]):
+        return Host(*_ip_pair(_parse_ipv4(labels, raw)))
+    return Host(_domain(text, raw))
+
+
+def _ip_pair(ip: IPAddress) -> tuple[str, IPAddress]:
+    return str(ip), ip
+
+
+def _parse_ipv6(text: str, raw: str) -> IPAddress:
+    text = text.split("%", 1)[0]  # zone id (fe80::1%eth0, or %25 as in URLs)
+    try:
+        ip = ipaddress.IPv6Address(text)
+    except ValueError:
+        raise InvalidHost(f"{raw!r} is not a valid IPv6 address") from None
+    # ::ffff:a.b.c.d is the IPv4 address a.b.c.d for every socket API.
+    return ip.ipv4_mapped or ip
+
+
+def _parse_ipv4(labels: list[str], raw: str) -> ipaddress.IPv4Address:
+    if len(labels) > 4:
+        raise InvalidHost(f"{raw!r} is neither a host name nor an IPv4 address")
+    numbers = []
+    for label in labels:
+        if not _NUMERIC_LABEL.match(label):
+            raise InvalidHost(f"{raw!r} is neither a host name nor an IPv4 address")
+        if label.startswith("0x"):
+            numbers.append(int(label[2:] or "0", 16))
+        elif len(label) > 1 and label.startswith("0"):
+            try:
+                numbers.append(int(label, 8))
+            except ValueError:
+                raise InvalidHost(f"{raw!r}: {label!r} is not an octal number") from None
+        else:
+            numbers.append(int(label))
+    # inet_aton: the last part fills all the bytes the earlier parts left.
+    *leading, last = numbers
+    if any(n > 255 for n in leading) or last >= 256 ** (4 - len(leading)):
+        raise InvalidHost(f"{raw!r} is out of range for an IPv4 address")
+    value = 0
+    for n in leading:
+        value = value << 8 | n
+    value = value << (8 * (4 - len(leading))) | last
+    return ipaddress.IPv4Address(value)
+
+
+def _domain(text: str, raw: str) -> str:
+    if _ASCII_NAME.match(text):
+        name = text
+    else:
+        try:
+            name = idna.encode(text, uts46=True).decode("ascii")
+        except (idna.IDNAError, UnicodeError) as e:
+            raise InvalidHost(f"{raw!r} is not a valid host name ({e})") from None
+        if not _ASCII_NAME.match(name):
+            raise InvalidHost(f"{raw!r} is not a valid host name")
+    if len(name) > 253:
+        raise InvalidHost(f"{raw!r} is longer than 253 characters")
+    return name
+
+
+def split_host_port(authority: str, default_port: int | None = None) -> tuple[str, int | None]:
+    """Split ``host:port`` / ``[v6]:port`` / ``host``; the host part is not normalised."""
+    text = authority.strip()
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise InvalidHost(f"{authority!r}: unclosed '['")
+        host, rest = text[: end + 1], text[end + 1 :]
+        if not rest:
+            return host, default_port
+        if not rest.startswith(":"):
+            raise InvalidHost(f"{authority!r}: unexpected text after ']'")
+        return host, _port(rest[1:], authority)
+    if text.count(":") == 1:
+        host, port = text.split(":")
+        return host, _port(port, authority)
+    return text, default_port  # a bare IPv6 address has several colons
+
+
+def _port(text: str, authority: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise InvalidHost(f"{authority!r}: {text!r} is not a port number (1-65535)")
+    return int(text)
+
+
+def parent_domains(name: str):
+    """Yield ``name`` and each parent: a.b.c -> a.b.c, b.c, c."""
+    yield name
+    start = name.find(".")
+    while start >= 0:
+        yield name[start + 1 :]
+        start = name.find(".", start + 1)

@@ -1,0 +1,556 @@
+"""The domain policy: plain data and pure functions, no sockets, no DNS.
+
+A policy file is TOML with its keys at the top level, so the smallest policy is
+one line, ``allow = ["pypi.org"]``. Semantics:
+
+* ``example.com`` covers the apex and every subdomain; ``*.example.com`` covers
+  subdomains only; ``host:443`` narrows an entry to one port.
+* IP addresses and CIDRs match IP literals only; a domain entry never matches
+  an IP literal.
+* ``deny`` wins over every ``allow``.
+
+Lookups cost O(labels of the host) for names and O(distinct prefix lengths) for
+addresses, whatever the number of rules: entries live in dictionaries keyed by
+the name (or the masked network), never in a list that is scanned.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import ipaddress
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from . import reasons
+from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host, split_host_port
+
+LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
+KNOWN_KEYS = ("include",) + LIST_KEYS
+
+# Built-in sets, by the name used in `include`.
+BUILTIN_SETS = {"dev": "default.toml"}
+
+
+# --------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file, located as precisely as we can."""
+
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.message}"
+
+
+class PolicyError(Exception):
+    """A policy could not be loaded; ``problems`` lists every reason found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+# ---------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """An entry of a policy list, as written, with the file it came from."""
+
+    key: str  # allow | deny | passthrough | allow_private
+    text: str  # the entry as written in the file
+    path: str
+
+    def location(self) -> str:
+        """``path:line`` of the entry (found on demand: loading stays fast)."""
+        line = _find_line(self.path, self.text)
+        return f"{self.path}:{line}" if line else self.path
+
+    def __str__(self) -> str:
+        return f"{self.text} ({self.location()})"
+
+
+def _find_line(path: str, text: str, key: str | None = None) -> int | None:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for quote in ('"', "'"):
+        needle = f"{quote}{text}{quote}"
+        for number, line in enumerate(lines, 1):
+            if needle in line:
+                return number
+    if key:
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith(key):
+                return number
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer for one destination: allowed or not, why, and which rule said so."""
+
+    host: str
+    port: int | None
+    allowed: bool
+    reason: str  # "allowed" or a code from egress.reasons.REFUSALS
+    rule: Rule | None = None
+    detail: str = ""
+
+    def words(self) -> str:
+        """Plain words a person can act on."""
+        if self.allowed:
+            if self.rule is None:
+                return f"allowed ({self.detail})" if self.detail else "allowed"
+            return f"matched {self.rule}"
+        text = reasons.words(self.reason)
+        if self.rule is not None:
+            text += f": matched {self.rule}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+
+# --------------------------------------------------------------- entry parsing
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    kind: str  # "domain" (apex + subdomains) | "subdomains" | "net"
+    value: str | ipaddress.IPv4Network | ipaddress.IPv6Network
+    port: int | None
+
+
+class _EntryError(ValueError):
+    pass
+
+
+def _parse_entry(text: str, key: str) -> _Entry:
+    """Parse one list entry; raise _EntryError with what to write instead."""
+    if not isinstance(text, str):
+        raise _EntryError(f"{key}: entries must be strings, not {type(text).__name__} {text!r}")
+    raw = text.strip()
+    if not raw:
+        raise _EntryError(f"{key}: empty entry")
+    if "://" in raw:
+        host = raw.split("://", 1)[1].split("/", 1)[0]
+        raise _EntryError(f"{key}: {text!r} is a URL; write the host only, e.g. {host!r}")
+    if raw in ("*", "*.", "**"):
+        hint = ("to allow every domain, run with --network all instead"
+                if key == "allow" else "list the domains themselves")
+        raise _EntryError(f"{key}: a bare {raw!r} is not allowed; {hint}")
+
+    # Split off an optional port, keeping CIDR slashes and IPv6 brackets intact.
+    try:
+        host_part, port = split_host_port(raw)
+    except InvalidHost as e:
+        raise _EntryError(f"{key}: {e}") from None
+
+    if "/" in host_part:
+        return _parse_cidr(host_part.strip("[]"), port, text, key)
+
+    wildcard = False
+    if host_part.startswith("*."):
+        wildcard, host_part = True, host_part[2:]
+    if "*" in host_part:
+        raise _EntryError(
+            f"{key}: {text!r} has a wildcard in the middle of the name; only a leading "
+            f"'*.' is understood (e.g. '*.example.com'), or write 'example.com' for the "
+            f"domain and all its subdomains")
+    try:
+        host = parse_host(host_part)
+    except InvalidHost as e:
+        raise _EntryError(f"{key}: {e}") from None
+    if host.is_ip:
+        if wildcard:
+            raise _EntryError(f"{key}: {text!r}: a wildcard cannot apply to an IP address")
+        return _Entry("net", ipaddress.ip_network(host.ip), port)
+    if key != "deny":
+        _refuse_public_suffix(host.name, text, key)
+    return _Entry("subdomains" if wildcard else "domain", host.name, port)
+
+
+def _parse_cidr(text: str, port: int | None, original: str, key: str) -> _Entry:
+    try:
+        return _Entry("net", ipaddress.ip_network(text, strict=True), port)
+    except ValueError as e:
+        try:
+            fixed = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            if "/" in text and not _looks_like_ip(text.split("/", 1)[0]):
+                raise _EntryError(
+                    f"{key}: {original!r} has a path; write the host only, "
+                    f"e.g. {text.split('/', 1)[0]!r}") from None
+            raise _EntryError(f"{key}: {original!r} is not a valid CIDR ({e})") from None
+        raise _EntryError(
+            f"{key}: {original!r} has host bits set; did you mean {str(fixed)!r}?") from None
+
+
+def _looks_like_ip(text: str) -> bool:
+    try:
+        return parse_host(text).is_ip
+    except InvalidHost:
+        return False
+
+
+def _refuse_public_suffix(name: str, text: str, key: str) -> None:
+    if "." not in name and name != "localhost":
+        raise _EntryError(
+            f"{key}: {text!r} is a top-level domain: it would cover every site under it; "
+            f"write a registrable domain such as 'example.{name}'")
+    if is_public_suffix(name):
+        raise _EntryError(
+            f"{key}: {text!r} is a public suffix: it would cover every site registered "
+            f"under it; write a registrable domain such as 'example.{name}'")
+
+
+@functools.cache
+def _suffix_rules() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The public suffix list bundled with tldextract, as (exact, wildcard parents, exceptions).
+
+    ``suffix_list_urls=()`` and ``cache_dir=None`` keep tldextract from fetching
+    or caching anything: the snapshot in the package is the only source.
+    """
+    import tldextract
+
+    extractor = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None,
+                                      include_psl_private_domains=True)
+    exact, wild, exceptions = set(), set(), set()
+    for rule in extractor.tlds:
+        target = exact
+        if rule.startswith("!"):
+            target, rule = exceptions, rule[1:]
+        elif rule.startswith("*."):
+            target, rule = wild, rule[2:]
+        if not rule.isascii():
+            rule = ".".join(_to_ascii(label) for label in rule.split("."))
+        target.add(rule)
+    return frozenset(exact), frozenset(wild), frozenset(exceptions)
+
+
+def _to_ascii(label: str) -> str:
+    import idna
+
+    try:
+        return idna.encode(label, uts46=True).decode("ascii")
+    except idna.IDNAError:
+        return label
+
+
+def is_public_suffix(name: str) -> bool:
+    """True if ``name`` (canonical punycode) is itself a public suffix (``com``, ``co.uk``, ``github.io``)."""
+    exact, wild, exceptions = _suffix_rules()
+    if name in exact:
+        return True
+    if name in exceptions:
+        return False
+    parent = name.partition(".")[2]
+    return bool(parent) and parent in wild
+
+
+@functools.cache
+def _registrable_extractor():
+    import tldextract
+
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
+def registrable_domain(host: str) -> str | None:
+    """``a.b.example.co.uk`` -> ``example.co.uk``; None for IPs and bare suffixes."""
+    result = _registrable_extractor()(host)
+    if not result.domain or not result.suffix:
+        return None
+    return f"{result.domain}.{result.suffix}"
+
+
+# ---------------------------------------------------------------------- tables
+
+
+class _DomainTable:
+    """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
+
+    def __init__(self) -> None:
+        # name -> list of (port or None, rule index); two maps for the two wildcard kinds.
+        self.apex_and_subdomains: dict[str, list[tuple[int | None, int]]] = {}
+        self.subdomains_only: dict[str, list[tuple[int | None, int]]] = {}
+
+    def add(self, entry: _Entry, rule: int) -> None:
+        table = self.subdomains_only if entry.kind == "subdomains" else self.apex_and_subdomains
+        table.setdefault(entry.value, []).append((entry.port, rule))
+
+    def match(self, name: str, port: int | None) -> int | None:
+        """The most specific rule covering ``name`` (and ``port``), or None."""
+        for depth, candidate in enumerate(parent_domains(name)):
+            for table in (self.apex_and_subdomains, self.subdomains_only):
+                if depth == 0 and table is self.subdomains_only:
+                    continue
+                for rule_port, rule in table.get(candidate, ()):
+                    if rule_port is None or rule_port == port:
+                        return rule
+        return None
+
+    def __len__(self) -> int:
+        return len(self.apex_and_subdomains) + len(self.subdomains_only)
+
+
+class _NetTable:
+    """IP and CIDR entries keyed by masked network: O(distinct prefix lengths) per lookup."""
+
+    def __init__(self) -> None:
+        # (version, prefixlen) -> {network int: [(port, rule)]}
+        self.by_prefix: dict[tuple[int, int], dict[int, list[tuple[int | None, int]]]] = {}
+        self._order: dict[int, list[tuple[int, dict]]] | None = None
+
+    def add(self, entry: _Entry, rule: int) -> None:
+        net = entry.value
+        bucket = self.by_prefix.setdefault((net.version, net.prefixlen), {})
+        bucket.setdefault(int(net.network_address), []).append((entry.port, rule))
+        self._order = None
+
+    def _prefixes(self, version: int) -> list[tuple[int, dict]]:
+        if self._order is None:
+            # Longest prefix first: the most specific rule is the one reported.
+            self._order = {4: [], 6: []}
+            for (ver, plen), bucket in sorted(self.by_prefix.items(), key=lambda kv: -kv[0][1]):
+                self._order[ver].append((plen, bucket))
+        return self._order[version]
+
+    def match(self, ip: IPAddress, port: int | None) -> int | None:
+        value, bits = int(ip), ip.max_prefixlen
+        for plen, bucket in self._prefixes(ip.version):
+            masked = (value >> (bits - plen)) << (bits - plen) if plen else 0
+            for rule_port, rule in bucket.get(masked, ()):
+                if rule_port is None or rule_port == port:
+                    return rule
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.by_prefix.values())
+
+
+@dataclass
+class _List:
+    domains: _DomainTable = field(default_factory=_DomainTable)
+    nets: _NetTable = field(default_factory=_NetTable)
+
+    def add(self, entry: _Entry, rule: int) -> None:
+        (self.nets if entry.kind == "net" else self.domains).add(entry, rule)
+
+    def match(self, host: Host, port: int | None) -> int | None:
+        if host.ip is not None:
+            return self.nets.match(host.ip, port)
+        return self.domains.match(host.name, port)
+
+
+# ---------------------------------------------------------------------- policy
+
+
+class Policy:
+    """A loaded policy. Build with :func:`load_policy` or :meth:`Policy.from_mapping`."""
+
+    def __init__(self) -> None:
+        self._rules: list[tuple[str, str, int]] = []  # (key, text, source index)
+        self._sources: list[str] = []
+        self._lists = {key: _List() for key in LIST_KEYS}
+        self.files: list[str] = []  # every file that went into this policy, in load order
+
+    # -- building
+
+    def _add(self, key: str, entry: _Entry, text: str, source: int) -> None:
+        self._rules.append((key, text, source))
+        self._lists[key].add(entry, len(self._rules) - 1)
+
+    def _rule(self, index: int | None) -> Rule | None:
+        if index is None:
+            return None
+        key, text, source = self._rules[index]
+        return Rule(key, text, self._sources[source])
+
+    @property
+    def rule_count(self) -> int:
+        return len(self._rules)
+
+    # -- decisions (pure)
+
+    def decide(self, host: str | Host, port: int | None = None) -> Decision:
+        """Allow or refuse ``host`` (as the client wrote it) on ``port``. No network."""
+        if not isinstance(host, Host):
+            try:
+                host = parse_host(host)
+            except InvalidHost as e:
+                return Decision(str(host), port, False, "invalid-host", detail=str(e))
+        denied = self._lists["deny"].match(host, port)
+        if denied is not None:
+            return Decision(host.name, port, False, "denied", self._rule(denied))
+        allowed = self._lists["allow"].match(host, port)
+        if allowed is not None:
+            return Decision(host.name, port, True, reasons.ALLOWED, self._rule(allowed))
+        return Decision(host.name, port, False, "not-allowed")
+
+    def passthrough(self, host: Host, port: int | None = None) -> Rule | None:
+        """The passthrough rule for ``host``: its tunnels are relayed without TLS interception."""
+        return self._rule(self._lists["passthrough"].match(host, port))
+
+    def private_allowed(self, host: Host, ip: IPAddress, kind: str) -> Rule | None:
+        """The allow_private rule that lets ``host`` reach ``ip`` (of kind ``kind``), if any.
+
+        An address or range always counts; a name counts for every kind except the
+        cloud metadata service, which must be named by address.
+        """
+        private = self._lists["allow_private"]
+        by_net = private.nets.match(ip, None)
+        if by_net is not None:
+            return self._rule(by_net)
+        if kind != "metadata" and host.ip is None:
+            return self._rule(private.domains.match(host.name, None))
+        return None
+
+    # -- loading
+
+    @classmethod
+    def from_mapping(cls, data: dict, path: str = "<policy>") -> "Policy":
+        """A policy from an already-parsed mapping (``include`` resolved relative to cwd)."""
+        policy = cls()
+        problems: list[Problem] = []
+        _Loader(policy, problems).load_mapping(data, path, text=None, stack=())
+        if problems:
+            raise PolicyError(problems)
+        return policy
+
+
+def builtin_dir() -> Path:
+    """Where the shipped policy files live (installed package or source tree)."""
+    try:
+        return Path(str(resources.files("egress.policies")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "policies"
+
+
+def builtin_path(name: str) -> Path | None:
+    """The file of built-in set ``name`` (``dev``), or None if there is no such set."""
+    file = BUILTIN_SETS.get(name, f"{name}.toml")
+    path = builtin_dir() / file
+    return path if path.is_file() else None
+
+
+class _Loader:
+    def __init__(self, policy: Policy, problems: list[Problem]):
+        self.policy = policy
+        self.problems = problems
+        self.loaded: set[Path] = set()
+
+    def load_file(self, path: Path, stack: tuple[Path, ...]) -> None:
+        path = path.resolve()
+        if path in stack:
+            chain = " -> ".join(str(p) for p in stack + (path,))
+            self.problems.append(Problem(str(stack[-1]), None, f"include cycle: {chain}"))
+            return
+        if path in self.loaded:
+            return  # a diamond include: the same rules once
+        self.loaded.add(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.problems.append(Problem(str(path), None, "no such file"))
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            self.problems.append(Problem(str(path), None, f"cannot read: {e}"))
+            return
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            self.problems.append(_toml_problem(str(path), e))
+            return
+        self.load_mapping(data, str(path), text, stack + (path,))
+
+    def load_mapping(self, data: dict, path: str, text: str | None, stack: tuple[Path, ...]) -> None:
+        policy = self.policy
+        policy.files.append(path)
+        source = len(policy._sources)
+        policy._sources.append(path)
+
+        def problem(message: str, needle: str | None = None, key: str | None = None) -> None:
+            line = _find_line(path, needle, key) if (needle or key) and text is not None else None
+            self.problems.append(Problem(path, line, message))
+
+        for key in data:
+            if key not in KNOWN_KEYS:
+                close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(KNOWN_KEYS)}"
+                problem(f"unknown key {key!r}{hint}", key=key)
+
+        includes = data.get("include", [])
+        if isinstance(includes, str):
+            includes = [includes]
+        if not isinstance(includes, list):
+            problem("include: expected a list of file paths or built-in set names", key="include")
+            includes = []
+        base = Path(path).parent if text is not None else Path.cwd()
+        for name in includes:
+            if not isinstance(name, str):
+                problem(f"include: entries must be strings, not {name!r}", key="include")
+                continue
+            target = builtin_path(name) if "/" not in name and not name.endswith(".toml") else None
+            if target is None:
+                target = base / name
+                if not target.exists() and "/" not in name and not name.endswith(".toml"):
+                    known = ", ".join(sorted(BUILTIN_SETS))
+                    problem(f"include: {name!r} is neither a file nor a built-in set ({known})", name)
+                    continue
+            self.load_file(target, stack)
+
+        for key in LIST_KEYS:
+            entries = data.get(key, [])
+            if not isinstance(entries, list):
+                problem(f"{key}: expected a list of strings, e.g. {key} = [\"example.com\"]", key=key)
+                continue
+            for entry_text in entries:
+                try:
+                    entry = _parse_entry(entry_text, key)
+                except _EntryError as e:
+                    problem(str(e), entry_text if isinstance(entry_text, str) else None, key)
+                    continue
+                policy._add(key, entry, entry_text, source)
+
+
+def _toml_problem(path: str, error: tomllib.TOMLDecodeError) -> Problem:
+    message = str(error)
+    line = None
+    if "(at line " in message:
+        message, _, where = message.rpartition(" (at line ")
+        try:
+            line = int(where.split(",")[0])
+        except ValueError:
+            pass
+    return Problem(path, line, f"not valid TOML: {message}")
+
+
+def load_policy(sources: list[str] | tuple[str, ...] | str) -> Policy:
+    """Load one or more policy files (or built-in set names) into one policy.
+
+    Raises :class:`PolicyError` listing every problem found.
+    """
+    if isinstance(sources, str):
+        sources = [sources]
+    policy = Policy()
+    problems: list[Problem] = []
+    loader = _Loader(policy, problems)
+    for source in sources:
+        path = Path(source)
+        if not path.exists() and "/" not in source and not source.endswith(".toml"):
+            builtin = builtin_path(source)
+            if builtin is not None:
+                path = builtin
+        loader.load_file(path, ())
+    if problems:
+        raise PolicyError(problems)
+    return policy

@@ -1,0 +1,98 @@
+"""Resolve a destination once, asynchronously, with a bounded time.
+
+Order: the user's overrides (``--resolve HOST:ADDR``, like curl's), then DNS with
+dnspython (A and AAAA in parallel, answers cached by TTL). The proxy dials the
+address it checked, so a second lookup (DNS rebinding) cannot change it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+
+import dns.asyncresolver
+import dns.exception
+import dns.resolver
+
+from .hosts import Host, InvalidHost, IPAddress, parse_host
+
+
+class ResolveError(Exception):
+    """The name could not be resolved; ``code`` is dns-failed or dns-timeout."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        super().__init__(message)
+
+
+def parse_override(text: str) -> tuple[str, IPAddress]:
+    """``HOST:ADDR`` (ADDR may be IPv6, optionally in brackets) -> (canonical host, address)."""
+    host, sep, addr = text.partition(":")
+    if not sep or not host or not addr:
+        raise ValueError(f"{text!r}: expected HOST:ADDRESS, e.g. example.test:127.0.0.1")
+    try:
+        name = parse_host(host)
+        ip = ipaddress.ip_address(addr.strip("[]"))
+    except (InvalidHost, ValueError) as e:
+        raise ValueError(f"{text!r}: {e}") from None
+    return name.name, ip
+
+
+class Resolver:
+    def __init__(self, overrides: dict[str, list[IPAddress]] | None = None,
+                 timeout: float = 5.0, nameservers: list[str] | None = None):
+        self.overrides = overrides or {}
+        self.timeout = timeout
+        self._dns: dns.asyncresolver.Resolver | None = None
+        self._nameservers = nameservers
+
+    def _resolver(self) -> dns.asyncresolver.Resolver:
+        if self._dns is None:
+            try:
+                resolver = dns.asyncresolver.Resolver(configure=not self._nameservers)
+            except dns.resolver.NoResolverConfiguration:
+                resolver = dns.asyncresolver.Resolver(configure=False)
+            if self._nameservers:
+                resolver.nameservers = []
+                for server in self._nameservers:
+                    addr, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
+                    resolver.nameservers.append(addr or server)
+                    if port:
+                        resolver.port = int(port)
+            resolver.cache = dns.resolver.Cache()
+            self._dns = resolver
+        return self._dns
+
+    async def resolve(self, host: Host) -> list[IPAddress]:
+        """All addresses of ``host``; raises ResolveError."""
+        if host.ip is not None:
+            return [host.ip]
+        if host.name in self.overrides:
+            return list(self.overrides[host.name])
+        resolver = self._resolver()
+
+        async def query(rdtype: str) -> list[IPAddress]:
+            try:
+                answer = await resolver.resolve(host.name, rdtype, lifetime=self.timeout,
+                                                search=False)
+            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+                return []
+            return [ipaddress.ip_address(r.address) for r in answer]
+
+        try:
+            results = await asyncio.gather(query("A"), query("AAAA"))
+        except dns.exception.Timeout:
+            raise ResolveError("dns-timeout", f"no answer within {self.timeout:g} s") from None
+        except dns.resolver.NoNameservers as e:
+            raise ResolveError("dns-failed", f"no name server answered: {e}") from None
+        except dns.exception.DNSException as e:
+            raise ResolveError("dns-failed", str(e)) from None
+        addresses = results[0] + results[1]
+        if not addresses:
+            raise ResolveError("dns-failed", "no such name")
+        return addresses
+
+
+def address_family(ip: IPAddress) -> int:
+    return socket.AF_INET if ip.version == 4 else socket.AF_INET6
