@@ -265,11 +265,17 @@ def _registrable_extractor():
 
 
 def registrable_domain(host: str) -> str | None:
-    """``a.b.example.co.uk`` -> ``example.co.uk``; None for IPs and bare suffixes."""
+    """``a.b.example.co.uk`` -> ``example.co.uk``; None for IPs and bare suffixes.
+
+    A name under a suffix the public list does not know (``.test``, ``.internal``)
+    counts its last two labels.
+    """
     result = _registrable_extractor()(host)
-    if not result.domain or not result.suffix:
+    if result.suffix:
+        return f"{result.domain}.{result.suffix}" if result.domain else None
+    if result.ipv4 or result.ipv6 or not result.domain:
         return None
-    return f"{result.domain}.{result.suffix}"
+    return ".".join(host.rsplit(".", 2)[-2:])
 
 
 # ---------------------------------------------------------------------- tables

@@ -1,0 +1,314 @@
+"""Shared fixtures: real upstream servers on 127.0.0.1, a real `egress serve` process.
+
+Every name a test uses ends in `.test` and resolves to 127.0.0.1 through the
+proxy's own `--resolve`, never through the machine's DNS; every address is
+loopback. The machine's own CA and proxy variables are never passed on: clients
+get an explicit, minimal environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+TEST_NAMES = ["allowed.test", "api.allowed.test", "denied.allowed.test", "other.test",
+              "blocked.test", "private.test", "passthrough.test"]
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """A minimal environment: no inherited proxy, CA or pip/npm settings."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
+    env.update(extra)
+    return env
+
+
+# ------------------------------------------------------------------ upstreams
+
+
+@dataclass
+class Upstream:
+    """A local HTTP or HTTPS server that records what reached it."""
+
+    server: ThreadingHTTPServer
+    scheme: str
+    connections: int = 0
+    requests: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
+
+    def url(self, host: str, path: str = "/small") -> str:
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    upstream: Upstream
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+    def _record(self, body: bytes = b"") -> None:
+        with self.upstream.lock:
+            self.upstream.requests.append(
+                {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body})
+
+    def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._record()
+        path = self.path.split("?")[0]
+        if path == "/small":
+            self._send(200, b"hello from upstream\n")
+        elif path == "/headers":
+            self._send(200, json.dumps(dict(self.headers)).encode(), "application/json")
+        elif path.startswith("/bytes/"):
+            size = int(path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            chunk = b"x" * 65536
+            while size > 0:
+                self.wfile.write(chunk[: min(size, len(chunk))])
+                size -= len(chunk)
+        elif path == "/hang":
+            self.upstream.release.wait(60)
+            self.close_connection = True
+        elif path == "/reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.connection.close()
+            self.close_connection = True
+        else:
+            self._send(404, b"not found\n")
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        self._record(body)
+        self._send(200, body, self.headers.get("Content-Type") or "application/octet-stream")
+
+
+def _start_upstream(ssl_context: ssl.SSLContext | None) -> Upstream:
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def verify_request(self, request, client_address):
+            with upstream.lock:
+                upstream.connections += 1
+            return True
+
+    handler = type("Handler", (_Handler,), {})
+    server = Server(("127.0.0.1", 0), handler)
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+    upstream = Upstream(server, "https" if ssl_context else "http")
+    handler.upstream = upstream
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return upstream
+
+
+@pytest.fixture(scope="session")
+def test_ca():
+    trustme = pytest.importorskip("trustme", reason="trustme is needed to make test certificates")
+    return trustme.CA()
+
+
+@pytest.fixture(scope="session")
+def test_ca_file(test_ca, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ca") / "upstream-ca.pem"
+    test_ca.cert_pem.write_to_path(str(path))
+    return path
+
+
+@pytest.fixture
+def http_upstream():
+    upstream = _start_upstream(None)
+    yield upstream
+    upstream.release.set()
+    upstream.server.shutdown()
+    upstream.server.server_close()
+
+
+@pytest.fixture
+def https_upstream(test_ca):
+    cert = test_ca.issue_cert(*TEST_NAMES, "127.0.0.1")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    upstream = _start_upstream(context)
+    yield upstream
+    upstream.release.set()
+    upstream.server.shutdown()
+    upstream.server.server_close()
+
+
+# ---------------------------------------------------------------------- proxy
+
+
+DEFAULT_POLICY = """
+allow = ["allowed.test", "passthrough.test", "private.test"]
+deny = ["denied.allowed.test"]
+passthrough = ["passthrough.test"]
+allow_private = ["allowed.test", "passthrough.test"]
+"""
+
+
+@dataclass
+class ProxyProcess:
+    process: subprocess.Popen
+    port: int
+    metrics_url: str | None
+    state_dir: Path
+    audit_path: Path
+    stderr_lines: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.state_dir / "ca" / "mitmproxy-ca-cert.pem"
+
+    def audit(self) -> list[dict]:
+        if not self.audit_path.exists():
+            return []
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines() if line.strip()]
+
+    def wait_for_audit(self, predicate, timeout: float = 10.0) -> list[dict]:
+        """Events are written as flows finish, which may be just after the client returns."""
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.audit()
+            if any(predicate(e) for e in events) or time.monotonic() > deadline:
+                return events
+            time.sleep(0.05)
+
+    def metrics(self) -> str:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(self.metrics_url, timeout=10) as r:
+            return r.read().decode()
+
+    def rss_peak_kib(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
+
+
+def egress_command() -> list[str]:
+    return [sys.executable, "-m", "egress.cli"]
+
+
+def start_proxy(tmp_path: Path, policy: str = DEFAULT_POLICY, *extra: str,
+                upstream_ca: Path | None = None, names=TEST_NAMES) -> ProxyProcess:
+    policy_path = tmp_path / "policy.toml"
+    policy_path.write_text(policy)
+    state_dir = tmp_path / "state"
+    audit_path = tmp_path / "audit.jsonl"
+    args = [*egress_command(), "serve", "--policy", str(policy_path), "--listen", "127.0.0.1:0",
+            "--metrics", "127.0.0.1:0", "--state-dir", str(state_dir), "--audit-log", str(audit_path)]
+    for name in names:
+        args += ["--resolve", f"{name}:127.0.0.1"]
+    if upstream_ca:
+        args += ["--upstream-ca", str(upstream_ca)]
+    args += list(extra)
+    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path))
+    lines: list[str] = []
+    port = metrics_url = None
+    deadline = time.monotonic() + 60
+    while port is None or metrics_url is None:
+        line = process.stderr.readline()
+        if not line:
+            process.wait(5)
+            raise AssertionError(f"egress serve exited ({process.returncode}):\n{''.join(lines)}")
+        lines.append(line)
+        if "proxy listening on" in line:
+            port = int(line.rsplit(":", 1)[1])
+        elif "metrics on" in line:
+            metrics_url = line.split("metrics on ", 1)[1].strip()
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("egress serve did not start:\n" + "".join(lines))
+
+    def drain():
+        for line in process.stderr:
+            lines.append(line)
+
+    threading.Thread(target=drain, daemon=True).start()
+    return ProxyProcess(process, port, metrics_url, state_dir, audit_path, lines)
+
+
+def stop_proxy(proxy: ProxyProcess) -> None:
+    if proxy.process.poll() is None:
+        proxy.process.send_signal(signal.SIGTERM)
+        try:
+            proxy.process.wait(10)
+        except subprocess.TimeoutExpired:
+            proxy.process.kill()
+            proxy.process.wait()
+
+
+@pytest.fixture
+def proxy_factory(tmp_path, test_ca_file):
+    started: list[ProxyProcess] = []
+
+    def factory(policy: str = DEFAULT_POLICY, *extra: str, **kwargs) -> ProxyProcess:
+        kwargs.setdefault("upstream_ca", test_ca_file)
+        directory = tmp_path / f"proxy{len(started)}"
+        directory.mkdir()
+        proxy = start_proxy(directory, policy, *extra, **kwargs)
+        started.append(proxy)
+        return proxy
+
+    yield factory
+    for proxy in started:
+        stop_proxy(proxy)
+    for proxy in started:
+        # An exception inside an addon is logged, not raised: make it fail the test.
+        errors = [line for line in proxy.stderr_lines if "Addon error" in line or "Traceback" in line]
+        assert not errors, "".join(proxy.stderr_lines)
+
+
+@pytest.fixture
+def proxy(proxy_factory) -> ProxyProcess:
+    return proxy_factory()
+
+
+# ---------------------------------------------------------------------- curl
+
+
+@pytest.fixture(scope="session")
+def curl_path() -> str:
+    path = shutil.which("curl")
+    if path is None:
+        pytest.skip("curl is not installed (.ci/run installs it)")
+    return path
+
+
+def run_curl(curl: str, proxy: ProxyProcess, url: str, *args: str, home: Path) -> subprocess.CompletedProcess:
+    """curl through the proxy, trusting only egress's CA, with a clean environment."""
+    command = [curl, "-sS", "--max-time", "30", "--proxy", proxy.url, "--cacert", str(proxy.ca_path),
+               *args, url]
+    return subprocess.run(command, capture_output=True, env=clean_env(home), timeout=60)
