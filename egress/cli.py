@@ -197,18 +197,21 @@ def ca_path(state_dir: Path | None) -> None:
               help="Also trust this CA (PEM) for upstream servers, e.g. a company CA.")
 @click.option("--audit-log", default="-", show_default=True, metavar="FILE|-|off",
               help="Where to write one JSON line per decision ('-' is standard output).")
+@click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds to wait for an upstream's response head before answering 504 (0: wait forever).")
 @click.option("--dns-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 60),
               help="Seconds to wait for DNS answers.")
 @click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
               help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
-def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_timeout, state_dir) -> None:
+def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, upstream_timeout, dns_timeout,
+          state_dir) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
     listen_addr = _parse_address(listen, "--listen")
     metrics_addr = None if metrics == "off" else _parse_address(metrics, "--metrics")
     resolve_map = _parse_overrides(overrides)
     try:
         _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-               dns_timeout, state_dir)
+               upstream_timeout, dns_timeout, state_dir)
     except Fatal as e:
         _fail(e)
 
@@ -227,7 +230,7 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 
 
 def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-           dns_timeout, state_dir) -> None:
+           upstream_timeout, dns_timeout, state_dir) -> None:
     import asyncio
     import signal
 
@@ -259,7 +262,7 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         try:
             proxy = EgressProxy(engine, ProxySettings(
                 listen_host=listen_addr[0], listen_port=listen_addr[1],
-                state_dir=state_dir, upstream_ca=upstream_ca))
+                state_dir=state_dir, upstream_ca=upstream_ca, upstream_timeout=upstream_timeout))
             bound = await proxy.start()
         except StateError as e:
             raise Fatal(EXIT_STATE, str(e)) from None

@@ -70,7 +70,13 @@ def parse_host(raw: str) -> Host:
     # inet_aton) or nothing at all: no top-level domain is numeric.
     if _NUMERIC_LABEL.match(labels[-1]):
         return Host(*_ip_pair(_parse_ipv4(labels, raw)))
-    return Host(_domain(text, raw))
+    name = _domain(text, raw)
+    # IDNA mapping can turn a non-ASCII spelling into an IPv4 literal: full-width
+    # digits or ideographic full stops ('127\u30020\u30020\u30021'). Check again after it,
+    # so that the name is the address (or refused), never a "domain" called 127.0.0.1.
+    if name != text and _NUMERIC_LABEL.match(name.rpartition(".")[2]):
+        return Host(*_ip_pair(_parse_ipv4(name.split("."), raw)))
+    return Host(name)
 
 
 def _ip_pair(ip: IPAddress) -> tuple[str, IPAddress]:

@@ -7,6 +7,7 @@ guards, in the order the road of a request needs them:
 
     Passthrough -> NextLayer -> ProtocolGuard      (what a tunnel may carry)
     PolicyGuard -> AddressGuard -> Reporter        (decide, resolve and pin, report)
+    UpstreamTimeout                                (504 when upstream never answers)
 
 Options chosen for an egress proxy: ``connection_strategy=lazy`` (nothing is
 dialled before a request has been checked, so a misdirected request inside a
@@ -29,6 +30,7 @@ from .addons.address_guard import AddressGuard
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
+from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, upstream_bundle
 
@@ -45,6 +47,7 @@ class ProxySettings:
     listen_port: int = 8080
     state_dir: Path | None = None
     upstream_ca: Path | None = None
+    upstream_timeout: float = 60.0
     extra_options: dict = field(default_factory=dict)
 
 
@@ -69,6 +72,7 @@ class EgressProxy:
             PolicyGuard(engine),
             AddressGuard(engine),
             Reporter(engine),
+            UpstreamTimeout(settings.upstream_timeout),
         )
         update = dict(
             confdir=str(ca_dir(settings.state_dir)),

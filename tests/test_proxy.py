@@ -262,3 +262,28 @@ def test_large_download_is_streamed_not_buffered(proxy, https_upstream, curl_pat
     assert int(result.stdout) == size
     # Buffered, mitmproxy peaks at 1.5-1.8 GB for this body; streamed it stays near idle.
     assert proxy.rss_peak_kib() < 250 * 1024
+
+
+def test_upstream_that_hangs_gets_504_naming_the_reason(proxy_factory, http_upstream):
+    from conftest import DEFAULT_POLICY
+
+    proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
+    session = requests_session(proxy)
+    response = session.get(http_upstream.url("allowed.test", "/hang"), timeout=30)
+    assert response.status_code == 504
+    assert response.headers["X-Egress-Error"] == "allowed.test; reason=upstream-timeout"
+    assert response.text.startswith("EGRESS_UPSTREAM_ERROR allowed.test:")
+    events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
+    assert any(e["decision"] == "error" and e["reason"] == "upstream-timeout" for e in events)
+    assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
+
+
+def test_upstream_that_hangs_inside_tls_is_dropped_with_502(proxy_factory, https_upstream):
+    from conftest import DEFAULT_POLICY
+
+    proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
+    response = requests_session(proxy).get(https_upstream.url("allowed.test", "/hang"), timeout=30)
+    assert response.status_code == 502
+    events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
+    assert any(e["decision"] == "error" and e["host"] == "allowed.test" for e in events
+               if e["reason"] == "upstream-timeout")

@@ -27,7 +27,7 @@ class PolicyGuard:
             self._refuse(flow, decision)
             return
         self.engine.tunnels[flow.client_conn.id] = (parse_host(flow.request.host), flow.request.port)
-        flow.metadata["egress.rule"] = str(decision.rule) if decision.rule else None
+        self._remember(flow, decision)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         tunnel = self.engine.tunnels.get(flow.client_conn.id)
@@ -43,7 +43,7 @@ class PolicyGuard:
         if not decision.allowed:
             self._refuse(flow, decision)
             return
-        flow.metadata["egress.rule"] = str(decision.rule) if decision.rule else None
+        self._remember(flow, decision)
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.engine.tunnels.pop(client.id, None)
@@ -63,6 +63,12 @@ class PolicyGuard:
             if name != host:
                 return Decision(host, port, False, "misdirected", detail=f"{what} names {value[:100]!r}")
         return None
+
+    @staticmethod
+    def _remember(flow: http.HTTPFlow, decision: Decision) -> None:
+        """What later addons report: the canonical host and the rule that allowed it."""
+        flow.metadata["egress.host"] = decision.host
+        flow.metadata["egress.rule"] = str(decision.rule) if decision.rule else None
 
     def _refuse(self, flow: http.HTTPFlow, decision: Decision) -> None:
         flow.response = refusal.refusal(decision.host, decision.reason, decision.detail)

@@ -50,28 +50,27 @@ class Reporter:
             flow.response.stream = _Counter(flow, "egress.received", self.metrics.download)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        if not flow.metadata.get("egress.refused"):
+        if flow.metadata.get("egress.refused"):
+            return
+        if upstream_error := flow.metadata.get("egress.upstream_error"):
+            self._record(flow, "error", upstream_error)
+        else:
             self._record(flow, "allow", "allowed")
 
     def error(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("egress.refused") or flow.error is None:
             return
         message = flow.error.msg
-        code = "upstream-timeout" if "timed out" in message.lower() else "connect-failed"
+        code = flow.metadata.get("egress.upstream_error", "connect-failed")
         self._record(flow, "error", code, detail=message[:200])
 
     def _record(self, flow: http.HTTPFlow, decision: str, reason: str, detail: str = "") -> None:
         self.engine.recorder.record(Event(
             client=client_label(flow.client_conn.peername), method=flow.request.method,
-            host=_host(self.engine, flow), port=flow.request.port, decision=decision,
+            host=flow.metadata.get("egress.host", flow.request.host), port=flow.request.port, decision=decision,
             reason=reason, rule=flow.metadata.get("egress.rule"), detail=detail,
             bytes_sent=flow.metadata.get("egress.sent", 0),
             bytes_received=flow.metadata.get("egress.received", 0)))
-
-
-def _host(engine: Engine, flow: http.HTTPFlow) -> str:
-    tunnel = engine.tunnels.get(flow.client_conn.id)
-    return tunnel[0].name if tunnel else flow.request.host
 
 
 class _Counter:

@@ -1,0 +1,62 @@
+"""Give up on an upstream that accepts a request but does not answer in time.
+
+mitmproxy waits for a response as long as the connection lives (its idle
+watchdog is ten minutes). Here a timer starts when the request has been handed
+to upstream; if no response head arrives before it fires:
+
+* plain HTTP upstream: the proxy answers ``504`` with
+  ``X-Egress-Error: <host>; reason=upstream-timeout``, fed in as the server's own
+  response (``Connection: close`` then drops the hung connection), so every later
+  hook sees an ordinary response;
+* TLS upstream: bytes fed in there would be taken for ciphertext, so the hung
+  connection is closed instead and mitmproxy answers ``502`` ("server closed
+  connection"); the audit event still says ``upstream-timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from mitmproxy import ctx, http
+from mitmproxy.net.http import http1
+from mitmproxy.proxy import events
+
+from .. import refusal
+
+
+class UpstreamTimeout:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None and self.seconds > 0:
+            loop = asyncio.get_running_loop()
+            self._timers[flow.id] = loop.call_later(self.seconds, self._expire, flow)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self._cancel(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._cancel(flow)
+
+    def _cancel(self, flow: http.HTTPFlow) -> None:
+        timer = self._timers.pop(flow.id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, flow: http.HTTPFlow) -> None:
+        self._timers.pop(flow.id, None)
+        handler = ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
+        if handler is None or flow.response is not None or not flow.live:
+            return
+        flow.metadata["egress.upstream_error"] = "upstream-timeout"
+        if flow.server_conn.tls:
+            transport = handler.transports.get(flow.server_conn)
+            if transport is not None and transport.writer is not None:
+                transport.writer.close()
+            return
+        host = flow.metadata.get("egress.host", flow.request.host)
+        response = refusal.upstream_error(host, "upstream-timeout", f"no response within {self.seconds:g} s")
+        raw = http1.assemble_response(response)
+        asyncio.ensure_future(handler.server_event(events.DataReceived(flow.server_conn, raw)))

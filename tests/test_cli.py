@@ -1,0 +1,109 @@
+"""The command line as a person uses it: messages, exit statuses, JSON output."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+from conftest import clean_env, egress_command
+
+
+def egress(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*egress_command(), *args], capture_output=True, text=True, timeout=60,
+                          env=clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state")))
+
+
+def test_check_default_policy_allows_dev_hosts_and_names_the_rule(tmp_path):
+    result = egress(tmp_path, "check", "files.pythonhosted.org")
+    assert result.returncode == 0
+    assert result.stdout.startswith("allow: files.pythonhosted.org: matched files.pythonhosted.org (")
+    assert "default.toml:" in result.stdout
+
+
+def test_check_refusal_exits_1_with_the_reason(tmp_path):
+    result = egress(tmp_path, "check", "example.com")
+    assert result.returncode == 1
+    assert result.stdout.strip() == "block: example.com: not on the allow list"
+
+
+def test_check_json_one_object_per_target(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text('allow = ["example.org"]\ndeny = ["bad.example.org"]\n')
+    result = egress(tmp_path, "check", "--json", "--policy", str(policy),
+                    "https://www.example.org/path?q=1", "bad.example.org", "127.1")
+    assert result.returncode == 1
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["host"], r["decision"], r["reason"]) for r in rows] == [
+        ("www.example.org", "allow", "allowed"),
+        ("bad.example.org", "block", "denied"),
+        ("127.0.0.1", "block", "not-allowed"),
+    ]
+    assert rows[0]["port"] == 443 and rows[0]["rule"] == f"example.org ({policy}:1)"
+    assert rows[1]["rule"] == f"bad.example.org ({policy}:2)"
+
+
+def test_policy_validate_reports_file_line_and_fix(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('include = ["dev"]\nallow = ["example.org"]\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text('allow = [\n  "example.org",\n  "co.uk",\n]\nalow = []\n')
+    result = egress(tmp_path, "policy", "validate", str(good), str(bad))
+    assert result.returncode == 1
+    assert f"{good}: OK" in result.stdout
+    assert f"{bad}:3: allow: 'co.uk' is a public suffix" in result.stderr
+    assert f"{bad}:5: unknown key 'alow'; did you mean 'allow'?" in result.stderr
+
+
+def test_serve_with_broken_policy_exits_3_and_starts_nothing(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('allow = ["example.org"\n')
+    result = egress(tmp_path, "serve", "--policy", str(bad), "--listen", "127.0.0.1:0", "--metrics", "off")
+    assert result.returncode == 3
+    assert f"{bad}:" in result.stderr and "not valid TOML" in result.stderr
+
+
+def test_serve_on_a_port_in_use_exits_4(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = egress(tmp_path, "serve", "--listen", f"127.0.0.1:{port}", "--metrics", "off")
+    assert result.returncode == 4
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_serve_metrics_port_in_use_exits_4(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = egress(tmp_path, "serve", "--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}")
+    assert result.returncode == 4
+    assert "cannot serve metrics" in result.stderr
+
+
+def test_unwritable_state_dir_exits_5(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = egress(tmp_path, "ca", "path", "--state-dir", str(blocker / "state"))
+    assert result.returncode == 5
+    assert "cannot create or read the CA" in result.stderr
+
+
+def test_ca_path_creates_a_ca_once(tmp_path):
+    first = egress(tmp_path, "ca", "path")
+    second = egress(tmp_path, "ca", "path")
+    assert first.returncode == 0 and first.stdout == second.stdout
+    cert = first.stdout.strip()
+    assert cert.endswith("mitmproxy-ca-cert.pem")
+    assert "BEGIN CERTIFICATE" in open(cert).read()
+
+
+@pytest.mark.parametrize("bad", ["--resolve=nocolon", "--resolve=host.test:notanip", "--listen=1.2.3.4:99999"])
+def test_bad_serve_options_are_usage_errors(tmp_path, bad):
+    result = egress(tmp_path, "serve", bad)
+    assert result.returncode == 2
+    assert "Error" in result.stderr
