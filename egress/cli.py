@@ -290,6 +290,57 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
             audit.close()
 
 
+# ------------------------------------------------------------------------- run
+
+
+@main.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
+@click.option("--network", type=click.Choice(["allowlist", "off", "all"]), default="allowlist",
+              show_default=True,
+              help="allowlist: built-in 'dev' plus your policy; off: no network at all; "
+                   "all: every domain except the deny list (addresses and credentials still checked).")
+@policy_option
+@click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains); repeatable.")
+@click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")
+@click.option("--project", type=click.Path(path_type=Path, file_okay=False), default=".",
+              help="The folder the command may write to (default: the current directory); also its working directory.")
+@click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(path_type=Path, file_okay=False),
+              metavar="DIR", help="Another folder the command may write to; repeatable.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Kill the command and everything it started after SECONDS; exit status 124.")
+@click.option("--no-fs-confinement", is_flag=True,
+              help="Let the command write anywhere its user may (only where Landlock is missing).")
+@click.option("--resolve", "overrides", multiple=True, metavar="HOST:ADDR",
+              help="Resolve HOST to ADDR in the proxy without DNS; repeatable.")
+@click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also trust this CA (PEM) for upstream servers.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+              help="Where egress keeps its CA.")
+@click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
+def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, overrides,
+        upstream_ca, state_dir, command) -> None:
+    """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
+
+    The exit status is the command's; 124 after --timeout; 125 when egress run itself
+    failed (bad policy, missing folder, sandbox refused); 126/127 cannot execute / not found.
+    Every refusal is printed on stderr as `EGRESS_BLOCKED <host> (<reason>)`.
+    """
+    if sys.platform != "linux":
+        click.echo("egress: egress run is only available on Linux for now", err=True)
+        sys.exit(125)
+    from sandbox.launcher import LaunchError, RunOptions, run as launch
+
+    options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
+                         deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
+                         fs_confinement=not no_fs_confinement, state_dir=state_dir,
+                         resolve=_parse_overrides(overrides), upstream_ca=upstream_ca)
+    try:
+        status = launch(options)
+    except LaunchError as e:
+        click.echo(f"egress: {e}", err=True)
+        sys.exit(e.status)
+    sys.exit(status)
+
+
 def _open_audit(target: str):
     if target == "off":
         return None

@@ -155,7 +155,9 @@ def split_host_port(authority: str, default_port: int | None = None) -> tuple[st
 
 
 def _port(text: str, authority: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    # ASCII digits only: str.isdigit() is also true for '²' (int() then raises
+    # ValueError, not InvalidHost) and for full-width digits no URL parser takes.
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
         raise InvalidHost(f"{authority!r}: {text!r} is not a port number (1-65535)")
     return int(text)
 

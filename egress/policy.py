@@ -151,15 +151,22 @@ def _parse_entry(text: str, key: str) -> _Entry:
     """Parse one list entry; raise _EntryError with what to write instead."""
     if not isinstance(text, str):
         raise _EntryError(f"{key}: entries must be strings, not {type(text).__name__} {text!r}")
-    # Fast path for the common entry, a plain lower-case ASCII name without port
-    # or wildcard: the very result of the general path below (parse_host would
-    # return the text unchanged), at less than half the cost. It matters for
-    # policies of a million entries.
-    if (_ASCII_NAME.fullmatch(text) and len(text) <= 253
-            and not _NUMERIC_LABEL.match(text.rpartition(".")[2])):
+    # Fast path for the common entry: a plain lower-case ASCII name, optionally
+    # with a leading '*.' and a ':port'. It gives the very result of the general
+    # path below (split_host_port and parse_host would return the parts unchanged)
+    # at less than half the cost, which matters for policies of a million entries.
+    # Anything else (upper case, IDN, IP, CIDR, spaces, errors) takes the general path.
+    name, colon, port_text = text.partition(":")
+    wildcard = name.startswith("*.")
+    if wildcard:
+        name = name[2:]
+    if (_ASCII_NAME.fullmatch(name) and len(name) <= 253
+            and not _NUMERIC_LABEL.match(name.rpartition(".")[2])
+            and (not colon or (port_text.isascii() and port_text.isdigit()
+                               and 0 < int(port_text) < 65536))):
         if key != "deny":
-            _refuse_public_suffix(text, text, key)
-        return _Entry("domain", text, None)
+            _refuse_public_suffix(name, text, key)
+        return _Entry("subdomains" if wildcard else "domain", name, int(port_text) if colon else None)
     raw = text.strip()
     if not raw:
         raise _EntryError(f"{key}: empty entry")
@@ -393,6 +400,8 @@ class Policy:
         self._sources: list[str] = []
         self._lists = {key: _List() for key in LIST_KEYS}
         self.files: list[str] = []  # every file that went into this policy, in load order
+        # network mode "all": every destination not denied is allowed (addresses are still checked)
+        self.allow_all = False
 
     # -- building
 
@@ -425,6 +434,8 @@ class Policy:
         allowed = self._lists["allow"].match(host, port)
         if allowed is not None:
             return Decision(host.name, port, True, reasons.ALLOWED, self._rule(allowed))
+        if self.allow_all:
+            return Decision(host.name, port, True, reasons.ALLOWED, detail="network mode 'all'")
         return Decision(host.name, port, False, "not-allowed")
 
     def passthrough(self, host: Host, port: int | None = None) -> Rule | None:

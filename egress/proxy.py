@@ -25,6 +25,8 @@ from pathlib import Path
 
 from mitmproxy import master, options
 from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
+from mitmproxy.proxy.mode_servers import ServerInstance
+from mitmproxy.proxy.mode_specs import ProxyMode
 
 from .addons.address_guard import AddressGuard
 from .addons.policy_guard import PolicyGuard
@@ -44,7 +46,7 @@ class ListenError(Exception):
 @dataclass
 class ProxySettings:
     listen_host: str = "127.0.0.1"
-    listen_port: int = 8080
+    listen_port: int | None = 8080  # None: listen nowhere, serve only handed-over sockets
     state_dir: Path | None = None
     upstream_ca: Path | None = None
     upstream_timeout: float = 60.0
@@ -58,8 +60,8 @@ class EgressProxy:
         self.engine = engine
         self.settings = settings
         ensure_ca(settings.state_dir)
-        opts = options.Options(listen_host=settings.listen_host, listen_port=settings.listen_port,
-                               mode=["regular"])
+        opts = options.Options(listen_host=settings.listen_host, listen_port=settings.listen_port or 0,
+                               mode=["regular"], server=settings.listen_port is not None)
         self.master = master.Master(opts)
         self.proxyserver = proxyserver.Proxyserver()
         self.master.addons.add(
@@ -98,7 +100,9 @@ class EgressProxy:
 
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
-        instance = next(iter(self.proxyserver.servers))
+        instance = next(iter(self.proxyserver.servers), None)
+        if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
+            instance = ServerInstance.make(ProxyMode.parse("regular"), self.proxyserver)
         sock.setblocking(False)
         self._extra_servers.append(await asyncio.start_server(instance.handle_stream, sock=sock))
 

@@ -1,0 +1,171 @@
+"""`egress run -- CMD`: the command in its own sandbox, the egress proxy its only road out.
+
+    policy  ->  sandbox (netns with only lo, a listening socket inside, Landlock)  ->  command
+                     \\-> the socket is handed to a ProxySession outside, started lazily
+
+The launcher talks to the proxy only through egress.session.ProxySession: a socket
+handed over and a stream of events (DESIGN: no mitmproxy internals here).
+
+Exit statuses: the command's own; 124 when --timeout expired (everything killed);
+125 when egress run itself failed before the command started (bad policy, missing
+project folder, sandbox refused); 126 not executable; 127 not found.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import environment
+
+EXIT_TIMEOUT = 124
+EXIT_LAUNCHER = 125
+PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
+NETWORK_MODES = ("allowlist", "off", "all")
+
+
+class LaunchError(Exception):
+    """egress run could not start the command; nothing ran."""
+
+    def __init__(self, message: str, status: int = EXIT_LAUNCHER):
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass
+class RunOptions:
+    argv: list[str]
+    network: str = "allowlist"
+    policies: list[str] = field(default_factory=list)
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+    project: Path = field(default_factory=Path.cwd)
+    add_dirs: list[Path] = field(default_factory=list)
+    timeout: float | None = None
+    fs_confinement: bool = True
+    state_dir: Path | None = None
+    resolve: dict = field(default_factory=dict)
+    upstream_ca: Path | None = None
+
+
+def build_policy(options: RunOptions):
+    """The run's policy: built-in 'dev' (allowlist mode), the user's files, then --allow/--deny."""
+    from egress.policy import Policy, PolicyError
+
+    include = (["dev"] if options.network == "allowlist" else []) + list(options.policies)
+    try:
+        policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
+                                     path="<command line>")
+    except PolicyError as e:
+        raise LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, e.problems))) from None
+    policy.allow_all = options.network == "all"
+    return policy
+
+
+class BlockReporter:
+    """Prints ``EGRESS_BLOCKED <host> (<reason>)`` on stderr once per host and reason, as it happens."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.seen: set[tuple[str, str]] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, event) -> None:
+        if event.decision != "block":
+            return
+        from egress import reasons
+
+        with self.lock:
+            if (event.host, event.reason) in self.seen:
+                return
+            self.seen.add((event.host, event.reason))
+        self.stream.write(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})\n")
+        self.stream.flush()
+
+
+def run(options: RunOptions) -> int:
+    """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
+    if options.network not in NETWORK_MODES:
+        raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
+    project = options.project.resolve()
+    if not project.is_dir():
+        raise LaunchError(f"the project folder {options.project} does not exist")
+    for directory in options.add_dirs:
+        if not directory.is_dir():
+            raise LaunchError(f"--add-dir {directory} does not exist")
+    networked = options.network != "off"
+    policy = build_policy(options) if networked else None
+
+    from sandbox.linux import SandboxError, SandboxSpec, start
+
+    run_id = uuid.uuid4().hex[:12]
+    tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
+    session = box = None
+    try:
+        ca_bundle = None
+        if networked:
+            from egress.state import StateError, ensure_ca
+
+            try:
+                ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
+            except StateError as e:
+                raise LaunchError(str(e)) from None
+        env = environment.command_environment(
+            dict(os.environ), proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
+            ca_bundle=ca_bundle, tmpdir=tmpdir)
+        (tmpdir / "cache").mkdir()
+        spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
+                           writable=[str(project), str(tmpdir), *map(str, options.add_dirs)],
+                           network=networked, proxy_port=PROXY_PORT,
+                           fs_confinement=options.fs_confinement)
+        try:
+            box = start(spec)
+        except SandboxError as e:
+            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == 127 else None
+            raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
+
+        if networked:
+            from egress.session import ProxySession
+
+            session = ProxySession(policy, run_id, on_event=BlockReporter(), state_dir=options.state_dir,
+                                   resolve=options.resolve, upstream_ca=options.upstream_ca)
+            session.serve_lazily(box.listen_socket)
+        previous = _forward_signals(box)
+        try:
+            status = box.wait(options.timeout)
+        finally:
+            _restore_signals(previous)
+        if status == EXIT_TIMEOUT and options.timeout is not None:
+            print(f"egress: timed out after {options.timeout:g} s; the command and everything it "
+                  f"started were killed", file=sys.stderr)
+        if session is not None and session.error is not None:
+            print(f"egress: the proxy failed: {session.error}", file=sys.stderr)
+        return status
+    finally:
+        if session is not None:
+            session.stop()
+        if box is not None:
+            box.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _forward_signals(box) -> dict:
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        try:
+            previous[sig] = signal.signal(sig, lambda number, _frame: box.signal(number))
+        except (ValueError, OSError):  # not the main thread
+            pass
+    return previous
+
+
+def _restore_signals(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
