@@ -1,0 +1,39 @@
+"""errno-checked calls into libc for what Python 3.11's os module lacks (unshare, mount, prctl, raw syscalls)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# prctl options (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def _check(ret: int, what: str) -> int:
+    if ret == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def syscall(number: int, *args: int | ctypes._Pointer | None) -> int:
+    """Raw syscall; integer arguments are passed as C longs (syscall(2) reads longs from its varargs)."""
+    cargs = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return _check(_libc.syscall(ctypes.c_long(number), *cargs), f"syscall {number}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None), f"mount {target}")
+
+
+def prctl(option: int, arg2: int = 0) -> None:
+    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl")
