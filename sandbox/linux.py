@@ -1,0 +1,480 @@
+"""Start a command on Linux where one handed-over listening socket is the only road out.
+
+    box = start(SandboxSpec(argv=["curl", "https://x"], env=env, cwd=project,
+                            writable=[project, run_tmp], proxy_port=3128))
+    serve_proxy_on(box.listen_socket)  # 127.0.0.1:3128 inside the sandbox, accepted outside
+    status = box.wait()
+
+Process tree::
+
+    caller --fork--> helper (caller's PID ns) --fork--> init (PID 1) --posix_spawn--> command (PID 2)
+
+The helper unshares new user, network, mount, IPC and PID namespaces, maps the caller's own
+uid/gid, sets `lo` up, makes the listening socket and sends it to the caller over a Unix
+socket pair (SCM_RIGHTS), then waits for init. Init mounts a private /proc, enters the
+working directory, finds the program on the spec's PATH, applies Landlock to itself (its
+children inherit it) and spawns the command with vfork+exec, so that no third copy of the
+caller's memory is made. It then reaps orphans and exits with the command's status as soon
+as the command ends: the kernel kills whatever else is left in the PID namespace. Init and
+the helper send the caller pidfds of their own children (only a parent can open one without
+racing the child's reaping); exit statuses travel up as exit codes. The caller learns of
+success when the socket pair reaches EOF, and of any failure before exec from an error
+message on it.
+
+Root or not, the command always gets a user namespace. Without one, root inside would hold
+real capabilities and could `setns` back into the host's network namespace through
+/proc/PID/ns/net, move interfaces in, or unmount what hides the host. With one, its
+capabilities reach only namespaces owned by that user namespace, so it cannot undo the
+confinement. Inside, it keeps the caller's uid: root stays uid 0 (with capabilities over the
+sandbox's own namespaces only), anyone else has no capabilities after exec. Files owned by
+other ids appear as `nobody`. If user namespaces are refused, start() fails: it never runs
+the command unconfined. /sys is the host's (sysfs shows the network namespace of whoever
+mounted it): inside, /sys/class/net lists the host's interfaces, while `ip link` and
+socket.if_nameindex() show the truth, `lo` alone.
+
+Choices, with figures measured on this project's dev VM (2 cores, Linux 6.18, Python 3.11.7;
+medians of 50 runs interleaved; the VM is shared and noisy, runs differ by up to ~2x):
+
+* `lo` is set up with one SIOCSIFFLAGS ioctl, not pyroute2. A fresh interpreter that imports
+  pyroute2 and sets `lo` up took 233 ms; ``import pyroute2`` alone 244 ms; the cheapest path,
+  ``from pyroute2.iproute.linux import IPRoute``, 253 ms, because any submodule import runs
+  the package's __init__ (``pyroute2.netlink.nlsocket`` is no cheaper). The same with the
+  ioctl took 33 ms, against 16 ms for ``python -c pass``. The budget for a whole
+  ``egress run -- true`` is 50 ms, so the ioctl wins.
+* No dataclasses or typing on this path (importing dataclasses alone cost ~17 ms here).
+* ``start(spec)`` + ``wait()`` for ``true``, from a small caller:
+  network=False 5.7 ms, network=True 5.6 ms, against 0.93 ms for ``subprocess.run(["true"])``
+  (x6.1) and 2.1 ms for ``unshare -rn true`` (x2.7). Without Landlock: 5.4 ms.
+  From a caller that has imported mitmproxy (69 MB): 10 ms, because the two forks copy the
+  caller's page tables. Call start() before importing heavy modules: connections made
+  meanwhile wait in the socket's backlog.
+
+Failures before exec raise SandboxError with `.code` (shell conventions, as `env` and `docker run`):
+EXIT_SANDBOX (125) the sandbox could not be made, or the directory could not be entered;
+EXIT_CANNOT_EXECUTE (126) the program was found but cannot be executed;
+EXIT_NOT_FOUND (127) the program was not found. `wait()` returns EXIT_TIMEOUT (124) on timeout.
+`.kind` names the failing step: "namespaces", "network", "landlock", "cwd", "exec", "internal".
+
+Caveats: start() forks the caller, so call it from a long-lived thread (the helper gets
+SIGKILL when the thread that forked it exits: PR_SET_PDEATHSIG), preferably before other
+threads exist; the caller must not reap children it did not start (waitpid(-1), or SIGCHLD
+set to SIG_IGN), or wait() loses the status and reports EXIT_SANDBOX.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import gc
+import os
+import select
+import signal
+import socket
+import struct
+from collections.abc import Mapping, Sequence
+
+from sandbox import _libc, landlock, namespaces
+
+EXIT_TIMEOUT = 124
+EXIT_SANDBOX = 125
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+
+_BACKLOG = 1024
+_HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow
+# Signals the helper and init ignore: terminal and job-control signals go to the command only.
+_SUPERVISOR_IGNORES = (
+    signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP,
+    signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE,
+)
+# posix_spawn resets these to default in the command (init ignores some, Python others).
+_ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+
+
+class SandboxError(Exception):
+    """The sandbox could not be made or the command could not be started; nothing ran.
+
+    `code` is the exit status a launcher should use (EXIT_SANDBOX, EXIT_CANNOT_EXECUTE,
+    EXIT_NOT_FOUND); `kind` names the failing step; str(error) is one line for a person.
+    """
+
+    def __init__(self, code: int, message: str, kind: str = "sandbox") -> None:
+        super().__init__(message)
+        self.code = code
+        self.kind = kind
+
+
+class SandboxSpec:
+    """What to run and how it is confined. Paths are made absolute against the caller's cwd.
+
+    argv: the command; argv[0] is looked up on env["PATH"] (after entering cwd) unless it has a "/".
+    env: the command's whole environment (nothing is inherited).
+    writable: trees the command may modify (must exist); /dev/null, ttys, /dev/shm are added.
+    network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
+        command still gets a fresh network namespace with only `lo`.
+    fs_confinement: apply Landlock; if False the command may write wherever its uid may.
+    stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
+    """
+
+    __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
+                 "stdin", "stdout", "stderr")
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        writable: Sequence[str] = (),
+        network: bool = True,
+        proxy_port: int = 3128,
+        fs_confinement: bool = True,
+        stdin: int | None = None,
+        stdout: int | None = None,
+        stderr: int | None = None,
+    ) -> None:
+        if not argv:
+            raise ValueError("argv must name a command")
+        if not 0 < proxy_port < 65536:
+            raise ValueError(f"proxy_port out of range: {proxy_port}")
+        self.argv = [os.fsdecode(a) for a in argv]
+        self.env = {str(k): str(v) for k, v in env.items()}
+        self.cwd = os.path.abspath(cwd)
+        self.writable = [os.path.abspath(p) for p in writable]
+        self.network = bool(network)
+        self.proxy_port = int(proxy_port)
+        self.fs_confinement = bool(fs_confinement)
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k != "env")
+        return f"SandboxSpec({fields}, env=<{len(self.env)} variables>)"
+
+
+class Sandbox:
+    """A started sandbox. Use as a context manager, or call close() when done."""
+
+    def __init__(self, helper_pid: int, helper_fd: int) -> None:
+        self.pid: int | None = None  # the command, in the caller's PID namespace
+        self.listen_socket: socket.socket | None = None
+        self.returncode: int | None = None
+        self._helper_pid = helper_pid
+        self._helper_fd = helper_fd  # pidfd: poll()able for a timed wait
+        self._init_fd = -1  # pidfd of PID 1: killing it ends the whole namespace
+        self._command_fd = -1  # pidfd of the command: for forwarding signals
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The command's exit status (128+N if killed by signal N).
+
+        On timeout, kills everything in the sandbox and returns EXIT_TIMEOUT.
+        """
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is not None:
+            ready = select.poll()
+            ready.register(self._helper_fd, select.POLLIN)
+            if not ready.poll(max(0, int(timeout * 1000))):
+                self._kill()
+                self._reap()
+                self.returncode = EXIT_TIMEOUT
+                return self.returncode
+        self.returncode = self._reap()
+        return self.returncode
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the command (not to what it started). No-op once it has ended."""
+        if self.returncode is None and self._command_fd >= 0:
+            try:
+                signal.pidfd_send_signal(self._command_fd, sig)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """Kill whatever still runs in the sandbox and release every descriptor. Idempotent."""
+        if self.returncode is None and self._helper_pid:
+            self._kill()
+            self.returncode = self._reap()
+        if self.listen_socket is not None:
+            self.listen_socket.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _kill(self) -> None:
+        # PID 1 dying makes the kernel kill the rest of its namespace; the helper then exits.
+        fd = self._init_fd if self._init_fd >= 0 else self._helper_fd
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _reap(self) -> int:
+        try:
+            _, status = os.waitpid(self._helper_pid, 0)
+            code = _exit_code(status)
+        except ChildProcessError:  # reaped elsewhere (waitpid(-1) or SIGCHLD ignored by the caller)
+            code = EXIT_SANDBOX
+        self._helper_pid = 0
+        for fd in (self._helper_fd, self._init_fd, self._command_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._helper_fd = self._init_fd = self._command_fd = -1
+        return code
+
+
+def start(spec: SandboxSpec) -> Sandbox:
+    """Make the sandbox and exec spec.argv in it; return once exec has succeeded.
+
+    Raises SandboxError (nothing left running, no descriptor leaked) if anything fails first.
+    """
+    if spec.fs_confinement and landlock.abi_version() == 0:
+        raise SandboxError(
+            EXIT_SANDBOX,
+            f"cannot confine writes: {landlock.unavailable_reason()}; "
+            "use --no-fs-confinement to run without write confinement",
+            "landlock",
+        )
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        caller = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _run_helper(spec, theirs, caller)  # never returns
+        theirs.close()
+        box = Sandbox(pid, os.pidfd_open(pid))
+        try:
+            _handshake(box, ours)
+        except BaseException:
+            box.close()
+            raise
+        return box
+    finally:
+        ours.close()
+        theirs.close()
+
+
+# --- the caller's side of the socket pair --------------------------------------------------
+# Messages: b"L" + the listening socket; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
+# b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
+
+
+def _handshake(box: Sandbox, chan: socket.socket) -> None:
+    chan.settimeout(_HANDSHAKE_TIMEOUT)
+    error: SandboxError | None = None
+    while True:
+        try:
+            msg, anc, _, _ = chan.recvmsg(4096, socket.CMSG_SPACE(4))
+        except socket.timeout:
+            raise SandboxError(EXIT_SANDBOX, "the sandbox did not start in time", "internal") from None
+        if not msg:
+            break
+        fds = [struct.unpack("i", data[:4])[0] for level, kind, data in anc
+               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+        tag, payload = msg[:1], msg[1:]
+        if tag == b"L" and fds:
+            box.listen_socket = socket.socket(fileno=fds.pop())
+        elif tag == b"B" and fds:
+            box._init_fd = fds.pop()
+        elif tag == b"C" and fds:
+            box._command_fd = fds.pop()
+            box.pid = int(payload)
+        elif tag == b"E":
+            code, step, text = payload.decode(errors="replace").split("\0", 2)
+            error = SandboxError(int(code), text, step)
+        for fd in fds:
+            os.close(fd)
+    if error is not None:
+        raise error
+    if box.pid is None:  # the helper died without a word (e.g. killed)
+        raise SandboxError(EXIT_SANDBOX, "the sandbox helper exited before running the command", "internal")
+
+
+# --- the sandbox side: helper and init, forked copies of the caller -----------------------------
+# They end with os._exit and report failures on the socket pair before exiting with the code.
+
+
+class _Failure(Exception):
+    def __init__(self, code: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.kind = code, kind
+
+
+def _child(body):
+    """Wrap a forked child's body: report any failure on the socket pair; never return."""
+
+    def run(spec: SandboxSpec, chan: socket.socket, *args: object) -> None:
+        code = EXIT_SANDBOX
+        try:
+            code = body(spec, chan, *args)
+        except _Failure as f:
+            code = f.code
+            _report(chan, f.code, f.kind, str(f))
+        except BaseException as e:  # noqa: BLE001 - any surprise must still reach the caller
+            _report(chan, EXIT_SANDBOX, "internal", f"sandbox internal error: {e!r}")
+        finally:
+            os._exit(code)
+
+    return run
+
+
+def _report(chan: socket.socket, code: int, kind: str, message: str) -> None:
+    try:
+        chan.send(f"E{code}\0{kind}\0{message.splitlines()[0] if message else kind}".encode())
+    except OSError:
+        pass
+
+
+def _send_fd(chan: socket.socket, message: bytes, fd: int) -> None:
+    chan.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))])
+
+
+@_child
+def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
+    gc.disable()  # collecting the caller's garbage here could close descriptors we reuse
+    _quiet_signals(ignore=_SUPERVISOR_IGNORES)
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != caller:  # the caller died before prctl took effect
+        return EXIT_SANDBOX
+    _install_stdio(spec)
+    _close_fds_except({0, 1, 2, chan.fileno()})
+    try:
+        namespaces.enter(os.geteuid(), os.getegid())
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "namespaces", f"cannot make the sandbox: {namespaces.refusal_reason(e)}")
+    try:
+        namespaces.loopback_up()
+        if spec.network:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as ls:
+                ls.bind(("127.0.0.1", spec.proxy_port))
+                ls.listen(_BACKLOG)
+                _send_fd(chan, b"L", ls.fileno())
+    except OSError as e:
+        # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
+        raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({e.strerror}): "
+                       f"{namespaces.refusal_reason(e)}")
+    init = os.fork()
+    if init == 0:
+        _run_init(spec, chan)  # never returns
+    _send_pidfd(chan, b"B", init)
+    chan.close()
+    return _exit_code(os.waitpid(init, 0)[1])
+
+
+@_child
+def _run_init(spec: SandboxSpec, chan: socket.socket) -> int:
+    """PID 1: confine itself (its children inherit it), spawn the command, reap, relay its status."""
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)  # the helper gone -> the namespace goes
+    # Init keeps the namespace's capabilities (it never execs): a command without them must
+    # not be able to ptrace it or open its descriptors through /proc/1/fd.
+    _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
+    host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # to tell the caller our pids
+    namespaces.mount_proc()
+    try:
+        os.chdir(spec.cwd)
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "cwd", f"cannot change directory to {spec.cwd}: {e.strerror}")
+    path = _find_program(spec.argv[0], spec.env)
+    if spec.fs_confinement:
+        try:
+            landlock.restrict_writes(spec.writable)
+        except OSError as e:
+            raise _Failure(EXIT_SANDBOX, "landlock", f"cannot confine writes: {e.strerror}")
+    else:
+        _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
+    try:
+        # vfork+exec: no copy of the caller's memory for a process that only execs.
+        command = os.posix_spawn(path, spec.argv, spec.env, setsigdef=_ALL_SIGNALS, setsigmask=())
+    except OSError as e:
+        code = EXIT_NOT_FOUND if e.errno == errno.ENOENT and not os.path.exists(path) else EXIT_CANNOT_EXECUTE
+        raise _Failure(code, "exec", f"cannot execute {path}: {e.strerror}")
+    _send_pidfd(chan, b"C", command, host_proc)
+    os.close(host_proc)
+    chan.close()
+    while True:  # PID 1 adopts orphans: reap them until the command itself ends
+        pid, status = os.waitpid(-1, 0)
+        if pid == command:
+            return _exit_code(status)
+
+
+def _send_pidfd(chan: socket.socket, tag: bytes, child: int, host_proc: int | None = None) -> None:
+    """Send a pidfd of our own child (only its parent can open one without racing its reaping).
+
+    With `host_proc` (a /proc of the caller's PID namespace), also send the child's pid as the
+    caller sees it, read from the pidfd's fdinfo.
+    """
+    fd = os.pidfd_open(child)
+    try:
+        if host_proc is not None:
+            info = os.open(f"self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_proc)
+            try:
+                text = os.read(info, 4096).decode()
+            finally:
+                os.close(info)
+            tag += text.split("\nPid:", 1)[1].split()[0].encode()
+        _send_fd(chan, tag, fd)
+    finally:
+        os.close(fd)
+
+
+def _find_program(name: str, env: Mapping[str, str]) -> str:
+    """Resolve argv[0] as execvp would, with 127/126 failures worded like a shell's."""
+    # Not os.get_exec_path: it enters warnings.catch_warnings, which is slow for what it does.
+    search = env.get("PATH", os.defpath).split(os.pathsep)
+    candidates = [name] if "/" in name else [os.path.join(d or ".", name) for d in search]
+    refused = None
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+        if os.path.exists(path) and refused is None:
+            refused = path
+    if refused is not None:
+        why = "is a directory" if os.path.isdir(refused) else "permission denied"
+        raise _Failure(EXIT_CANNOT_EXECUTE, "exec", f"cannot execute {refused}: {why}")
+    if "/" in name:
+        raise _Failure(EXIT_NOT_FOUND, "exec", f"{name}: no such file")
+    raise _Failure(EXIT_NOT_FOUND, "exec", f"{name}: command not found (PATH={env.get('PATH', os.defpath)})")
+
+
+# --- small process plumbing -------------------------------------------------------------------
+
+
+def _quiet_signals(ignore: Sequence[int]) -> None:
+    """Drop the caller's Python signal handlers and wakeup fd; ignore `ignore`, default the rest."""
+    signal.set_wakeup_fd(-1)
+    for sig in range(1, signal.NSIG):  # not valid_signals(): that builds an enum member per number
+        wanted = signal.SIG_IGN if sig in ignore else signal.SIG_DFL
+        # getsignal reads Python's own record (no syscall); most signals already match.
+        if sig in (signal.SIGKILL, signal.SIGSTOP) or signal.getsignal(sig) is wanted:
+            continue
+        try:
+            signal.signal(sig, wanted)
+        except (OSError, ValueError):
+            pass  # signals reserved by the C library
+
+
+def _install_stdio(spec: SandboxSpec) -> None:
+    # Duplicate above 2 first so that swapping (e.g. stdout=2, stderr=1) cannot clobber.
+    staged = [(i, fcntl.fcntl(fd, fcntl.F_DUPFD, 3)) for i, fd in enumerate((spec.stdin, spec.stdout, spec.stderr))
+              if fd is not None]
+    for target, fd in staged:
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    """Close every descriptor the caller had open, so none reaches the sandbox."""
+    # Never pass an empty range: CPython 3.11 hands closerange(n, n) to close_range(n, n - 1),
+    # which the kernel reads as "n to the end" and closes everything.
+    bounds = sorted(keep) + [max(os.sysconf("SC_OPEN_MAX"), max(keep) + 1)]
+    low = 0
+    for high in bounds:
+        if high > low:
+            os.closerange(low, high)
+        low = high + 1
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
