@@ -217,7 +217,7 @@ def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, upstream
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict:
-    from .resolver import parse_override
+    from .hosts import parse_override
 
     result: dict = {}
     for value in values:

@@ -15,8 +15,6 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-import idna
-
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 # A plain ASCII name: the fast path for nearly every real request.
@@ -124,6 +122,8 @@ def _domain(text: str, raw: str) -> str:
     if _ASCII_NAME.match(text):
         name = text
     else:
+        import idna  # only for Unicode names: keeps the common path's imports small
+
         try:
             name = idna.encode(text, uts46=True).decode("ascii")
         except (idna.IDNAError, UnicodeError) as e:
@@ -169,3 +169,16 @@ def parent_domains(name: str):
     while start >= 0:
         yield name[start + 1 :]
         start = name.find(".", start + 1)
+
+
+def parse_override(text: str) -> tuple[str, IPAddress]:
+    """``HOST:ADDR`` (ADDR may be IPv6, optionally in brackets) -> (canonical host, address)."""
+    host, sep, addr = text.partition(":")
+    if not sep or not host or not addr:
+        raise ValueError(f"{text!r}: expected HOST:ADDRESS, e.g. example.test:127.0.0.1")
+    try:
+        name = parse_host(host)
+        ip = ipaddress.ip_address(addr.strip("[]"))
+    except (InvalidHost, ValueError) as e:
+        raise ValueError(f"{text!r}: {e}") from None
+    return name.name, ip

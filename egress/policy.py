@@ -20,6 +20,7 @@ import contextlib
 import difflib
 import functools
 import gc
+import importlib.util
 import ipaddress
 import re
 import tomllib
@@ -246,44 +247,49 @@ def _refuse_public_suffix(name: str, text: str, key: str) -> None:
 def _suffix_rules() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     """The public suffix list bundled with tldextract, as (exact, wildcard parents, exceptions).
 
-    ``suffix_list_urls=()`` and ``cache_dir=None`` keep tldextract from fetching
-    or caching anything: the snapshot in the package is the only source.
+    The snapshot file shipped inside the tldextract package is read directly: it is
+    the only source (nothing is ever fetched), and importing tldextract itself
+    (which imports requests) would cost ~75 ms on every `egress run`.
     """
-    import tldextract
-
-    extractor = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None,
-                                      include_psl_private_domains=True)
+    spec = importlib.util.find_spec("tldextract")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("tldextract is not installed (pip install tldextract)")
+    text = (Path(spec.origin).parent / ".tld_set_snapshot").read_text(encoding="utf-8")
     exact, wild, exceptions = set(), set(), set()
-    for rule in extractor.tlds:
+    for line in text.splitlines():
+        rule = line.strip()
+        if not rule or rule.startswith("//"):
+            continue
+        rule = rule.split()[0]
         target = exact
         if rule.startswith("!"):
             target, rule = exceptions, rule[1:]
         elif rule.startswith("*."):
             target, rule = wild, rule[2:]
-        if not rule.isascii():
-            rule = ".".join(_to_ascii(label) for label in rule.split("."))
-        target.add(rule)
+        target.add(rule)  # IDN rules stay in Unicode: names are decoded to match them (rarely needed)
     return frozenset(exact), frozenset(wild), frozenset(exceptions)
-
-
-def _to_ascii(label: str) -> str:
-    import idna
-
-    try:
-        return idna.encode(label, uts46=True).decode("ascii")
-    except idna.IDNAError:
-        return label
 
 
 def is_public_suffix(name: str) -> bool:
     """True if ``name`` (canonical punycode) is itself a public suffix (``com``, ``co.uk``, ``github.io``)."""
     exact, wild, exceptions = _suffix_rules()
-    if name in exact:
-        return True
-    if name in exceptions:
-        return False
-    parent = name.partition(".")[2]
-    return bool(parent) and parent in wild
+    candidates = [name]
+    if "xn--" in name:  # the list writes IDN suffixes in Unicode
+        import idna
+
+        try:
+            candidates.append(idna.decode(name))
+        except idna.IDNAError:
+            pass
+    for candidate in candidates:
+        if candidate in exact:
+            return True
+        if candidate in exceptions:
+            continue
+        parent = candidate.partition(".")[2]
+        if parent and parent in wild:
+            return True
+    return False
 
 
 @functools.cache

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import socket
 
 import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
-from .hosts import Host, InvalidHost, IPAddress, parse_host
+from .hosts import Host, IPAddress
 
 
 class ResolveError(Exception):
@@ -24,19 +23,6 @@ class ResolveError(Exception):
     def __init__(self, code: str, message: str):
         self.code = code
         super().__init__(message)
-
-
-def parse_override(text: str) -> tuple[str, IPAddress]:
-    """``HOST:ADDR`` (ADDR may be IPv6, optionally in brackets) -> (canonical host, address)."""
-    host, sep, addr = text.partition(":")
-    if not sep or not host or not addr:
-        raise ValueError(f"{text!r}: expected HOST:ADDRESS, e.g. example.test:127.0.0.1")
-    try:
-        name = parse_host(host)
-        ip = ipaddress.ip_address(addr.strip("[]"))
-    except (InvalidHost, ValueError) as e:
-        raise ValueError(f"{text!r}: {e}") from None
-    return name.name, ip
 
 
 class Resolver:
@@ -92,7 +78,3 @@ class Resolver:
         if not addresses:
             raise ResolveError("dns-failed", "no such name")
         return addresses
-
-
-def address_family(ip: IPAddress) -> int:
-    return socket.AF_INET if ip.version == 4 else socket.AF_INET6

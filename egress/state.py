@@ -37,9 +37,12 @@ def ca_cert_path(base: Path | None = None) -> Path:
 
 def ensure_ca(base: Path | None = None) -> Path:
     """Create the CA on first use; return the certificate's path. Raises StateError."""
-    from mitmproxy import certs  # imported here: `egress check` must not pay for it
-
     directory = ca_dir(base)
+    if ca_cert_path(base).is_file() and (directory / f"{CA_BASENAME}-ca.pem").is_file():
+        return ca_cert_path(base)  # the common case, without importing mitmproxy (~0.1 s)
+    from mitmproxy import certs
+
+
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         certs.CertStore.from_store(directory, CA_BASENAME, CA_KEY_SIZE)

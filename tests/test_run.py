@@ -1,0 +1,301 @@
+"""`egress run -- CMD` end to end: real namespaces, the real proxy, real clients.
+
+Upstreams run on the host's 127.0.0.1; the command can reach them only through the
+proxy (which resolves the test names to 127.0.0.1 with --resolve). Escape attempts
+aim at a test host in a network namespace this test makes itself (veth, TEST-NET-2
+addresses), so a leak would really arrive there and be seen.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from conftest import TEST_NAMES, clean_env, egress_command
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+
+POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
+
+
+def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream_ca=None, timeout=120,
+               project=None) -> subprocess.CompletedProcess:
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(policy)
+    args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state")]
+    for name in TEST_NAMES:
+        args += ["--resolve", f"{name}:127.0.0.1"]
+    if upstream_ca:
+        args += ["--upstream-ca", str(upstream_ca)]
+    args += [*extra, "--", *command]
+    project = project or tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    launcher_tmp = tmp_path / "launcher-tmp"  # where egress run makes its per-run folder
+    launcher_tmp.mkdir(exist_ok=True)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=project,
+                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(launcher_tmp)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces_available():
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user+network namespaces are not available here: {probe.stderr.decode().strip()}")
+
+
+# ------------------------------------------------------------------ the road
+
+
+def test_allowed_https_request_works_inside(tmp_path, https_upstream, test_ca_file, curl_path):
+    result = egress_run(tmp_path, "curl", "-sS", https_upstream.url("allowed.test"), upstream_ca=test_ca_file)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "hello from upstream\n"
+    assert https_upstream.requests[-1]["headers"]["Host"] == f"allowed.test:{https_upstream.port}"
+
+
+def test_python_and_git_clients_use_the_proxy(tmp_path, http_upstream):
+    script = f"import urllib.request; print(urllib.request.urlopen('{http_upstream.url('allowed.test')}').read().decode())"
+    result = egress_run(tmp_path, sys.executable, "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert "hello from upstream" in result.stdout
+    if shutil.which("git"):
+        # git over http to a server that is not a git server: the request must still arrive via the proxy.
+        before = len(http_upstream.requests)
+        egress_run(tmp_path, "git", "ls-remote", http_upstream.url("allowed.test", "/repo.git"))
+        assert len(http_upstream.requests) > before
+        assert http_upstream.requests[-1]["path"].startswith("/repo.git/info/refs")
+
+
+def test_refusal_is_printed_by_egress_even_when_the_command_hides_it(tmp_path, https_upstream, curl_path):
+    url = https_upstream.url("blocked.test")
+    result = egress_run(tmp_path, "sh", "-c", f"curl -s {url} >/dev/null 2>&1; echo hidden")
+    assert result.returncode == 0
+    assert result.stdout == "hidden\n"
+    assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
+    assert https_upstream.connections == 0
+
+
+def test_refused_request_shows_the_403_and_is_reported_once(tmp_path, https_upstream, curl_path):
+    url = https_upstream.url("blocked.test")
+    result = egress_run(tmp_path, "sh", "-c", f"curl -sS {url}; curl -sS {url}")
+    assert "CONNECT tunnel failed, response 403" in result.stderr
+    assert result.stderr.count("EGRESS_BLOCKED blocked.test") == 1
+
+
+def test_deny_flag_wins_over_allow(tmp_path, http_upstream):
+    result = egress_run(tmp_path, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                        http_upstream.url("allowed.test"), extra=["--deny", "allowed.test"])
+    assert result.stdout == "403"
+    assert "EGRESS_BLOCKED allowed.test (on the deny list)" in result.stderr
+    assert http_upstream.connections == 0
+
+
+def test_exit_status_is_the_commands(tmp_path):
+    assert egress_run(tmp_path, "sh", "-c", "exit 7").returncode == 7
+    assert egress_run(tmp_path, "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+
+
+def test_missing_command_and_missing_project_fail_before_anything_runs(tmp_path):
+    missing = egress_run(tmp_path, "definitely-not-a-command-egress")
+    assert missing.returncode == 127 and "not found" in missing.stderr
+    node = egress_run(tmp_path, "node", "-e", "1", extra=[]) if not shutil.which("node") else None
+    if node is not None:
+        assert "install it with" in node.stderr
+    result = subprocess.run([*egress_command(), "run", "--project", str(tmp_path / "nope"), "--", "true"],
+                            capture_output=True, text=True, env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    assert result.returncode == 125 and "does not exist" in result.stderr
+
+
+def test_bad_policy_is_a_launcher_failure(tmp_path):
+    result = egress_run(tmp_path, "true", policy='allow = ["co.uk"]\n')
+    assert result.returncode == 125
+    assert "public suffix" in result.stderr
+
+
+# -------------------------------------------------------------- the walls
+
+
+def test_command_sees_only_loopback(tmp_path):
+    # /proc/net/dev lists the interfaces of the reader's own network namespace.
+    result = egress_run(tmp_path, "cat", "/proc/net/dev")
+    interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines()[2:]]
+    assert interfaces == ["lo"], result.stdout
+
+
+def test_noproxy_and_direct_connections_to_host_loopback_fail(tmp_path, http_upstream, curl_path):
+    direct = egress_run(tmp_path, "curl", "-sS", "--max-time", "5", "--noproxy", "*",
+                        f"http://127.0.0.1:{http_upstream.port}/small")
+    assert direct.returncode != 0
+    by_name = egress_run(tmp_path, "curl", "-sS", "--max-time", "5", "--noproxy", "*",
+                         http_upstream.url("allowed.test"))
+    assert by_name.returncode != 0
+    assert http_upstream.connections == 0
+
+
+def test_server_started_inside_is_reachable_inside_only(tmp_path):
+    port_file = tmp_path / "project" / "port"
+    script = textwrap.dedent(f"""
+        import socket, urllib.request, http.server, threading
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        open({str(port_file)!r}, "w").write(str(srv.server_address[1]))
+        body = urllib.request.urlopen(f"http://127.0.0.1:{{srv.server_address[1]}}/").read()
+        print("inside ok" if body else "empty")
+        import time; time.sleep(2)
+    """)
+    (tmp_path / "project").mkdir()
+    process = subprocess.Popen([*egress_command(), "run", "--", sys.executable, "-c", script],
+                               cwd=tmp_path / "project",
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=clean_env(tmp_path, PYTHONPATH=os.getcwd(),
+                                             EGRESS_STATE_DIR=str(tmp_path / "state")))
+    try:
+        for _ in range(200):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+    finally:
+        out, err = process.communicate(timeout=60)
+    assert "inside ok" in out, err
+
+
+def test_writes_are_confined_to_the_project_and_added_dirs(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    result = egress_run(
+        tmp_path, "sh", "-c",
+        f"touch inside && touch {extra}/added && touch $TMPDIR/tmp && (touch {outside}/x 2>/dev/null || echo refused)",
+        extra=["--add-dir", str(extra)])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "refused"
+    assert (tmp_path / "project" / "inside").exists() and (extra / "added").exists()
+    assert not (outside / "x").exists()
+    etc = egress_run(tmp_path, "touch", "/etc/egress-test-file")
+    assert etc.returncode != 0 and not os.path.exists("/etc/egress-test-file")
+
+
+def test_timeout_kills_the_tree_and_cleans_up(tmp_path):
+    seconds = 100000 + uuid.uuid4().int % 800000  # a sleep no other process on the machine runs
+    marker = f"sleep {seconds}"
+    result = egress_run(tmp_path, "sh", "-c", f"{marker} & {marker}",
+                        extra=["--timeout", "1"])
+    assert result.returncode == 124
+    assert "timed out after 1 s" in result.stderr
+    leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert leftover.stdout == ""
+    assert list((tmp_path / "launcher-tmp").iterdir()) == []
+
+
+def test_network_off_has_no_proxy_and_fails_fast(tmp_path):
+    result = egress_run(tmp_path, sys.executable, "-c",
+                        "import os, socket; print(os.environ.get('HTTPS_PROXY'));"
+                        "s = socket.socket(); s.settimeout(5); s.connect(('127.0.0.1', 3128))",
+                        extra=["--network", "off"])
+    assert result.stdout.startswith("None")
+    assert "ConnectionRefusedError" in result.stderr
+
+
+def test_network_off_pip_download_fails(tmp_path):
+    result = egress_run(tmp_path, sys.executable, "-m", "pip", "download", "--no-deps", "-d", ".", "six",
+                        extra=["--network", "off"], timeout=120)
+    assert result.returncode != 0
+    assert not list((tmp_path / "project").glob("six*"))
+
+
+# --------------------------------------------- escapes toward a real test host
+
+
+@pytest.fixture
+def test_host():
+    """A network namespace with a veth link to the machine and a TCP/UDP listener at 198.51.100.2."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("making a test host needs root and iproute2 (ip)")
+    name = f"egress-th-{uuid.uuid4().hex[:6]}"
+    host_if, ns_if = f"eh{uuid.uuid4().hex[:6]}", f"en{uuid.uuid4().hex[:6]}"
+    log = f"/tmp/{name}.log"
+
+    def ip(*args):
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    ip("netns", "add", name)
+    listener = None
+    try:
+        ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        ip("link", "set", ns_if, "netns", name)
+        ip("addr", "add", "198.51.100.1/24", "dev", host_if)
+        ip("link", "set", host_if, "up")
+        ip("-n", name, "addr", "add", "198.51.100.2/24", "dev", ns_if)
+        ip("-n", name, "link", "set", ns_if, "up")
+        ip("-n", name, "link", "set", "lo", "up")
+        server = textwrap.dedent(f"""
+            import socket, select, sys
+            t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(("0.0.0.0", 8080)); t.listen()
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", 53))
+            print("ready", flush=True)
+            while True:
+                r, _, _ = select.select([t, u], [], [])
+                with open({log!r}, "a") as f:
+                    if t in r:
+                        c, a = t.accept(); f.write(f"tcp {{a}}\\n"); c.close()
+                    if u in r:
+                        d, a = u.recvfrom(2048); f.write(f"udp {{a}}\\n")
+        """)
+        listener = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", server],
+                                    stdout=subprocess.PIPE, text=True)
+        assert listener.stdout.readline().strip() == "ready"
+        # Only ever aim at the test host: the route must be our veth, not the machine's uplink.
+        route = subprocess.run(["ip", "route", "get", "198.51.100.2"], capture_output=True, text=True).stdout
+        assert f"dev {host_if}" in route, route
+        # Sanity: from the machine the test host is reachable, so a leak would arrive and be logged.
+        socket.create_connection(("198.51.100.2", 8080), timeout=5).close()
+        for _ in range(100):
+            if os.path.exists(log):
+                break
+            time.sleep(0.05)
+        assert open(log).read().startswith("tcp")
+        os.unlink(log)
+        yield log
+    finally:
+        if listener is not None:
+            listener.kill()
+            listener.wait()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        if os.path.exists(log):
+            os.unlink(log)
+
+
+def test_raw_tcp_udp_and_dns_escapes_never_arrive(tmp_path, test_host):
+    script = textwrap.dedent("""
+        import socket
+        results = []
+        try:
+            socket.create_connection(("198.51.100.2", 8080), timeout=3); results.append("tcp-connected")
+        except OSError as e:
+            results.append(f"tcp-failed:{e.errno}")
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for target in [("198.51.100.2", 53), ("198.51.100.2", 9)]:
+            try:
+                u.sendto(b"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x07example\\x03com\\x00\\x00\\x01\\x00\\x01", target)
+                results.append("udp-sent")
+            except OSError as e:
+                results.append(f"udp-failed:{e.errno}")
+        print(" ".join(results))
+    """)
+    result = egress_run(tmp_path, sys.executable, "-c", script)
+    assert "tcp-connected" not in result.stdout and "udp-sent" not in result.stdout, result.stdout
+    time.sleep(0.5)  # let any datagram that did leak be logged before we look
+    assert not os.path.exists(test_host), open(test_host).read()
