@@ -42,12 +42,15 @@ medians of 50 runs interleaved; the VM is shared and noisy, runs differ by up to
   ioctl took 33 ms, against 16 ms for ``python -c pass``. The budget for a whole
   ``egress run -- true`` is 50 ms, so the ioctl wins.
 * No dataclasses or typing on this path (importing dataclasses alone cost ~17 ms here).
-* ``start(spec)`` + ``wait()`` for ``true``, from a small caller:
-  network=False 5.7 ms, network=True 5.6 ms, against 0.93 ms for ``subprocess.run(["true"])``
-  (x6.1) and 2.1 ms for ``unshare -rn true`` (x2.7). Without Landlock: 5.4 ms.
-  From a caller that has imported mitmproxy (69 MB): 10 ms, because the two forks copy the
-  caller's page tables. Call start() before importing heavy modules: connections made
-  meanwhile wait in the socket's backlog.
+  Importing this module costs ~7 ms, mostly socket (~3 ms) and ctypes (~1.5 ms).
+* ``start(spec)`` + ``wait()`` for ``true``, from a small caller, over three quiet runs:
+  network=False 5.7-6.3 ms, network=True 5.6-6.7 ms, against 0.93-0.97 ms for
+  ``subprocess.run(["true"])`` (x6.1-7.0) and 2.1-2.3 ms for ``unshare -rn true``
+  (x2.6-3.0). Without Landlock: 5.4-6.2 ms. Forking the command itself instead of
+  posix_spawn cost ~10 ms (x3.8 of unshare -rn).
+  From a caller that has imported mitmproxy (69 MB RSS): ~10 ms, because the two forks copy
+  the caller's page tables (22-50 ms with three forks). So call start() before importing
+  heavy modules: connections made meanwhile wait in the socket's backlog.
 
 Failures before exec raise SandboxError with `.code` (shell conventions, as `env` and `docker run`):
 EXIT_SANDBOX (125) the sandbox could not be made, or the directory could not be entered;

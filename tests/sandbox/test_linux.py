@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -375,7 +376,17 @@ def test_timeout_kills_the_whole_tree(tmp_path):
     while len(processes_with(marker, "sleep")) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(processes_with(marker, "sleep")) == 2  # both sleeps run, seen from the host
-    assert box.wait(timeout=0.2) == EXIT_TIMEOUT
+    # Waited for in a thread, so that a wait() that fails to kill fails this test instead of hanging it.
+    statuses = []
+    waiter = threading.Thread(target=lambda: statuses.append(box.wait(timeout=0.2)), daemon=True)
+    waiter.start()
+    waiter.join(WAIT)
+    if waiter.is_alive():
+        for pid in processes_with(marker, "sleep"):
+            os.kill(pid, signal.SIGKILL)
+        waiter.join(WAIT)
+        pytest.fail("wait(timeout) did not end the command")
+    assert statuses == [EXIT_TIMEOUT]
     assert processes_with(marker) == []  # the background one is gone too
     box.close()
     with pytest.raises(ChildProcessError):
