@@ -294,10 +294,10 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
 
 
 @main.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
-@click.option("--network", type=click.Choice(["allowlist", "off", "all"]), default="allowlist",
-              show_default=True,
-              help="allowlist: built-in 'dev' plus your policy; off: no network at all; "
-                   "all: every domain except the deny list (addresses and credentials still checked).")
+@click.option("--network", type=click.Choice(["allowlist", "off", "all"]),
+              help="allowlist (default): built-in 'dev' plus your policy; off: no network at all; "
+                   "all: every domain except the deny list (private addresses still refused). "
+                   "Overrides a policy file's `network` key.")
 @policy_option
 @click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains); repeatable.")
 @click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")

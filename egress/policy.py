@@ -33,7 +33,8 @@ from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host, spl
 from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of _parse_entry must agree with parse_host
 
 LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
-KNOWN_KEYS = ("include",) + LIST_KEYS
+NETWORK_MODES = ("allowlist", "all", "off")
+KNOWN_KEYS = ("include", "network") + LIST_KEYS
 
 # Built-in sets, by the name used in `include`.
 BUILTIN_SETS = {"dev": "default.toml"}
@@ -408,6 +409,8 @@ class Policy:
         self.files: list[str] = []  # every file that went into this policy, in load order
         # network mode "all": every destination not denied is allowed (addresses are still checked)
         self.allow_all = False
+        # the `network` key of the policy files (for `egress run`), None if no file sets it
+        self.network: str | None = None
 
     # -- building
 
@@ -473,6 +476,7 @@ class Policy:
             _Loader(policy, problems).load_mapping(data, path, text=None, stack=())
         if problems:
             raise PolicyError(problems)
+        policy.allow_all = policy.network == "all"
         return policy
 
 
@@ -537,6 +541,17 @@ class _Loader:
                 close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(KNOWN_KEYS)}"
                 problem(f"unknown key {key!r}{hint}", key=key)
+
+        if "network" in data:
+            mode = data["network"]
+            if mode not in NETWORK_MODES:
+                problem(f"network: {mode!r} is not a mode; write one of {', '.join(NETWORK_MODES)}",
+                        key="network")
+            elif policy.network not in (None, mode):
+                problem(f"network: {mode!r} conflicts with {policy.network!r} set by another file",
+                        key="network")
+            else:
+                policy.network = mode
 
         includes = data.get("include", [])
         if isinstance(includes, str):
@@ -626,4 +641,5 @@ def load_policy(sources: list[str] | tuple[str, ...] | str) -> Policy:
             loader.load_file(path, ())
     if problems:
         raise PolicyError(problems)
+    policy.allow_all = policy.network == "all"
     return policy

@@ -42,7 +42,7 @@ class LaunchError(Exception):
 @dataclass
 class RunOptions:
     argv: list[str]
-    network: str = "allowlist"
+    network: str | None = None  # None: the policy files' `network` key, else "allowlist"
     policies: list[str] = field(default_factory=list)
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
@@ -55,18 +55,29 @@ class RunOptions:
     upstream_ca: Path | None = None
 
 
-def build_policy(options: RunOptions):
+def network_mode(options: RunOptions) -> str:
+    """--network if given, else the policy files' `network` key, else allowlist."""
+    if options.network is not None:
+        return options.network
+    if options.policies:
+        return _load(options.policies, [], []).network or "allowlist"
+    return "allowlist"
+
+
+def build_policy(options: RunOptions, mode: str):
     """The run's policy: built-in 'dev' (allowlist mode), the user's files, then --allow/--deny."""
+    policy = _load((["dev"] if mode == "allowlist" else []) + list(options.policies), options.allow, options.deny)
+    policy.allow_all = mode == "all"
+    return policy
+
+
+def _load(include: list[str], allow: list[str], deny: list[str]):
     from egress.policy import Policy, PolicyError
 
-    include = (["dev"] if options.network == "allowlist" else []) + list(options.policies)
     try:
-        policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
-                                     path="<command line>")
+        return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>")
     except PolicyError as e:
         raise LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, e.problems))) from None
-    policy.allow_all = options.network == "all"
-    return policy
 
 
 class BlockReporter:
@@ -92,7 +103,7 @@ class BlockReporter:
 
 def run(options: RunOptions) -> int:
     """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
-    if options.network not in NETWORK_MODES:
+    if options.network not in NETWORK_MODES + (None,):
         raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
     project = options.project.resolve()
     if not project.is_dir():
@@ -100,8 +111,9 @@ def run(options: RunOptions) -> int:
     for directory in options.add_dirs:
         if not directory.is_dir():
             raise LaunchError(f"--add-dir {directory} does not exist")
-    networked = options.network != "off"
-    policy = build_policy(options) if networked else None
+    mode = network_mode(options)
+    networked = mode != "off"
+    policy = build_policy(options, mode) if networked else None
 
     from sandbox.linux import SandboxError, SandboxSpec, start
 
@@ -157,13 +169,29 @@ def run(options: RunOptions) -> int:
 
 
 def _forward_signals(box) -> dict:
+    """Signals sent to egress reach the command (Ctrl-C from a terminal reaches it directly)."""
+    def forward(number, _frame):
+        if number in (signal.SIGINT, signal.SIGQUIT) and _terminal_sent_it():
+            return  # the terminal signalled the whole foreground group, the command included
+        box.signal(number)
+
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         try:
-            previous[sig] = signal.signal(sig, lambda number, _frame: box.signal(number))
+            previous[sig] = signal.signal(sig, forward)
         except (ValueError, OSError):  # not the main thread
             pass
     return previous
+
+
+def _terminal_sent_it() -> bool:
+    """True if we are in the terminal's foreground process group (so the command is too)."""
+    for fd in (0, 1, 2):
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
 
 
 def _restore_signals(previous: dict) -> None:

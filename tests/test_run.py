@@ -299,3 +299,22 @@ def test_raw_tcp_udp_and_dns_escapes_never_arrive(tmp_path, test_host):
     assert "tcp-connected" not in result.stdout and "udp-sent" not in result.stdout, result.stdout
     time.sleep(0.5)  # let any datagram that did leak be logged before we look
     assert not os.path.exists(test_host), open(test_host).read()
+
+
+def test_policy_file_sets_the_mode_and_the_flag_overrides_it(tmp_path):
+    probe = "import os; print(os.environ.get('HTTPS_PROXY'))"
+    off = egress_run(tmp_path, sys.executable, "-c", probe, policy='network = "off"\n')
+    assert off.stdout.strip() == "None"
+    flag = egress_run(tmp_path, sys.executable, "-c", probe, policy='network = "off"\n',
+                      extra=["--network", "allowlist"])
+    assert flag.stdout.strip() == "http://127.0.0.1:3128"
+
+
+def test_network_all_allows_unlisted_names_but_not_the_deny_list(tmp_path, http_upstream):
+    policy = 'allow_private = ["other.test"]\ndeny = ["blocked.test"]\n'
+    ok = egress_run(tmp_path, "curl", "-sS", http_upstream.url("other.test"), policy=policy,
+                    extra=["--network", "all"])
+    assert ok.stdout == "hello from upstream\n", ok.stderr
+    refused = egress_run(tmp_path, "curl", "-sS", http_upstream.url("blocked.test"), policy=policy,
+                         extra=["--network", "all"])
+    assert "EGRESS_BLOCKED blocked.test (on the deny list)" in refused.stderr
