@@ -197,23 +197,47 @@ def ca_path(state_dir: Path | None) -> None:
               help="Also trust this CA (PEM) for upstream servers, e.g. a company CA.")
 @click.option("--audit-log", default="-", show_default=True, metavar="FILE|-|off",
               help="Where to write one JSON line per decision ('-' is standard output).")
+@click.option("--dns-server", metavar="ADDR[:PORT]",
+              help="Ask this DNS server instead of the system's resolvers (port 53 unless given).")
 @click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
               help="Seconds to wait for an upstream's response head before answering 504 (0: wait forever).")
 @click.option("--dns-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 60),
               help="Seconds to wait for DNS answers.")
 @click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
               help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
-def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, upstream_timeout, dns_timeout,
-          state_dir) -> None:
+def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_server, upstream_timeout,
+          dns_timeout, state_dir) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
     listen_addr = _parse_address(listen, "--listen")
     metrics_addr = None if metrics == "off" else _parse_address(metrics, "--metrics")
     resolve_map = _parse_overrides(overrides)
+    nameserver = _parse_dns_server(dns_server) if dns_server else None
     try:
         _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-               upstream_timeout, dns_timeout, state_dir)
+               upstream_timeout, dns_timeout, state_dir, nameserver)
     except Fatal as e:
         _fail(e)
+
+
+def _parse_dns_server(text: str) -> tuple[str, int]:
+    """``ADDR``, ``ADDR:PORT`` or ``[V6]:PORT``; the port defaults to 53."""
+    import ipaddress
+
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":") or "53"
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, "53"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected an IP address, e.g. 10.0.0.2 or 127.0.0.1:5353",
+                                 param_hint="--dns-server") from None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{text!r}: bad port", param_hint="--dns-server")
+    return host, int(port)
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict:
@@ -230,7 +254,7 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 
 
 def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-           upstream_timeout, dns_timeout, state_dir) -> None:
+           upstream_timeout, dns_timeout, state_dir, nameserver=None) -> None:
     import asyncio
     import signal
 
@@ -248,7 +272,8 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
     metrics = Metrics()
     metrics.policy_rules.set(loaded.rule_count)
     audit = _open_audit(audit_log)
-    engine = Engine(loaded, Resolver(resolve_map, timeout=dns_timeout), Recorder(metrics, audit))
+    engine = Engine(loaded, Resolver(resolve_map, timeout=dns_timeout, nameserver=nameserver),
+                    Recorder(metrics, audit))
 
     metrics_server = None
     if metrics_addr is not None:

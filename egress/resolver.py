@@ -27,25 +27,22 @@ class ResolveError(Exception):
 
 class Resolver:
     def __init__(self, overrides: dict[str, list[IPAddress]] | None = None,
-                 timeout: float = 5.0, nameservers: list[str] | None = None):
+                 timeout: float = 5.0, nameserver: tuple[str, int] | None = None):
+        """``nameserver`` (address, port) replaces the system's resolvers (``--dns-server``)."""
         self.overrides = overrides or {}
         self.timeout = timeout
         self._dns: dns.asyncresolver.Resolver | None = None
-        self._nameservers = nameservers
+        self._nameserver = nameserver
 
     def _resolver(self) -> dns.asyncresolver.Resolver:
         if self._dns is None:
             try:
-                resolver = dns.asyncresolver.Resolver(configure=not self._nameservers)
+                resolver = dns.asyncresolver.Resolver(configure=self._nameserver is None)
             except dns.resolver.NoResolverConfiguration:
                 resolver = dns.asyncresolver.Resolver(configure=False)
-            if self._nameservers:
-                resolver.nameservers = []
-                for server in self._nameservers:
-                    addr, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
-                    resolver.nameservers.append(addr or server)
-                    if port:
-                        resolver.port = int(port)
+            if self._nameserver is not None:
+                resolver.nameservers = [self._nameserver[0]]
+                resolver.port = self._nameserver[1]
             resolver.cache = dns.resolver.Cache()
             self._dns = resolver
         return self._dns

@@ -1,0 +1,158 @@
+"""Resolution through a real DNS server the test runs on 127.0.0.1 (`serve --dns-server`).
+
+Proves the dnspython path: answers are classified (a name resolving to loopback is
+refused), each client connection resolves once and dials what it checked (a DNS
+rebinding answer cannot redirect it), and failures answer 502/504 with the reason.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import pytest
+import requests
+
+
+class DnsServer:
+    """Answers A queries from ``answers[name]`` (a list consumed in turn; the last repeats)."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answers: dict[str, list[str]] = {}
+        self.silent: set[str] = set()
+        self.queries: list[tuple[str, str]] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            query = dns.message.from_wire(data)
+            question = query.question[0]
+            name = question.name.to_text().rstrip(".")
+            self.queries.append((name, dns.rdatatype.to_text(question.rdtype)))
+            if name in self.silent:
+                continue
+            response = dns.message.make_response(query)
+            if name not in self.answers:
+                response.set_rcode(dns.rcode.NXDOMAIN)
+            elif question.rdtype == dns.rdatatype.A:
+                queue = self.answers[name]
+                address = queue.pop(0) if len(queue) > 1 else queue[0]
+                response.answer.append(dns.rrset.from_text(question.name, 0, "IN", "A", address))
+            self.sock.sendto(response.to_wire(), peer)
+
+    def a_queries(self, name: str) -> int:
+        return sum(1 for n, kind in self.queries if n == name and kind == "A")
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def dns_server():
+    server = DnsServer()
+    yield server
+    server.close()
+
+
+def _server_on(address: str, port: int = 0, label: bytes = b""):
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(self.path)
+            body = label
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer((address, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def session_for(proxy) -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies = {"http": proxy.url, "https": proxy.url}
+    return session
+
+
+def start(proxy_factory, dns_server, policy: str, *extra: str):
+    return proxy_factory(policy, "--dns-server", f"127.0.0.1:{dns_server.port}", *extra, names=[])
+
+
+def test_a_name_that_resolves_to_loopback_is_refused(proxy_factory, dns_server, http_upstream):
+    dns_server.answers["sneaky.test"] = ["127.0.0.1"]
+    proxy = start(proxy_factory, dns_server, 'allow = ["sneaky.test"]\n')
+    response = session_for(proxy).get(f"http://sneaky.test:{http_upstream.port}/small", timeout=20)
+    assert response.status_code == 403
+    assert response.headers["X-Egress-Blocked"] == "sneaky.test; reason=private-address"
+    assert dns_server.a_queries("sneaky.test") >= 1
+    assert http_upstream.connections == 0
+
+
+def test_a_denied_name_is_never_even_looked_up(proxy_factory, dns_server):
+    dns_server.answers["nope.test"] = ["127.0.0.1"]
+    proxy = start(proxy_factory, dns_server, 'allow = ["other.test"]\n')
+    response = session_for(proxy).get("http://nope.test/", timeout=20)
+    assert response.status_code == 403
+    assert dns_server.queries == []
+
+
+def test_rebinding_cannot_redirect_a_checked_connection(proxy_factory, dns_server):
+    good, good_seen = _server_on("127.0.0.2", 0, b"good")
+    port = good.server_address[1]
+    victim, victim_seen = _server_on("127.0.0.3", port, b"victim")
+    try:
+        # First answer: an address the policy lets this name use; every later one: another.
+        dns_server.answers["rebind.test"] = ["127.0.0.2", "127.0.0.3"]
+        proxy = start(proxy_factory, dns_server,
+                      'allow = ["rebind.test"]\nallow_private = ["127.0.0.2/32"]\n')
+        session = session_for(proxy)
+        bodies = [session.get(f"http://rebind.test:{port}/{i}", timeout=20).content for i in range(3)]
+        assert bodies == [b"good"] * 3
+        assert dns_server.a_queries("rebind.test") == 1  # resolved once for the connection
+        # A new connection resolves again, gets 127.0.0.3, and that answer is checked too.
+        fresh = session_for(proxy).get(f"http://rebind.test:{port}/again", timeout=20)
+        assert fresh.status_code == 403
+        assert "127.0.0.3 is loopback" in fresh.text
+        assert victim_seen == [] and len(good_seen) == 3
+    finally:
+        for server in (good, victim):
+            server.shutdown()
+            server.server_close()
+
+
+def test_unknown_name_answers_502_dns_failed(proxy_factory, dns_server):
+    proxy = start(proxy_factory, dns_server, 'allow = ["missing.test"]\n')
+    response = session_for(proxy).get("http://missing.test/", timeout=20)
+    assert response.status_code == 502
+    assert response.headers["X-Egress-Error"] == "missing.test; reason=dns-failed"
+    assert response.text.startswith("EGRESS_UPSTREAM_ERROR missing.test: the name does not resolve")
+
+
+def test_silent_dns_answers_504_dns_timeout(proxy_factory, dns_server):
+    dns_server.silent.add("slow.test")
+    proxy = start(proxy_factory, dns_server, 'allow = ["slow.test"]\n', "--dns-timeout", "1")
+    response = session_for(proxy).get("http://slow.test/", timeout=30)
+    assert response.status_code == 504
+    assert response.headers["X-Egress-Error"] == "slow.test; reason=dns-timeout"
