@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -318,3 +319,56 @@ def test_network_all_allows_unlisted_names_but_not_the_deny_list(tmp_path, http_
     refused = egress_run(tmp_path, "curl", "-sS", http_upstream.url("blocked.test"), policy=policy,
                          extra=["--network", "all"])
     assert "EGRESS_BLOCKED blocked.test (on the deny list)" in refused.stderr
+
+
+# ----------------------------------------------------------- as an ordinary user
+
+
+@pytest.fixture(scope="module")
+def user_venv():
+    """egress installed for a user who cannot read /root (where this machine's default Python lives)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to the 'nobody' user needs root")
+    system_python = "/usr/bin/python3.11"
+    if not os.access(system_python, os.X_OK):
+        pytest.skip(f"{system_python} (Debian's python3.11, readable by every user) is not installed")
+    nobody = pwd.getpwnam("nobody")
+    base = tempfile.mkdtemp(prefix="egress-user-venv-")
+    os.chmod(base, 0o755)
+    venv = os.path.join(base, "venv")
+    try:
+        subprocess.run([system_python, "-m", "venv", venv], check=True, capture_output=True)
+        install = subprocess.run([f"{venv}/bin/pip", "install", "-q", os.getcwd()], capture_output=True, text=True)
+        if install.returncode != 0:
+            pytest.skip(f"cannot install egress for another user: {install.stderr[-500:]}")
+        yield venv, nobody
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
+    venv, nobody = user_venv
+    home = tempfile.mkdtemp(prefix="egress-user-home-")
+    try:
+        os.chmod(home, 0o755)
+        project = os.path.join(home, "project")
+        os.mkdir(project)
+        for path in (home, project):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        policy = os.path.join(home, "policy.toml")
+        with open(policy, "w") as f:
+            f.write(POLICY)
+        command = [f"{venv}/bin/egress", "run", "--policy", policy, "--resolve", "allowed.test:127.0.0.1",
+                   "--resolve", "blocked.test:127.0.0.1", "--", "sh", "-c",
+                   f"id -u; curl -sS {http_upstream.url('allowed.test')}; curl -s {http_upstream.url('blocked.test')}"
+                   f" >/dev/null; touch /etc/egress-nobody 2>/dev/null || echo cannot-write-etc"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=project,
+                                user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                                env={"PATH": "/usr/bin:/bin", "HOME": home})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream", "cannot-write-etc"]
+        assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
