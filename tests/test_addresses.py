@@ -1,0 +1,122 @@
+"""Address classes the proxy refuses to dial after resolution.
+
+The first table is smokescreen's TestClassifyAddr (pkg/smokescreen/smokescreen_test.go)
+plus the boundaries of each range; the kind names are egress's own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from egress.addresses import KINDS, classify
+from egress.hosts import parse_host
+
+PUBLIC = None
+
+ADDRESSES = [
+    # smokescreen's vectors
+    ("8.8.8.8", PUBLIC),
+    ("8.8.9.8", PUBLIC),
+    ("1.1.1.1", PUBLIC),
+    ("10.0.0.1", "private"),
+    ("172.16.0.1", "private"),
+    ("192.168.0.1", "private"),
+    ("127.0.0.1", "loopback"),
+    ("127.255.255.255", "loopback"),
+    ("::1", "loopback"),
+    ("169.254.169.254", "metadata"),
+    ("255.255.255.255", "reserved"),  # broadcast
+    ("ff02::2", "multicast"),  # ff02:0:0:0:0:0:0:2
+    ("100.64.0.1", "cgnat"),
+    ("100.63.255.254", PUBLIC),  # just below CGNAT
+    ("64:ff9b::a00:1", "ipv4-embedding"),  # NAT64 of 10.0.0.1
+    # range boundaries
+    ("100.127.255.255", "cgnat"),
+    ("100.128.0.0", PUBLIC),
+    ("10.255.255.255", "private"),
+    ("11.0.0.0", PUBLIC),
+    ("172.15.255.255", PUBLIC),
+    ("172.31.255.255", "private"),
+    ("172.32.0.0", PUBLIC),
+    ("192.167.255.255", PUBLIC),
+    ("192.168.255.255", "private"),
+    ("126.255.255.255", PUBLIC),
+    ("128.0.0.0", PUBLIC),
+    # metadata services: before link-local / ULA, so allow_private can single them out
+    ("fd00:ec2::254", "metadata"),
+    ("100.100.100.200", "metadata"),  # Alibaba Cloud
+    ("169.254.169.253", "link-local"),  # next to metadata: link-local, not metadata
+    ("169.254.0.1", "link-local"),
+    ("fe80::1", "link-local"),
+    ("febf:ffff::1", "link-local"),
+    ("fec0::1", "link-local"),  # deprecated site-local
+    ("fc00::1", "private"),  # ULA
+    ("fd12:3456:789a::1", "private"),
+    ("0.0.0.0", "unspecified"),
+    ("0.1.2.3", "unspecified"),  # 0.0.0.0/8: "this network", reaches the host on Linux
+    ("::", "unspecified"),
+    ("224.0.0.1", "multicast"),
+    ("239.255.255.250", "multicast"),
+    ("ff05::1:3", "multicast"),
+    ("240.0.0.1", "reserved"),
+    ("192.0.0.8", "reserved"),
+    ("192.0.2.1", "reserved"),  # TEST-NET-1
+    ("198.18.0.1", "reserved"),  # benchmarking
+    ("198.51.100.1", "reserved"),
+    ("203.0.113.1", "reserved"),
+    ("2001:db8::1", "reserved"),  # documentation
+    ("100::1", "reserved"),  # discard
+    # IPv4 inside IPv6: refused whatever the IPv4 address, public or not
+    ("::ffff:8.8.8.8", "ipv4-embedding"),  # mapped (a raw address; parse_host unwraps it)
+    ("::ffff:127.0.0.1", "ipv4-embedding"),
+    ("::127.0.0.1", "ipv4-embedding"),  # IPv4-compatible, deprecated
+    ("64:ff9b::808:808", "ipv4-embedding"),  # NAT64 of a public address
+    ("64:ff9b:1::1", "ipv4-embedding"),  # local-use NAT64
+    ("2002:7f00:1::1", "ipv4-embedding"),  # 6to4 of 127.0.0.1
+    ("2001::1", "ipv4-embedding"),  # Teredo
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "ipv4-embedding"),
+    # public IPv6
+    ("2001:4860:4860::8888", PUBLIC),
+    ("2606:4700:4700::1111", PUBLIC),
+    ("2a00:1450:4001::1", PUBLIC),
+    ("2001:1::1", PUBLIC),  # outside Teredo's /32
+]
+
+
+@pytest.mark.parametrize(("address", "kind"), ADDRESSES, ids=[a for a, _ in ADDRESSES])
+def test_classify(address, kind):
+    assert classify(ipaddress.ip_address(address)) == kind
+
+
+def test_every_kind_is_named_in_KINDS():
+    kinds = {k for _, k in ADDRESSES if k is not None}
+    assert kinds == set(KINDS)
+
+
+# A name that resolves to nothing special is fine; every obfuscated spelling of a
+# special address is caught once parse_host has normalised it.
+SPELLINGS = [
+    ("2130706433", "loopback"),
+    ("0x7f.1", "loopback"),
+    ("0177.0.0.1", "loopback"),
+    ("127.1", "loopback"),
+    ("[::ffff:127.0.0.1]", "loopback"),  # unwrapped to IPv4, then loopback
+    ("[fe80::1%eth0]", "link-local"),
+    ("2852039166", "metadata"),
+    ("0xa9.0xfe.0xa9.0xfe", "metadata"),
+    ("[::ffff:a9fe:a9fe]", "metadata"),
+    ("0", "unspecified"),
+    ("[::]", "unspecified"),
+    ("10.1", "private"),
+    ("127。0。0。1", "loopback"),
+    ("[64:ff9b::7f00:1]", "ipv4-embedding"),
+]
+
+
+@pytest.mark.parametrize(("raw", "kind"), SPELLINGS, ids=[r for r, _ in SPELLINGS])
+def test_obfuscated_spellings_are_classified(raw, kind):
+    host = parse_host(raw)
+    assert host.ip is not None
+    assert classify(host.ip) == kind

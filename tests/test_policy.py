@@ -1,0 +1,776 @@
+"""The domain policy, through real TOML files: what it allows, refuses, and why.
+
+Every policy here is written to a file under tmp_path and read back with
+load_policy (directly or through `include`), so file parsing, include resolution
+and the file:line reported for rules and problems are all exercised. No mocks.
+"""
+
+from __future__ import annotations
+
+import gc
+import ipaddress
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from egress import reasons
+from egress.addresses import classify
+from egress.hosts import parse_host
+from egress.policy import (
+    Decision,
+    Policy,
+    PolicyError,
+    Problem,
+    builtin_path,
+    is_public_suffix,
+    load_policy,
+    registrable_domain,
+)
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def problems_of(*paths: Path) -> list[Problem]:
+    with pytest.raises(PolicyError) as info:
+        load_policy([str(p) for p in paths])
+    assert info.value.problems, "PolicyError without problems"
+    # the exception's text lists every problem as path:line: message
+    assert str(info.value) == "\n".join(str(p) for p in info.value.problems)
+    return info.value.problems
+
+
+def quoted(text: str) -> str:
+    return '"' + text + '"'
+
+
+def line_of(path: Path, needle: str) -> int:
+    """1-based line of the first line containing needle (how the tests locate entries)."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in {path}")
+
+
+# ------------------------------------------------------------------- matching
+
+MATCHING = """
+    # Matching: apex + subdomains, subdomains only, IDN, case, trailing dot.
+    allow = [
+        "example.com",
+        "*.wild.org",
+        "bücher.de",
+        "xn--mnchen-3ya.de",
+        "UPPER.Example.NET.",
+        "api.example.com",
+        "localhost",
+    ]
+    deny = [
+        "bad.example.com",
+        "*.evil.wild.org",
+    ]
+"""
+
+MATCHING_CASES = [
+    # (id, host, allowed, reason, rule text as written)
+    ("apex", "example.com", True, "allowed", "example.com"),
+    ("subdomain", "www.example.com", True, "allowed", "example.com"),
+    ("deep-subdomain", "a.b.c.d.example.com", True, "allowed", "example.com"),
+    ("upper-case-request", "WWW.EXAMPLE.COM", True, "allowed", "example.com"),
+    ("trailing-dot-request", "example.com.", True, "allowed", "example.com"),
+    ("most-specific-rule-reported", "v1.api.example.com", True, "allowed", "api.example.com"),
+    ("label-boundary", "notexample.com", False, "not-allowed", None),
+    ("label-boundary-prefix", "xample.com", False, "not-allowed", None),
+    ("suffix-is-not-parent", "example.com.evil.net", False, "not-allowed", None),
+    ("parent-not-covered", "com", False, "not-allowed", None),
+    ("denied-name", "bad.example.com", False, "denied", "bad.example.com"),
+    ("denied-subdomain", "x.y.bad.example.com", False, "denied", "bad.example.com"),
+    ("wildcard-subdomain", "a.wild.org", True, "allowed", "*.wild.org"),
+    ("wildcard-deep", "a.b.wild.org", True, "allowed", "*.wild.org"),
+    ("wildcard-not-apex", "wild.org", False, "not-allowed", None),
+    ("wildcard-boundary", "awild.org", False, "not-allowed", None),
+    ("deny-wildcard-not-apex", "evil.wild.org", True, "allowed", "*.wild.org"),
+    ("deny-wildcard-subdomain", "x.evil.wild.org", False, "denied", "*.evil.wild.org"),
+    ("idn-entry-punycode-request", "xn--bcher-kva.de", True, "allowed", "bücher.de"),
+    ("idn-entry-unicode-request", "www.BÜCHER.de", True, "allowed", "bücher.de"),
+    ("punycode-entry-unicode-request", "münchen.de", True, "allowed", "xn--mnchen-3ya.de"),
+    ("punycode-entry-punycode-request", "shop.xn--mnchen-3ya.de", True, "allowed", "xn--mnchen-3ya.de"),
+    ("entry-case-and-dot-normalised", "upper.example.net", True, "allowed", "UPPER.Example.NET."),
+    ("single-label", "localhost", True, "allowed", "localhost"),
+    ("ip-literal-never-matches-name", "127.0.0.1", False, "not-allowed", None),
+    ("invalid-host", "a..example.com", False, "invalid-host", None),
+]
+
+
+@pytest.fixture(scope="module")
+def matching(tmp_path_factory) -> tuple[Policy, Path]:
+    path = write(tmp_path_factory.mktemp("matching"), "policy.toml", MATCHING)
+    return load_policy([str(path)]), path.resolve()
+
+
+@pytest.mark.parametrize(("host", "allowed", "reason", "rule"), [c[1:] for c in MATCHING_CASES],
+                         ids=[c[0] for c in MATCHING_CASES])
+def test_domain_matching(matching, host, allowed, reason, rule):
+    policy, path = matching
+    decision = policy.decide(host, 443)
+    assert (decision.allowed, decision.reason) == (allowed, reason)
+    assert decision.reason == reasons.ALLOWED or decision.reason in reasons.REFUSALS
+    if rule is None:
+        assert decision.rule is None
+    else:
+        assert decision.rule.text == rule
+        assert decision.rule.key == ("deny" if reason == "denied" else "allow")
+        assert decision.rule.path == str(path)
+        assert decision.rule.location() == f"{path}:{line_of(path, quoted(rule))}"
+    if reason != "invalid-host":
+        assert decision.host == parse_host(host).name  # reported canonical
+    assert decision.port == 443
+
+
+def test_invalid_host_decision_says_why(matching):
+    decision = matching[0].decide("a..example.com", 443)
+    assert decision.host == "a..example.com"
+    assert "not a valid host name" in decision.detail
+    assert decision.words().startswith(reasons.words("invalid-host"))
+
+
+def test_decision_words_name_rule_and_line(matching):
+    policy, path = matching
+    denied = policy.decide("bad.example.com", 443)
+    line = line_of(path, '"bad.example.com"')
+    assert denied.words() == f"on the deny list: matched bad.example.com ({path}:{line})"
+    allowed = policy.decide("www.example.com", 443)
+    assert allowed.words() == f"matched example.com ({path}:{line_of(path, quoted('example.com'))})"
+
+
+# ------------------------------------------------------------ deny wins always
+
+DENY_WINS = """
+    allow = [
+        "exact.example.com",
+        "very.specific.api.example.org",
+        "yandex.ru",
+        "*.example.net",
+        "example.io:22",
+        "10.1.2.3",
+        "10.0.0.0/8",
+        "[2001:db8::1]",
+    ]
+    deny = [
+        "exact.example.com",
+        "example.org",
+        "ru",
+        "example.net",
+        "example.io:22",
+        "10.1.0.0/16",
+        "2001:db8::/32",
+    ]
+"""
+
+DENY_WINS_CASES = [
+    ("same-entry", "exact.example.com", 443, "exact.example.com"),
+    ("broad-deny-specific-allow", "very.specific.api.example.org", 443, "example.org"),
+    ("tld-deny", "yandex.ru", 443, "ru"),
+    ("apex-deny-wildcard-allow", "a.example.net", 443, "example.net"),
+    ("same-port-entry", "example.io", 22, "example.io:22"),
+    ("cidr-deny-ip-allow", "10.1.2.3", 443, "10.1.0.0/16"),
+    ("cidr-deny-ip-allow-obfuscated", "0xa010203", 443, "10.1.0.0/16"),
+    ("ipv6-cidr-deny", "[2001:db8::1]", 443, "2001:db8::/32"),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "rule"), [c[1:] for c in DENY_WINS_CASES],
+                         ids=[c[0] for c in DENY_WINS_CASES])
+def test_deny_wins_over_every_allow(tmp_path, host, port, rule):
+    policy = load_policy([str(write(tmp_path, "p.toml", DENY_WINS))])
+    decision = policy.decide(host, port)
+    assert (decision.allowed, decision.reason, decision.rule.text, decision.rule.key) == (
+        False, "denied", rule, "deny")
+
+
+def test_deny_in_a_later_file_wins_over_allow_in_an_earlier_one(tmp_path):
+    first = write(tmp_path, "first.toml", 'allow = ["example.com"]\n')
+    second = write(tmp_path, "second.toml", 'deny = ["tracker.example.com"]\n')
+    policy = load_policy([str(first), str(second)])
+    assert policy.decide("www.example.com", 443).allowed
+    decision = policy.decide("tracker.example.com", 443)
+    assert decision.reason == "denied" and decision.rule.path == str(second.resolve())
+    assert policy.files == [str(first.resolve()), str(second.resolve())]
+
+
+# ----------------------------------------------------------------- IP literals
+
+ADDRESSES = """
+    allow = [
+        "127.0.0.1",
+        "0.1",
+        "10.0.0.0/8",
+        "10.1.0.0/16",
+        "10.1.2.3",
+        "2001:db8::/32",
+        "[::1]:8080",
+        "192.0.2.7:443",
+        "203.0.113.0/24:22",
+    ]
+    deny = ["10.66.0.0/16"]
+"""
+
+ADDRESS_CASES = [
+    # (id, host, port, allowed, rule)
+    ("dotted", "127.0.0.1", 443, True, "127.0.0.1"),
+    ("decimal", "2130706433", 443, True, "127.0.0.1"),
+    ("hex", "0x7f.1", 443, True, "127.0.0.1"),
+    ("octal", "0177.0.0.1", 443, True, "127.0.0.1"),
+    ("short", "127.1", 443, True, "127.0.0.1"),
+    ("mapped", "[::ffff:127.0.0.1]", 443, True, "127.0.0.1"),
+    ("ideographic-dots", "127。0。0。1", 443, True, "127.0.0.1"),
+    ("ip-entry-is-not-a-name-suffix", "10.0.0.1", 443, True, "10.0.0.0/8"),  # "0.1" is 0.0.0.1
+    ("short-entry-is-an-address", "0.0.0.1", 443, True, "0.1"),
+    ("longest-prefix-reported", "10.1.2.3", 443, True, "10.1.2.3"),
+    ("middle-prefix", "10.1.9.9", 443, True, "10.1.0.0/16"),
+    ("shortest-prefix", "10.200.0.1", 443, True, "10.0.0.0/8"),
+    ("ipv6-in-cidr", "[2001:db8::5]", 443, True, "2001:db8::/32"),
+    ("ipv6-bare", "2001:db8:ffff::1", 443, True, "2001:db8::/32"),
+    ("ipv6-port-entry", "[::1]", 8080, True, "[::1]:8080"),
+    ("ipv6-port-entry-other-port", "[::1]", 80, False, None),
+    ("ip-port-entry", "192.0.2.7", 443, True, "192.0.2.7:443"),
+    ("ip-port-entry-other-port", "192.0.2.7", 80, False, None),
+    ("cidr-port-entry", "203.0.113.9", 22, True, "203.0.113.0/24:22"),
+    ("cidr-port-entry-other-port", "203.0.113.9", 443, False, None),
+    ("zone-id", "[fe80::1%eth0]", 443, False, None),
+    ("outside", "11.0.0.1", 443, False, None),
+    ("denied-inside-allowed", "10.66.1.1", 443, False, "10.66.0.0/16"),
+    ("denied-obfuscated", "012.0x42.1.1", 443, False, "10.66.0.0/16"),
+    ("denied-mapped", "[::ffff:10.66.0.1]", 443, False, "10.66.0.0/16"),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "allowed", "rule"), [c[1:] for c in ADDRESS_CASES],
+                         ids=[c[0] for c in ADDRESS_CASES])
+def test_ip_literals_match_ip_entries(tmp_path, host, port, allowed, rule):
+    policy = load_policy([str(write(tmp_path, "p.toml", ADDRESSES))])
+    decision = policy.decide(host, port)
+    assert decision.allowed is allowed
+    assert (decision.rule.text if decision.rule else None) == rule
+    assert decision.host == str(parse_host(host).ip)
+
+
+def test_domain_entries_never_match_ip_literals(tmp_path):
+    # "1.0.0.127.in-addr.arpa"-style tricks aside, no name entry can cover an address:
+    # the host name of 127.0.0.1 ends in ".0.1", ".1", but those entries are addresses.
+    policy = load_policy([str(write(tmp_path, "p.toml", 'allow = ["localhost", "example.com"]\n'))])
+    for host in ("127.0.0.1", "2130706433", "[::1]", "93.184.216.34"):
+        assert policy.decide(host, 443).reason == "not-allowed"
+
+
+# ---------------------------------------------------------------------- ports
+
+PORTS = """
+    allow = [
+        "tls.example.com:443",
+        "any.example.com",
+        "*.alt.example.com:8443",
+        "multi.example.com:80",
+        "multi.example.com:443",
+    ]
+    deny = ["any.example.com:25"]
+"""
+
+PORT_CASES = [
+    ("port-entry-same-port", "tls.example.com", 443, True, "tls.example.com:443"),
+    ("port-entry-subdomain", "www.tls.example.com", 443, True, "tls.example.com:443"),
+    ("port-entry-other-port", "tls.example.com", 80, False, None),
+    ("port-entry-unknown-port", "tls.example.com", None, False, None),
+    ("no-port-entry-any-port", "any.example.com", 12345, True, "any.example.com"),
+    ("no-port-entry-unknown-port", "any.example.com", None, True, "any.example.com"),
+    ("port-deny-on-its-port", "any.example.com", 25, False, "any.example.com:25"),
+    ("wildcard-port-entry", "a.alt.example.com", 8443, True, "*.alt.example.com:8443"),
+    ("wildcard-port-entry-other-port", "a.alt.example.com", 443, False, None),
+    ("two-ports-first", "multi.example.com", 80, True, "multi.example.com:80"),
+    ("two-ports-second", "multi.example.com", 443, True, "multi.example.com:443"),
+    ("two-ports-neither", "multi.example.com", 8080, False, None),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "allowed", "rule"), [c[1:] for c in PORT_CASES],
+                         ids=[c[0] for c in PORT_CASES])
+def test_ports(tmp_path, host, port, allowed, rule):
+    policy = load_policy([str(write(tmp_path, "p.toml", PORTS))])
+    decision = policy.decide(host, port)
+    assert decision.allowed is allowed
+    assert (decision.rule.text if decision.rule else None) == rule
+    assert decision.port == port
+
+
+# ------------------------------------------------------------ refused at load
+
+REFUSED = [
+    # (id, list, entry, helpful part of the message)
+    ("tld", "allow", "com", "'com' is a top-level domain"),
+    ("tld-trailing-dot", "allow", "COM.", "top-level domain"),
+    ("tld-wildcard", "allow", "*.com", "'*.com' is a top-level domain"),
+    ("public-suffix-cctld", "allow", "co.uk", "'co.uk' is a public suffix"),
+    ("public-suffix-private-section", "allow", "github.io", "'github.io' is a public suffix"),
+    ("public-suffix-wildcard", "allow", "*.github.io", "public suffix"),
+    ("public-suffix-user-content", "allow", "githubusercontent.com", "public suffix"),
+    ("public-suffix-with-port", "allow", "co.uk:443", "public suffix"),
+    ("public-suffix-wildcard-rule", "allow", "foo.ck", "public suffix"),  # *.ck in the list
+    ("public-suffix-idn", "allow", "xn--p1ai", "top-level domain"),
+    ("public-suffix-passthrough", "passthrough", "co.uk", "passthrough: 'co.uk' is a public suffix"),
+    ("public-suffix-allow-private", "allow_private", "github.io", "allow_private: 'github.io' is a public"),
+    ("suggests-registrable", "allow", "co.uk", "write a registrable domain such as 'example.co.uk'"),
+    ("bare-star", "allow", "*", "a bare '*' is not allowed; to allow every domain, run with --network all"),
+    ("bare-star-dot", "allow", "*.", "a bare '*.' is not allowed"),
+    ("bare-star-deny", "deny", "*", "a bare '*' is not allowed"),
+    ("wildcard-middle", "allow", "a.*.com", "'a.*.com' has a wildcard in the middle of the name"),
+    ("wildcard-glued", "allow", "*foo.com", "'*foo.com' has a wildcard in the middle"),
+    ("wildcard-tld", "allow", "example.*", "'example.*' has a wildcard in the middle"),
+    ("wildcard-twice", "allow", "*.*.example.com", "wildcard in the middle"),
+    ("wildcard-on-ip", "allow", "*.10.0.0.1", "a wildcard cannot apply to an IP address"),
+    ("scheme", "allow", "https://x.com", "'https://x.com' is a URL; write the host only, e.g. 'x.com'"),
+    ("scheme-path", "allow", "http://x.com/a/b", "write the host only, e.g. 'x.com'"),
+    ("path", "allow", "x.com/path", "'x.com/path' has a path; write the host only, e.g. 'x.com'"),
+    ("cidr-host-bits", "allow", "10.0.0.1/8", "'10.0.0.1/8' has host bits set; did you mean '10.0.0.0/8'?"),
+    ("cidr-host-bits-v6", "deny", "2001:db8::1/32", "did you mean '2001:db8::/32'?"),
+    ("cidr-host-bits-private", "allow_private", "192.168.1.1/16", "did you mean '192.168.0.0/16'?"),
+    ("cidr-prefix-too-long", "allow", "10.0.0.0/33", "'10.0.0.0/33' is not a valid CIDR"),
+    ("cidr-prefix-not-number", "deny", "10.0.0.0/x", "is not a valid CIDR"),
+    ("empty", "allow", "", "allow: empty entry"),
+    ("blank", "deny", "   ", "deny: empty entry"),
+    ("port-zero", "allow", "x.com:0", "'0' is not a port number (1-65535)"),
+    ("port-too-big", "allow", "x.com:65536", "'65536' is not a port number"),
+    ("port-not-ascii", "allow", "x.com:²", "is not a port number"),
+    ("bad-name", "allow", "a..b.com", "not a valid host name"),
+    ("bad-ipv4", "deny", "1.2.3.4.5", "neither a host name nor an IPv4 address"),
+    ("unclosed-bracket", "allow", "[::1", "unclosed '['"),
+]
+
+
+@pytest.mark.parametrize(("key", "entry", "message"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_bad_entries_are_refused_with_file_and_line(tmp_path, key, entry, message):
+    other = "deny" if key != "deny" else "allow"
+    path = write(tmp_path, "p.toml", f"""
+        # a policy with one bad entry among good ones
+        {key} = [
+            "fine.example.org",
+            "{entry}",
+        ]
+        {other} = ["other.example.com"]
+        """)
+    [problem] = problems_of(path)
+    assert message in problem.message
+    assert problem.message.startswith(f"{key}: ")
+    assert problem.path == str(path.resolve())
+    assert problem.line == 4, str(problem)
+    assert str(problem).startswith(f"{path.resolve()}:4: ")
+
+
+def test_non_string_entries_are_refused(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = ["ok.example.com"]
+        deny = [
+            "also.example.com",
+            42,
+        ]
+    """)
+    [problem] = problems_of(path)
+    assert problem.message == "deny: entries must be strings, not int 42"
+    assert problem.line == 2  # the list's line: the entry itself cannot be found as text
+
+
+@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
+def test_a_list_key_must_be_a_list(tmp_path, key):
+    first = "allow" if key == "allow_private" else "allow_private"
+    path = write(tmp_path, "p.toml", f"""
+        # another key that starts alike comes first: its line is not the one
+        {first} = []
+        {key} = "example.com"
+    """)
+    [problem] = problems_of(path)
+    assert problem.message == f'{key}: expected a list of strings, e.g. {key} = ["example.com"]'
+    assert problem.line == 3
+
+
+def test_deny_may_name_public_suffixes(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = ["yandex.ru", "user.github.io", "example.co.uk"]
+        deny = ["ru", "*.github.io", "co.uk", "com"]
+    """)
+    policy = load_policy([str(path)])
+    for host, rule in [("yandex.ru", "ru"), ("user.github.io", "*.github.io"),
+                       ("example.co.uk", "co.uk"), ("example.com", "com")]:
+        decision = policy.decide(host, 443)
+        assert (decision.reason, decision.rule.text) == ("denied", rule)
+    assert policy.decide("github.io", 443).reason == "not-allowed"  # *. is subdomains only
+
+
+def test_every_problem_is_reported_in_file_order(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = [
+            "ok.example.com",
+            "com",
+            "a.*.b.com",
+            "10.0.0.1/8",
+        ]
+        passthrough = ["https://pinned.example.com"]
+    """)
+    problems = problems_of(path)
+    assert [(p.line, p.message.split(":")[0]) for p in problems] == [
+        (3, "allow"), (4, "allow"), (5, "allow"), (7, "passthrough")]
+
+
+def test_line_is_the_one_in_the_list_meant(tmp_path):
+    # the same text in deny (fine) and allow (refused): the allow line is reported
+    path = write(tmp_path, "p.toml", """
+        deny = [
+            "co.uk",
+        ]
+        allow = [
+            "co.uk",
+        ]
+    """)
+    [problem] = problems_of(path)
+    assert problem.line == 5
+
+
+def test_rule_location_is_in_its_own_list(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = [
+            "github.com",
+        ]
+        passthrough = [
+            "github.com",
+        ]
+    """)
+    policy = load_policy([str(path)])
+    rule = policy.passthrough(parse_host("github.com"), 443)
+    assert (rule.key, rule.text, rule.location()) == ("passthrough", "github.com", f"{path.resolve()}:5")
+    assert policy.decide("github.com", 443).rule.location() == f"{path.resolve()}:2"
+
+
+UNKNOWN_KEYS = [
+    ("alow", "did you mean 'allow'?"),
+    ("Allow", "did you mean 'allow'?"),
+    ("denny", "did you mean 'deny'?"),
+    ("passthru", "did you mean 'passthrough'?"),
+    ("allow-private", "did you mean 'allow_private'?"),
+    ("includes", "did you mean 'include'?"),
+    ("zzz", "known keys: include,"),
+]
+
+
+@pytest.mark.parametrize(("key", "hint"), UNKNOWN_KEYS, ids=[k for k, _ in UNKNOWN_KEYS])
+def test_unknown_keys_suggest_the_nearest(tmp_path, key, hint):
+    path = write(tmp_path, "p.toml", f"""
+        allow = ["example.com"]
+
+        {key} = ["example.org"]
+    """)
+    [problem] = problems_of(path)
+    assert problem.message.startswith(f"unknown key {key!r}")
+    assert hint in problem.message
+    assert problem.line == 3
+
+
+def test_unknown_key_as_a_table(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = ["example.com"]
+        [alow]
+        x = 1
+    """)
+    [problem] = problems_of(path)
+    assert "did you mean 'allow'?" in problem.message and problem.line == 2
+
+
+TOML_ERRORS = [
+    # (id, text, line, message part)
+    ("missing-equals", 'allow = ["a.example.com"]\ndeny\n', 2, "not valid TOML: Expected '=' after a key"),
+    ("missing-comma", 'allow = [\n  "a.example.com"\n  "b.example.com"\n]\n', 3, "not valid TOML: Unclosed array"),
+    ("duplicate-key", 'allow = ["a.example.com"]\nallow = ["b.example.com"]\n', 2, "Cannot overwrite a value"),
+    ("unclosed-string", 'allow = ["a.example.com]\n', 1, "not valid TOML"),
+    ("unclosed-at-end", '# policy\nallow = [\n  "a.example.com",\n', 3, "(at end of document)"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "message"), [c[1:] for c in TOML_ERRORS], ids=[c[0] for c in TOML_ERRORS])
+def test_toml_syntax_errors_have_a_line(tmp_path, text, line, message):
+    path = tmp_path / "p.toml"
+    path.write_text(text, encoding="utf-8")
+    [problem] = problems_of(path)
+    assert message in problem.message
+    assert (problem.path, problem.line) == (str(path.resolve()), line)
+
+
+def test_missing_policy_file(tmp_path):
+    [problem] = problems_of(tmp_path / "nope.toml")
+    assert (problem.path, problem.line, problem.message) == (str(tmp_path / "nope.toml"), None, "no such file")
+
+
+# -------------------------------------------------------------------- include
+
+
+def test_include_is_relative_to_the_including_file(tmp_path, monkeypatch):
+    write(tmp_path, "shared.toml", """
+        allow = ["shared.example.com"]
+    """)
+    sub = write(tmp_path, "teams/web.toml", """
+        include = ["../shared.toml"]
+        allow = ["web.example.com"]
+    """)
+    main = write(tmp_path, "main.toml", """
+        include = ["teams/web.toml", "extra.toml"]
+        deny = ["blocked.web.example.com"]
+    """)
+    write(tmp_path, "extra.toml", 'allow = ["extra.example.com"]\n')
+    monkeypatch.chdir(tmp_path / "teams")  # a cwd where none of the paths resolve
+    policy = load_policy([str(main)])
+    web = policy.decide("www.web.example.com", 443)
+    assert web.allowed and web.rule.path == str(sub.resolve())
+    assert web.rule.location() == f"{sub.resolve()}:2"
+    shared = policy.decide("shared.example.com", 443)
+    assert shared.allowed and shared.rule.path == str((tmp_path / "shared.toml").resolve())
+    assert policy.decide("extra.example.com", 443).allowed
+    assert policy.decide("blocked.web.example.com", 443).reason == "denied"
+    assert policy.files == [str(p.resolve()) for p in (
+        main, sub, tmp_path / "shared.toml", tmp_path / "extra.toml")]
+
+
+def test_include_a_single_string(tmp_path):
+    write(tmp_path, "a.toml", 'allow = ["a.example.com"]\n')
+    main = write(tmp_path, "main.toml", 'include = "a.toml"\n')
+    assert load_policy([str(main)]).decide("a.example.com", 443).allowed
+
+
+def test_diamond_include_loads_each_file_once(tmp_path):
+    write(tmp_path, "base.toml", 'allow = ["base.example.com", "other.example.com"]\n')
+    write(tmp_path, "left.toml", 'include = ["base.toml"]\n')
+    write(tmp_path, "right.toml", 'include = ["base.toml"]\n')
+    main = write(tmp_path, "main.toml", 'include = ["left.toml", "right.toml"]\n')
+    policy = load_policy([str(main), str(tmp_path / "base.toml")])
+    assert policy.rule_count == 2
+    assert policy.decide("base.example.com", 443).allowed
+
+
+def test_include_cycle(tmp_path):
+    a = write(tmp_path, "a.toml", """
+        allow = ["a.example.com"]
+        include = ["b.toml"]
+    """)
+    b = write(tmp_path, "b.toml", """
+        # b includes a back
+        include = ["a.toml"]
+    """)
+    [problem] = problems_of(a)
+    assert problem.message == f"include cycle: {a.resolve()} -> {b.resolve()} -> {a.resolve()}"
+    assert (problem.path, problem.line) == (str(b.resolve()), 2)
+
+
+def test_include_self(tmp_path):
+    a = write(tmp_path, "a.toml", 'allow = ["a.example.com"]\ninclude = ["a.toml"]\n')
+    [problem] = problems_of(a)
+    assert "include cycle" in problem.message and problem.line == 2
+
+
+def test_missing_include_is_reported_at_the_include(tmp_path):
+    main = write(tmp_path, "main.toml", """
+        allow = ["a.example.com"]
+        include = [
+            "missing.toml",
+        ]
+    """)
+    [problem] = problems_of(main)
+    assert problem.path == str(main.resolve())
+    assert problem.line == 3
+    assert problem.message == f"include: 'missing.toml': no such file ({main.resolve().parent / 'missing.toml'})"
+
+
+def test_unknown_builtin_set(tmp_path):
+    main = write(tmp_path, "main.toml", 'include = ["dve"]\n')
+    [problem] = problems_of(main)
+    assert problem.message == "include: 'dve' is neither a file nor a built-in set (dev)"
+    assert problem.line == 1
+
+
+def test_problems_in_included_files_name_those_files(tmp_path):
+    write(tmp_path, "bad.toml", '# included\nallow = ["co.uk"]\n')
+    main = write(tmp_path, "main.toml", 'include = ["bad.toml"]\nallow = ["com"]\n')
+    problems = problems_of(main)
+    assert [(Path(p.path).name, p.line) for p in problems] == [("bad.toml", 2), ("main.toml", 2)]
+
+
+# ------------------------------------------------------------ built-in dev set
+
+DEV_ALLOWED = [
+    "pypi.org", "files.pythonhosted.org",
+    "registry.npmjs.org", "registry.yarnpkg.com",
+    "crates.io", "static.crates.io", "index.crates.io",
+    "rubygems.org", "index.rubygems.org",
+    "repo.maven.apache.org", "repo1.maven.org",
+    "proxy.golang.org", "sum.golang.org",
+    "github.com", "api.github.com", "codeload.github.com",
+    "raw.githubusercontent.com", "objects.githubusercontent.com",
+    "gitlab.com", "bitbucket.org",
+]
+DEV_REFUSED = ["example.com", "pypi.org.evil.com", "notgithub.com", "gist.githubusercontent.com",
+               "githubusercontent.com", "127.0.0.1"]
+
+
+@pytest.fixture(scope="module", params=["name", "include"])
+def dev(request, tmp_path_factory) -> Policy:
+    if request.param == "name":
+        return load_policy(["dev"])
+    path = write(tmp_path_factory.mktemp("dev"), "p.toml", 'include = ["dev"]\n')
+    return load_policy([str(path)])
+
+
+@pytest.mark.parametrize("host", DEV_ALLOWED)
+def test_dev_set_allows(dev, host):
+    decision = dev.decide(host, 443)
+    assert decision.allowed, decision
+    assert decision.rule.path == str(builtin_path("dev").resolve())
+
+
+@pytest.mark.parametrize("host", DEV_REFUSED)
+def test_dev_set_refuses(dev, host):
+    assert dev.decide(host, 443).reason == "not-allowed"
+
+
+# ---------------------------------------------------------- passthrough, private
+
+
+def test_passthrough(tmp_path):
+    path = write(tmp_path, "p.toml", """
+        allow = ["bank.example.com", "pinned.example.org"]
+        passthrough = [
+            "*.bank.example.com:443",
+            "pinned.example.org",
+        ]
+    """)
+    policy = load_policy([str(path)])
+    rule = policy.passthrough(parse_host("app.bank.example.com"), 443)
+    assert (rule.key, rule.text, rule.location()) == ("passthrough", "*.bank.example.com:443",
+                                                       f"{path.resolve()}:3")
+    assert policy.passthrough(parse_host("app.bank.example.com"), 8443) is None
+    assert policy.passthrough(parse_host("bank.example.com"), 443) is None
+    assert policy.passthrough(parse_host("cdn.pinned.example.org"), 80).text == "pinned.example.org"
+    assert policy.passthrough(parse_host("example.org"), 443) is None
+
+
+PRIVATE = """
+    allow = ["example.com"]
+    allow_private = [
+        "db.example.com",
+        "meta.example.com",
+        "10.1.0.0/16",
+        "169.254.169.254",
+        "fd12::/16",
+    ]
+"""
+
+PRIVATE_CASES = [
+    # (id, host, resolved address, kind, rule or None)
+    ("name-private", "db.example.com", "10.9.9.9", "private", "db.example.com"),
+    ("name-subdomain-loopback", "x.db.example.com", "127.0.0.1", "loopback", "db.example.com"),
+    ("name-link-local", "db.example.com", "169.254.1.1", "link-local", "db.example.com"),
+    ("name-cgnat", "db.example.com", "100.64.0.1", "cgnat", "db.example.com"),
+    ("name-never-metadata", "meta.example.com", "169.254.169.254", "metadata", "169.254.169.254"),
+    ("name-never-metadata-v6", "meta.example.com", "fd00:ec2::254", "metadata", None),
+    ("name-never-metadata-alibaba", "meta.example.com", "100.100.100.200", "metadata", None),
+    ("range-any-name", "other.example.com", "10.1.2.3", "private", "10.1.0.0/16"),
+    ("range-ula", "other.example.com", "fd12::1", "private", "fd12::/16"),
+    ("address-metadata", "other.example.com", "169.254.169.254", "metadata", "169.254.169.254"),
+    ("not-listed", "other.example.com", "10.2.0.1", "private", None),
+    ("not-listed-loopback", "other.example.com", "::1", "loopback", None),
+    ("ip-literal-host-not-by-name", "10.9.9.9", "10.9.9.9", "private", None),
+    ("ip-literal-host-by-range", "10.1.0.9", "10.1.0.9", "private", "10.1.0.0/16"),
+]
+
+
+@pytest.mark.parametrize(("host", "address", "kind", "rule"), [c[1:] for c in PRIVATE_CASES],
+                         ids=[c[0] for c in PRIVATE_CASES])
+def test_allow_private(tmp_path, host, address, kind, rule):
+    policy = load_policy([str(write(tmp_path, "p.toml", PRIVATE))])
+    ip = ipaddress.ip_address(address)
+    assert classify(ip) == kind
+    got = policy.private_allowed(parse_host(host), ip, kind)
+    assert (got.text if got else None) == rule
+    if got:
+        assert got.key == "allow_private"
+
+
+# --------------------------------------------------------- purity, mapping, misc
+
+
+def test_decisions_are_pure(tmp_path):
+    path = write(tmp_path, "p.toml", MATCHING)
+    one, two = load_policy([str(path)]), load_policy([str(path)])
+    hosts = [c[1] for c in MATCHING_CASES] + ["10.0.0.1", "[::1]"]
+    first = [one.decide(h, 443) for h in hosts]
+    assert [one.decide(h, 443) for h in hosts] == first  # again: same answers
+    assert [two.decide(h, 443) for h in reversed(hosts)] == first[::-1]  # another load, other order
+    assert [one.decide(parse_host(h), 443) for h in hosts if h != "a..example.com"] == [
+        d for h, d in zip(hosts, first) if h != "a..example.com"]  # str or Host: same
+    assert one.rule_count == two.rule_count == 9
+    assert all(isinstance(d, Decision) for d in first)
+
+
+def test_from_mapping(tmp_path, monkeypatch):
+    write(tmp_path, "inc.toml", 'allow = ["inc.example.com"]\n')
+    monkeypatch.chdir(tmp_path)  # a mapping's includes are relative to the cwd
+    policy = Policy.from_mapping({"allow": ["example.com"], "deny": ["x.example.com"],
+                                  "include": ["inc.toml"]}, "cli")
+    assert policy.decide("www.example.com").rule.path == "cli"
+    assert policy.decide("x.example.com").reason == "denied"
+    assert policy.decide("inc.example.com").allowed
+    with pytest.raises(PolicyError) as info:
+        Policy.from_mapping({"allow": ["com"], "alow": []})
+    assert [(p.path, p.line) for p in info.value.problems] == [("<policy>", None)] * 2
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["gc-enabled", "gc-disabled"])
+def test_loading_restores_the_garbage_collector(tmp_path, enabled):
+    path = write(tmp_path, "p.toml", 'allow = ["example.com"]\n')
+    bad = write(tmp_path, "bad.toml", 'allow = ["com"]\n')
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        load_policy([str(path)])
+        with pytest.raises(PolicyError):
+            load_policy([str(bad)])
+        Policy.from_mapping({"allow": ["example.com"]})
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+PUBLIC_SUFFIXES = [
+    ("com", True), ("uk", True), ("co.uk", True), ("github.io", True),
+    ("githubusercontent.com", True), ("xn--p1ai", True), ("foo.ck", True),
+    ("www.ck", False),  # exception rule !www.ck
+    ("example.com", False), ("example.co.uk", False), ("user.github.io", False),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), PUBLIC_SUFFIXES, ids=[n for n, _ in PUBLIC_SUFFIXES])
+def test_is_public_suffix(name, expected):
+    assert is_public_suffix(name) is expected
+
+
+REGISTRABLE = [
+    ("a.b.example.co.uk", "example.co.uk"),
+    ("www.example.com", "example.com"),
+    ("example.com", "example.com"),
+    ("co.uk", None),
+    ("com", None),
+    ("1.2.3.4", None),
+]
+
+
+@pytest.mark.parametrize(("host", "expected"), REGISTRABLE, ids=[h for h, _ in REGISTRABLE])
+def test_registrable_domain(host, expected):
+    assert registrable_domain(host) == expected
