@@ -307,6 +307,36 @@ def test_ports(tmp_path, host, port, allowed, rule):
     assert decision.port == port
 
 
+# ------------------------------------------------- the loader's fast path
+
+# Plain lower-case ASCII names (with '*.' or ':port') skip split_host_port and
+# parse_host. Surrounding spaces force the general path (the fast path takes no
+# spaces, the general one strips them), so the two can be compared entry by entry.
+FAST_PATH_ENTRIES = [
+    "example.com", "*.example.com", "example.com:443", "*.example.com:8443", "a_b.example.com",
+    "localhost", "localhost:80", "x.com:1", "x.com:65535", "x" * 63 + ".com",
+    ("a" * 62 + ".") * 4 + "co",  # 254 characters: too long
+    "x.com:0", "x.com:65536", "x.com:", "x.com:12:3", "x.com:²", "x.com:٣",
+    "com", "*.com", "co.uk:443", "*.github.io", "foo.ck", "www.ck",
+    "foo.123", "foo.0x1", "*.1.2.3.4", "1.2.3.4:80", "-a.com", "a-.com", "a..com",
+    "*.*.x.com", "x.*.com", "*x.com", "*", "*.",
+]
+
+
+@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
+def test_fast_path_agrees_with_the_general_path(key):
+    from egress.policy import _EntryError, _parse_entry
+
+    def parse(text):
+        try:
+            return _parse_entry(text, key)
+        except _EntryError:
+            return "refused"
+
+    for entry in FAST_PATH_ENTRIES:
+        assert parse(entry) == parse(f" {entry} "), entry
+
+
 # ------------------------------------------------------------ refused at load
 
 REFUSED = [
