@@ -34,7 +34,7 @@ from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of _parse_entry 
 
 LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
 NETWORK_MODES = ("allowlist", "all", "off")
-KNOWN_KEYS = ("include", "network") + LIST_KEYS
+KNOWN_KEYS = ("include", "network", "credentials") + LIST_KEYS
 
 # Built-in sets, by the name used in `include`.
 BUILTIN_SETS = {"dev": "default.toml"}
@@ -412,6 +412,8 @@ class Policy:
         self.allow_all = False
         # the `network` key of the policy files (for `egress run`), None if no file sets it
         self.network: str | None = None
+        # the [credentials] tables, as (file, table), in load order (see egress.credentials)
+        self.credential_tables: list[tuple[str, object]] = []
 
     # -- building
 
@@ -475,6 +477,7 @@ class Policy:
         problems: list[Problem] = []
         with _gc_paused():
             _Loader(policy, problems).load_mapping(data, path, text=None, stack=())
+        _check_credentials(policy, problems)
         if problems:
             raise PolicyError(problems)
         policy.allow_all = policy.network == "all"
@@ -542,6 +545,9 @@ class _Loader:
                 close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(KNOWN_KEYS)}"
                 problem(f"unknown key {key!r}{hint}", key=key)
+
+        if "credentials" in data:
+            policy.credential_tables.append((path, data["credentials"]))
 
         if "network" in data:
             mode = data["network"]
@@ -644,7 +650,21 @@ def load_policy(sources: list[str] | tuple[str, ...] | str) -> Policy:
                 if builtin is not None:
                     path = builtin
             loader.load_file(path, ())
+    _check_credentials(policy, problems)
     if problems:
         raise PolicyError(problems)
     policy.allow_all = policy.network == "all"
     return policy
+
+
+def _check_credentials(policy: Policy, problems: list[Problem]) -> None:
+    """The [credentials] tables' shape (their values are read when a proxy starts)."""
+    if not policy.credential_tables:
+        return
+    from .credentials import CredentialError, parse_settings
+
+    try:
+        parse_settings(policy.credential_tables)
+    except CredentialError as e:
+        for path, key, message in e.problems:
+            problems.append(Problem(path, _find_line(path, None, key) if key else None, message))
