@@ -595,6 +595,11 @@ class _Loader:
                 except _EntryError as e:
                     problem(str(e), entry_text if isinstance(entry_text, str) else None, key)
                     continue
+                if key == "allow_private" and entry.port is not None:
+                    problem(f"allow_private: {entry_text!r}: a port means nothing here (it names which "
+                            f"hosts or ranges may be private); write it without ':{entry.port}'",
+                            entry_text, key)
+                    continue
                 policy._add(key, entry, entry_text, source)
 
 

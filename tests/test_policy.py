@@ -804,3 +804,11 @@ REGISTRABLE = [
 @pytest.mark.parametrize(("host", "expected"), REGISTRABLE, ids=[h for h, _ in REGISTRABLE])
 def test_registrable_domain(host, expected):
     assert registrable_domain(host) == expected
+
+
+def test_allow_private_entries_take_no_port(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('allow = ["db.example.org"]\nallow_private = ["db.example.org:5432"]\n')
+    with pytest.raises(PolicyError) as error:
+        load_policy([str(path)])
+    assert f"{path}:2: allow_private: 'db.example.org:5432': a port means nothing here" in str(error.value)
