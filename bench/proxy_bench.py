@@ -1,0 +1,1166 @@
+"""egress against direct and bare mitmdump, side by side, on 127.0.0.1 only.
+
+Run:  /work/venv/bin/python bench/proxy_bench.py [--rounds 3] [--profile auto|always|never]
+                                                  [--egress-src tree|HEAD|REV] [--tests small,tunnels,bulk]
+      (needs curl, nginx and trustme; wrk for the small-request tests, py-spy for the profile: what is
+      missing is skipped and said so. Resetting the peak-RSS counter needs write access to
+      /proc/PID/clear_refs, i.e. the same user or root. About 3-4 minutes with the defaults.)
+
+What it starts (all on 127.0.0.1, every port picked by binding port 0; every process is
+stopped by its pid and the temporary directory removed, also on errors and Ctrl-C):
+
+* nginx, one process (``master_process off``, i.e. exactly one worker), access log off,
+  serving ``/small`` (100 bytes) and ``/large.bin`` (256 MiB of random bytes) on plain HTTP
+  and on HTTPS (HTTP/1.1 only, TLS 1.2/1.3) with a certificate for ``allowed.test`` and
+  ``pass.test`` from a ``trustme`` test CA;
+* ``egress serve --listen 127.0.0.1:0 --metrics off --audit-log off --resolve
+  allowed.test:127.0.0.1 --resolve pass.test:127.0.0.1 --upstream-ca <test CA>``
+  with a policy that allows both names (and ``allow_private``, since they resolve to
+  loopback) and puts ``pass.test`` on ``passthrough``: ``allowed.test`` is intercepted;
+* bare ``mitmdump -q`` (its ~35 default addons, no script) with the same protocol options
+  as egress: ``connection_strategy=lazy``, ``http2=false``, ``stream_large_bodies=1m``,
+  ``ssl_verify_upstream_trusted_ca=<test CA>``, plus ``ignore_hosts=^pass\\.test:`` so
+  that it too has a passthrough mode. mitmdump has no ``--resolve``: its clients CONNECT to
+  ``127.0.0.1:PORT`` (curl ``--connect-to``) while the TLS SNI and the Host header still
+  say ``allowed.test``/``pass.test`` (mitmproxy verifies the upstream certificate against
+  the SNI); plain-HTTP requests use ``http://127.0.0.1:PORT/small`` with
+  ``Host: allowed.test:PORT``.
+
+What it measures, in alternating rounds (each test runs every target in turn, the start
+target rotating per round; medians over rounds):
+
+1. small keep-alive requests/s, plain HTTP: ``wrk -c16 -t2`` (absolute-form request line
+   set by a Lua script: ``wrk.path = "http://allowed.test:PORT/small"``), and the
+   unloaded latency with ``wrk -c1 -t1`` (p50 added against direct);
+2. new TLS tunnels/s: 16 parallel curl processes, each fetching its share of a fixed
+   count with ``--no-sessionid`` and ``Connection: close``, so every transfer is a new
+   TCP connection + CONNECT + full TLS handshake + 1 GET + close (direct: the same
+   without CONNECT); intercepted and passthrough;
+3. one 256 MiB download with curl (HTTPS via CONNECT: intercepted and passthrough, and
+   plain HTTP), MB/s (10^6 bytes/s) and the proxy's peak RSS during it (VmHWM, reset
+   through ``/proc/PID/clear_refs`` just before the transfer), once in the fresh proxies
+   before the rounds and then in every round;
+4. proxy CPU (utime+stime from ``/proc/PID/stat``, all threads) per request, per tunnel
+   and per GB, plus client, nginx and "other" CPU (the whole machine from /proc/stat minus
+   ours: other people's work on a shared box) to show what limited each figure. Before each
+   measurement the script waits (bounded: 5 s each, 30 s in all) for the machine to be quiet.
+
+If egress comes out clearly (>10%) worse than mitmdump anywhere (``--profile auto``, the
+default) or with ``--profile always``, py-spy samples egress during a small-request load,
+plus the bulk or tunnel loads where it lost (all of them with ``always``), and the top
+self-time functions (all code, and those in ``egress/``) and the inclusive time of egress's
+functions are printed. ``--policy-pad N`` puts N extra entries in egress's policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SMALL_BYTES = 100
+LARGE_BYTES = 256 * 1024 * 1024
+TARGET_SMALL_VS_MITM = 2.0
+TARGET_PASS_BULK_VS_DIRECT = 0.6
+TARGET_RSS_MB = 100.0
+
+EGRESS_MAIN = "import sys; from egress.cli import main; sys.argv[0] = 'egress'; sys.exit(main())"
+MITMDUMP_MAIN = "import sys; from mitmproxy.tools.main import mitmdump; sys.argv[0] = 'mitmdump'; mitmdump()"
+
+WRK_LUA = r"""
+-- Absolute-form request line for proxies (BENCH_PATH) and the Host header (BENCH_HOST).
+wrk.path = os.getenv("BENCH_PATH") or wrk.path
+local host = os.getenv("BENCH_HOST")
+if host and host ~= "" then wrk.headers["Host"] = host end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'BENCH {"requests": %d, "duration_us": %d, "bytes": %d, "err_connect": %d, "err_read": %d, ' ..
+    '"err_write": %d, "err_status": %d, "err_timeout": %d, "p50_us": %d, "p90_us": %d, "p99_us": %d}\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99)))
+end
+"""
+
+
+class BenchError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- processes
+
+class Procs:
+    """Every process this script starts, so that each is stopped by its pid."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], **kw) -> subprocess.Popen:
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, start_new_session=True, **kw)
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            except ProcessLookupError:
+                pass
+        self.forget(proc)
+
+    def forget(self, proc: subprocess.Popen) -> None:
+        """A process that has been waited for."""
+        self.procs = [(n, p) for n, p in self.procs if p is not proc]
+
+    def stop_all(self) -> None:
+        for _name, proc in reversed(list(self.procs)):
+            self.stop(proc)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports the process listens on (from its socket fds and /proc/net/tcp*)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    except OSError:
+        return []
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:  # 0A: LISTEN
+                ports.append(int(parts[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = data[data.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(values[:8])  # user nice system idle iowait irq softirq steal
+    return total - values[3] - values[4], total
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def reset_peak_rss(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class Meter:
+    """CPU of the proxy, nginx, reaped children (clients) and the machine over one test."""
+
+    def __init__(self, proxy_pid: int | None, nginx_pid: int):
+        self.proxy_pid, self.nginx_pid = proxy_pid, nginx_pid
+
+    def __enter__(self) -> "Meter":
+        self.t0 = time.monotonic()
+        self.p0, self.n0, self.c0 = cpu_seconds(self.proxy_pid), cpu_seconds(self.nginx_pid), children_cpu()
+        self.m0 = machine_busy()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.monotonic() - self.t0
+        self.proxy_cpu = cpu_seconds(self.proxy_pid) - self.p0
+        self.nginx_cpu = cpu_seconds(self.nginx_pid) - self.n0
+        self.client_cpu = children_cpu() - self.c0
+        busy, total = machine_busy()
+        ncpu = os.cpu_count() or 1
+        self.machine_pct = 100.0 * ncpu * (busy - self.m0[0]) / max(1, total - self.m0[1])
+
+    def pct(self, seconds: float) -> float:
+        return 100.0 * seconds / self.wall if self.wall else 0.0
+
+    def fields(self, proxy: bool) -> dict:
+        return {"wall_s": self.wall, "proxy_cpu_s": self.proxy_cpu if proxy else None,
+                "proxy_cpu_pct": self.pct(self.proxy_cpu) if proxy else None,
+                "nginx_cpu_pct": self.pct(self.nginx_cpu), "client_cpu_pct": self.pct(self.client_cpu),
+                "machine_cpu_pct": self.machine_pct,
+                # CPU used by everything else on the machine (other users' work): contention
+                "other_cpu_pct": max(0.0, self.machine_pct - self.pct(self.nginx_cpu + self.client_cpu
+                                                                      + (self.proxy_cpu if proxy else 0.0)))}
+
+
+# --------------------------------------------------------------------------- targets
+
+class Target:
+    def __init__(self, name: str, proxy: str | None, pid: int | None, *, http=None, https=None):
+        self.name = name
+        self.proxy = proxy  # "egress" / "mitmdump" / None
+        self.pid = pid
+        self.http = http  # (wrk URL, request path, Host header)
+        self.https = https  # (curl options, URL prefix "https://host:port")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path, procs: Procs):
+        self.args, self.tmp, self.procs = args, tmp, procs
+        self.curl = shutil.which("curl")
+        self.wrk = shutil.which("wrk")
+        self.nginx = shutil.which("nginx") or next(
+            (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None)
+        self.skipped: list[str] = []
+        self.notes: list[str] = []
+        self.results: dict[str, dict[str, list[dict]]] = {}
+        self.rss_reset_ok = True
+        self.quiet_budget = args.quiet_budget
+        self.waits: list[float] = []
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    # ---- setup
+
+    def setup(self) -> None:
+        if not self.curl:
+            raise BenchError("curl not found, so nothing was measured (the tunnel, bulk and sanity clients): "
+                             "apt-get install -y curl")
+        if not self.nginx:
+            raise BenchError("nginx not found, so nothing was measured (every test needs the upstream): "
+                             "apt-get install -y nginx-light")
+        if not self.wrk:
+            self.skipped.append("small keep-alive requests/s and unloaded latency (wrk not installed: "
+                                "apt-get install -y wrk)")
+        self.make_certs()
+        self.make_content()
+        self.start_nginx()
+        self.start_egress()
+        self.start_mitmdump()
+        hp, sp = self.http_port, self.https_port
+        e, m = self.egress_port, self.mitm_port
+        resolve = ["--resolve", f"allowed.test:{sp}:127.0.0.1", "--resolve", f"allowed.test:{hp}:127.0.0.1"]
+        self.targets = {
+            "direct": Target("direct", None, None,
+                             http=(f"http://127.0.0.1:{hp}", "/small", f"allowed.test:{hp}"),
+                             https=(resolve + ["--noproxy", "*", "--cacert", str(self.test_ca)],
+                                    f"https://allowed.test:{sp}")),
+            "egress": Target("egress", "egress", self.egress.pid,
+                             http=(f"http://127.0.0.1:{e}", f"http://allowed.test:{hp}/small", f"allowed.test:{hp}"),
+                             https=(["-x", f"http://127.0.0.1:{e}", "--cacert", str(self.egress_ca)],
+                                    f"https://allowed.test:{sp}")),
+            "egress-pass": Target("egress-pass", "egress", self.egress.pid,
+                                  https=(["-x", f"http://127.0.0.1:{e}", "--cacert", str(self.test_ca)],
+                                         f"https://pass.test:{sp}")),
+            "mitmdump": Target("mitmdump", "mitmdump", self.mitm.pid,
+                               http=(f"http://127.0.0.1:{m}", f"http://127.0.0.1:{hp}/small", f"allowed.test:{hp}"),
+                               https=(["-x", f"http://127.0.0.1:{m}", "--connect-to",
+                                       f"allowed.test:{sp}:127.0.0.1:{sp}", "--cacert", str(self.mitm_ca)],
+                                      f"https://allowed.test:{sp}")),
+            "mitmdump-pass": Target("mitmdump-pass", "mitmdump", self.mitm.pid,
+                                    https=(["-x", f"http://127.0.0.1:{m}", "--connect-to",
+                                            f"pass.test:{sp}:127.0.0.1:{sp}", "--cacert", str(self.test_ca)],
+                                           f"https://pass.test:{sp}")),
+        }
+        self.sanity()
+
+    def make_certs(self) -> None:
+        import trustme
+        ca = trustme.CA()
+        cert = ca.issue_cert("allowed.test", "pass.test", "127.0.0.1")
+        self.test_ca = self.tmp / "test-ca.pem"
+        ca.cert_pem.write_to_path(str(self.test_ca))
+        self.cert_chain = self.tmp / "server-chain.pem"
+        self.cert_key = self.tmp / "server-key.pem"
+        cert.private_key_pem.write_to_path(str(self.cert_key))
+        with open(self.cert_chain, "wb") as f:
+            for blob in cert.cert_chain_pems:
+                f.write(blob.bytes())
+
+    def make_content(self) -> None:
+        www = self.tmp / "www"
+        www.mkdir()
+        (www / "small").write_bytes(b"x" * (SMALL_BYTES - 1) + b"\n")
+        with open(www / "large.bin", "wb") as f:
+            chunk = 8 * 1024 * 1024
+            for _ in range(LARGE_BYTES // chunk):
+                f.write(os.urandom(chunk))
+
+    def start_nginx(self) -> None:
+        ngx = self.tmp / "nginx"
+        (ngx / "temp").mkdir(parents=True)
+        for attempt in range(5):
+            hp, sp = free_port(), free_port()
+            if hp == sp:
+                continue
+            conf = ngx / "nginx.conf"
+            t = ngx / "temp"
+            conf.write_text(f"""
+daemon off;
+master_process off;
+worker_processes 1;
+pid {ngx}/nginx.pid;
+error_log {ngx}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 10000000;
+    keepalive_timeout 75s;
+    client_body_temp_path {t}/body;
+    proxy_temp_path {t}/proxy;
+    fastcgi_temp_path {t}/fastcgi;
+    uwsgi_temp_path {t}/uwsgi;
+    scgi_temp_path {t}/scgi;
+    server {{
+        listen 127.0.0.1:{hp};
+        listen 127.0.0.1:{sp} ssl;
+        ssl_certificate {self.cert_chain};
+        ssl_certificate_key {self.cert_key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        root {self.tmp}/www;
+        location / {{ }}
+    }}
+}}
+""")
+            log = open(ngx / "stderr.log", "wb")
+            proc = self.procs.start("nginx", [self.nginx, "-p", str(ngx), "-e", str(ngx / "error.log"),
+                                              "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                if set(listening_ports(proc.pid)) >= {hp, sp}:
+                    self.nginx_proc, self.http_port, self.https_port = proc, hp, sp
+                    self.log(f"nginx pid {proc.pid} on 127.0.0.1:{hp} (http) and :{sp} (https)")
+                    return
+                time.sleep(0.05)
+            self.procs.stop(proc)
+            err = (ngx / "error.log").read_text(errors="replace")[-500:] if (ngx / "error.log").exists() else ""
+            self.log(f"nginx did not start (attempt {attempt + 1}): {err.strip()}")
+        raise BenchError("nginx could not be started")
+
+    def start_egress(self) -> None:
+        state = self.tmp / "egress-state"
+        policy = self.tmp / "bench-policy.toml"
+        pad = "".join(f'    "host{i}.pad{i % 97}.bench.test",\n' for i in range(self.args.policy_pad))
+        policy.write_text(f'allow = [\n{pad}    "allowed.test", "pass.test",\n]\n'
+                          'allow_private = ["allowed.test", "pass.test"]\n'
+                          'passthrough = ["pass.test"]\n')
+        self.egress_argv = ["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--audit-log", "off",
+                            "--resolve", "allowed.test:127.0.0.1", "--resolve", "pass.test:127.0.0.1",
+                            "--upstream-ca", str(self.test_ca), "--policy", str(policy),
+                            "--state-dir", str(state)]
+        env = self.egress_source()
+        logpath = self.tmp / "egress.log"
+        log = open(logpath, "wb")
+        t0 = time.monotonic()
+        proc = self.procs.start("egress", [sys.executable, "-c", EGRESS_MAIN, *self.egress_argv],
+                                stdout=log, stderr=log, env=env, cwd=self.tmp)
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = logpath.read_text(errors="replace")
+            if m := re.search(r"proxy listening on 127\.0\.0\.1:(\d+)", text):
+                self.egress, self.egress_port = proc, int(m.group(1))
+                self.egress_ca = state / "ca" / "mitmproxy-ca-cert.pem"
+                self.log(f"egress pid {proc.pid} on 127.0.0.1:{self.egress_port} "
+                         f"(listening after {time.monotonic() - t0:.2f} s)")
+                return
+            if proc.poll() is not None:
+                raise BenchError(f"egress serve exited with {proc.returncode}:\n{text[-2000:]}")
+            time.sleep(0.05)
+        raise BenchError("egress serve did not print its listening address within 30 s")
+
+    def egress_source(self) -> dict:
+        """The environment that makes ``import egress`` load the code to measure; sets self.egress_src."""
+        global EGRESS_DIR
+        repo = Path(__file__).resolve().parent.parent
+        git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True,
+                                        timeout=30).stdout.strip()
+        env = dict(os.environ)
+        if self.args.egress_src == "tree":
+            _egress_dir()
+            dirty = [ln for ln in git("status", "--porcelain", "--", "egress", "policies").splitlines() if ln]
+            head = git("rev-parse", "--short", "HEAD") or "?"
+            self.egress_src = (f"working tree {EGRESS_DIR.rstrip('/')} (HEAD {head}"
+                               + (f" + {len(dirty)} uncommitted changes under egress/ and policies/)"
+                                  if dirty else ", clean)"))
+            return env
+        rev = git("rev-parse", "--verify", "--short", self.args.egress_src + "^{commit}")
+        if not rev:
+            raise BenchError(f"--egress-src {self.args.egress_src}: not a git revision in {repo}")
+        src = self.tmp / "egress-src"
+        src.mkdir()
+        archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "egress", "policies"],
+                                 capture_output=True, timeout=60)
+        if archive.returncode:
+            raise BenchError(f"git archive {rev}: {archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True, timeout=60)
+        if (src / "policies").is_dir():  # installed as the package egress.policies
+            shutil.rmtree(src / "egress" / "policies", ignore_errors=True)
+            (src / "policies").rename(src / "egress" / "policies")
+        env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        EGRESS_DIR = str(src / "egress") + "/"
+        where = subprocess.run([sys.executable, "-c", "import egress; print(egress.__file__)"], env=env, cwd=self.tmp,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        if not where.startswith(EGRESS_DIR):
+            raise BenchError(f"--egress-src {rev}: the interpreter still imports egress from {where or '?'}")
+        self.egress_src = f"git {self.args.egress_src} = {rev} (exported with git archive, first on PYTHONPATH)"
+        return env
+
+    def start_mitmdump(self) -> None:
+        confdir = self.tmp / "mitmdump-conf"
+        self.mitm_opts = ["--set", "connection_strategy=lazy", "--set", "http2=false",
+                          "--set", "stream_large_bodies=1m",
+                          "--set", f"ssl_verify_upstream_trusted_ca={self.test_ca}",
+                          "--set", r"ignore_hosts=^pass\.test:"]
+        argv = ["-q", "--listen-host", "127.0.0.1", "--listen-port", "0", "--set", f"confdir={confdir}",
+                *self.mitm_opts]
+        log = open(self.tmp / "mitmdump.log", "wb")
+        t0 = time.monotonic()
+        proc = self.procs.start("mitmdump", [sys.executable, "-c", MITMDUMP_MAIN, *argv], stdout=log, stderr=log,
+                                cwd=self.tmp)
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BenchError(f"mitmdump exited with {proc.returncode}:\n"
+                                 + (self.tmp / "mitmdump.log").read_text(errors="replace")[-2000:])
+            ports = listening_ports(proc.pid)
+            if ports and (confdir / "mitmproxy-ca-cert.pem").exists():
+                self.mitm, self.mitm_port = proc, ports[0]
+                self.mitm_ca = confdir / "mitmproxy-ca-cert.pem"
+                self.log(f"mitmdump pid {proc.pid} on 127.0.0.1:{self.mitm_port} "
+                         f"(listening after {time.monotonic() - t0:.2f} s)")
+                return
+            time.sleep(0.05)
+        raise BenchError("mitmdump did not listen within 30 s")
+
+    def sanity(self) -> None:
+        """Every road answers 200 with the right body before anything is timed."""
+        for t in self.targets.values():
+            checks = []
+            if t.http:
+                url, path, host = t.http
+                if t.proxy:
+                    opts = ["-x", url, "-H", f"Host: {host}"]
+                    target_url = path
+                else:
+                    opts = ["--noproxy", "*", "-H", f"Host: {host}"]
+                    target_url = url + path
+                checks.append(("http", opts, target_url))
+            if t.https:
+                opts, prefix = t.https
+                checks.append(("https", opts, prefix + "/small"))
+            for kind, opts, url in checks:
+                out = subprocess.run([self.curl, "-sS", "--max-time", "10", *opts, "-o", "/dev/null",
+                                      "-w", "%{http_code} %{size_download}", url],
+                                     capture_output=True, text=True, timeout=20)
+                if out.stdout.strip() != f"200 {SMALL_BYTES}":
+                    raise BenchError(f"sanity check failed for {t.name} {kind} {url}: "
+                                     f"{out.stdout!r} {out.stderr.strip()!r}")
+        self.log("sanity: every target answers 200 with the 100-byte body "
+                 "(egress-pass/mitmdump-pass verified with the test CA only, so not intercepted)")
+
+    # ---- measurements
+
+    def wait_quiet(self) -> None:
+        """Before a measurement, wait (bounded) while other work keeps the machine busy."""
+        waited = 0.0
+        while self.quiet_budget > 0:
+            b0 = machine_busy()
+            time.sleep(0.3)
+            b1 = machine_busy()
+            ncpu = os.cpu_count() or 1
+            busy = 100.0 * ncpu * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+            if busy < self.args.quiet_threshold or waited >= self.args.quiet_wait:
+                break
+            waited += 0.3
+            self.quiet_budget -= 0.3
+        if waited:
+            self.waits.append(waited)
+
+    def record(self, test: str, target: str, row: dict) -> None:
+        self.results.setdefault(test, {}).setdefault(target, []).append(row)
+
+    def run_wrk(self, t: Target, conns: int, threads: int, duration: float) -> dict:
+        url, path, host = t.http
+        lua = self.tmp / "proxy.lua"
+        if not lua.exists():
+            lua.write_text(WRK_LUA)
+        env = dict(os.environ, BENCH_PATH=path, BENCH_HOST=host)
+        argv = [self.wrk, f"-c{conns}", f"-t{threads}", f"-d{duration:g}s", "--timeout", "5s",
+                "-s", str(lua), url]
+        with Meter(t.pid, self.nginx_proc.pid) as meter:
+            proc = self.procs.start("wrk", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            try:
+                out, err = proc.communicate(timeout=duration + 20)
+            except subprocess.TimeoutExpired:
+                self.procs.stop(proc, signal.SIGKILL)
+                raise BenchError(f"wrk against {t.name} did not finish in time")
+            self.procs.forget(proc)
+        m = re.search(r"^BENCH (\{.*\})$", out.decode(), re.M)
+        if not m:
+            raise BenchError(f"wrk against {t.name} gave no summary: {out.decode()[-500:]} {err.decode()[-500:]}")
+        s = json.loads(m.group(1))
+        errors = s["err_connect"] + s["err_read"] + s["err_write"] + s["err_status"] + s["err_timeout"]
+        secs = s["duration_us"] / 1e6
+        row = {"rps": s["requests"] / secs, "requests": s["requests"], "errors": errors,
+               "p50_ms": s["p50_us"] / 1000, "p99_ms": s["p99_us"] / 1000, **meter.fields(bool(t.proxy))}
+        if t.proxy:
+            row["proxy_us_per_req"] = 1e6 * meter.proxy_cpu / max(1, s["requests"])
+        if errors:
+            self.notes.append(f"wrk {t.name} -c{conns}: {errors} errors/non-2xx of {s['requests']} ({s})")
+        return row
+
+    def run_tunnels(self, t: Target) -> dict:
+        opts, prefix = t.https
+        total, parallel = self.args.tunnels, self.args.parallel
+        per = max(1, total // parallel)
+        base = [self.curl, "-s", "--no-sessionid", "--max-time", "10", "-H", "Connection: close",
+                "-w", "%{http_code} %{num_connects} %{time_total}\\n", *opts]
+        urls = []
+        for _ in range(per):
+            urls += ["-o", "/dev/null", prefix + "/small"]
+        procs = []
+        timeout = self.args.tunnel_timeout
+        with Meter(t.pid, self.nginx_proc.pid) as meter:
+            for _ in range(parallel):
+                procs.append(self.procs.start("curl", base + urls, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + timeout
+            outputs, timed_out = [], False
+            for proc in procs:
+                try:
+                    out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    self.procs.stop(proc, signal.SIGKILL)
+                    out = b""
+                self.procs.forget(proc)
+                outputs.append(out.decode())
+        ok, lat, bad = 0, [], Counter()
+        for out in outputs:
+            for line in out.splitlines():
+                fields = line.split()
+                if len(fields) != 3:  # a curl killed mid-line
+                    bad[("partial", "?")] += 1
+                    continue
+                code, conns, secs = fields
+                if code == "200" and conns == "1":
+                    ok += 1
+                    lat.append(float(secs) * 1000)
+                else:
+                    bad[(code, conns)] += 1
+        if bad or timed_out:
+            self.notes.append(f"tunnels {t.name}: {sum(bad.values())} failed (code, connects): {dict(bad)}"
+                              + ("; timed out" if timed_out else ""))
+        lat.sort()
+        row = {"tps": ok / meter.wall, "ok": ok, "failed": per * parallel - ok,
+               "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), **meter.fields(bool(t.proxy))}
+        if t.proxy:
+            row["proxy_ms_per_tunnel"] = 1e3 * meter.proxy_cpu / max(1, ok)
+        return row
+
+    def run_download(self, t: Target, url: str, opts: list[str]) -> dict:
+        pid = t.pid
+        peak_sampled = [0]
+        stop = threading.Event()
+        if pid:
+            self.rss_reset_ok = reset_peak_rss(pid) and self.rss_reset_ok
+            rss_before = status_kb(pid, "VmRSS")
+
+            def sample() -> None:
+                while not stop.wait(0.05):
+                    try:
+                        peak_sampled[0] = max(peak_sampled[0], status_kb(pid, "VmRSS"))
+                    except OSError:
+                        return
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+        argv = [self.curl, "-sS", "--max-time", str(self.args.bulk_timeout), *opts, "-o", "/dev/null",
+                "-w", "%{http_code} %{size_download} %{time_total}", url]
+        try:
+            with Meter(pid, self.nginx_proc.pid) as meter:
+                proc = self.procs.start("curl", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                try:
+                    out, err = proc.communicate(timeout=self.args.bulk_timeout + 10)
+                except subprocess.TimeoutExpired:
+                    self.procs.stop(proc, signal.SIGKILL)
+                    out, err = b"", b"timeout"
+                self.procs.forget(proc)
+        finally:
+            stop.set()
+        parts = out.decode().split()
+        if len(parts) != 3 or parts[0] != "200" or int(parts[1]) != LARGE_BYTES:
+            self.notes.append(f"download {t.name} {url}: {out.decode()!r} {err.decode().strip()!r}")
+            return {"mbps": 0.0, "failed": 1, **meter.fields(bool(t.proxy))}
+        secs = float(parts[2])
+        row = {"mbps": LARGE_BYTES / secs / 1e6, "failed": 0, **meter.fields(bool(t.proxy))}
+        if pid:
+            row["proxy_s_per_gb"] = meter.proxy_cpu / (LARGE_BYTES / 1e9)
+            row["rss_before_mb"] = rss_before / 1024
+            row["peak_rss_mb"] = status_kb(pid, "VmHWM") / 1024
+            row["peak_rss_sampled_mb"] = peak_sampled[0] / 1024
+            row["rss_growth_mb"] = row["peak_rss_mb"] - row["rss_before_mb"]
+        return row
+
+    def rounds(self) -> None:
+        a = self.args
+        small = ["direct", "egress", "mitmdump"]
+        tunnel = ["direct", "egress", "egress-pass", "mitmdump", "mitmdump-pass"]
+        bulk_tls = ["direct", "egress", "egress-pass", "mitmdump", "mitmdump-pass"]
+        bulk_http = ["direct", "egress", "mitmdump"]
+        self.idle_rss = {name: status_kb(pid, "VmRSS") / 1024
+                         for name, pid in (("egress", self.egress.pid), ("mitmdump", self.mitm.pid))}
+        if "bulk" in a.tests:
+            # Memory of one transfer in a fresh process (only the sanity requests before it), as
+            # opposed to the in-round figures, which come after thousands of tunnels.
+            for name in ("egress", "egress-pass", "mitmdump", "mitmdump-pass"):
+                opts, prefix = self.targets[name].https
+                self.wait_quiet()
+                row = self.run_download(self.targets[name], prefix + "/large.bin", opts)
+                self.record("bulk_fresh", name, row)
+                self.log(f"  fresh bulk   {name:14s} {row['mbps']:9.0f} MB/s, peak RSS "
+                         f"{row.get('peak_rss_mb', 0):.0f} MB")
+        for r in range(a.rounds):
+            self.log(f"round {r + 1}/{a.rounds}")
+            if self.wrk and "small" in a.tests:
+                for name in _rotate(small, r):
+                    self.wait_quiet()
+                    row = self.run_wrk(self.targets[name], a.connections, 2, a.duration)
+                    self.record("small", name, row)
+                    self.log(f"  small c{a.connections} {name:14s} {row['rps']:9.0f} req/s")
+                for name in _rotate(small, r):
+                    self.wait_quiet()
+                    row = self.run_wrk(self.targets[name], 1, 1, a.latency_duration)
+                    self.record("latency", name, row)
+                    self.log(f"  latency c1   {name:14s} p50 {row['p50_ms']:.3f} ms")
+            for name in _rotate(tunnel, r) if "tunnels" in a.tests else ():
+                self.wait_quiet()
+                row = self.run_tunnels(self.targets[name])
+                self.record("tunnels", name, row)
+                self.log(f"  tunnels      {name:14s} {row['tps']:9.0f} /s ({row['ok']} ok)")
+            for name in _rotate(bulk_tls, r) if "bulk" in a.tests else ():
+                opts, prefix = self.targets[name].https
+                self.wait_quiet()
+                row = self.run_download(self.targets[name], prefix + "/large.bin", opts)
+                self.record("bulk_https", name, row)
+                self.log(f"  bulk https   {name:14s} {row['mbps']:9.0f} MB/s")
+            for name in _rotate(bulk_http, r) if "bulk" in a.tests else ():
+                t = self.targets[name]
+                url, path, host = t.http
+                if t.proxy:
+                    opts, full = ["-x", url, "-H", f"Host: {host}"], path.replace("/small", "/large.bin")
+                else:
+                    opts, full = ["--noproxy", "*", "-H", f"Host: {host}"], url + "/large.bin"
+                self.wait_quiet()
+                row = self.run_download(t, full, opts)
+                self.record("bulk_http", name, row)
+                self.log(f"  bulk http    {name:14s} {row['mbps']:9.0f} MB/s")
+
+    # ---- profile
+
+    def profile(self, worse: list[str]) -> list[str]:
+        """py-spy on egress under the small-request load, and under the bulk loads where egress lost."""
+        pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not os.path.exists(pyspy):
+            self.skipped.append("py-spy profile (py-spy not installed: /work/venv/bin/pip install py-spy)")
+            return []
+        loads = []
+        if self.wrk:
+            loads.append(("small", f"wrk -c{self.args.connections} -t2 plain HTTP /small"))
+        else:
+            self.skipped.append("py-spy profile of the small-request load (needs wrk)")
+        if any(w.startswith("bulk_http ") for w in worse) or self.args.profile == "always":
+            loads.append(("bulk_http", "repeated 256 MiB plain-HTTP downloads"))
+        if any(w.startswith("bulk_https egress vs") for w in worse) or self.args.profile == "always":
+            loads.append(("bulk_https", "repeated 256 MiB intercepted HTTPS downloads"))
+        if any(w.startswith("tunnels ") for w in worse) or self.args.profile == "always":
+            loads.append(("tunnels", "repeated batches of new intercepted and passthrough TLS tunnels"))
+        lines = []
+        for load, title in loads:
+            out_file = self.tmp / f"pyspy-{load}.txt"
+            spy = self.procs.start("py-spy", [pyspy, "record", "--pid", str(self.egress.pid), "--rate", "250",
+                                              "--full-filenames", "--nolineno", "--format", "raw",
+                                              "--output", str(out_file)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(0.5)
+            secs = self.args.profile_seconds
+            t0, n = time.monotonic(), 0
+            if load == "small":
+                row = self.run_wrk(self.targets["egress"], self.args.connections, 2, secs)
+                rate = f"{row['rps']:.0f} req/s while sampled"
+            elif load == "tunnels":
+                tps = []
+                while time.monotonic() - t0 < secs and n < 20:
+                    n += 1
+                    tps.append(self.run_tunnels(self.targets["egress" if n % 2 else "egress-pass"])["tps"])
+                rate = f"{n} batches, {statistics.median(tps):.0f} tunnels/s median"
+            else:
+                t = self.targets["egress"]
+                mbps = []
+                while time.monotonic() - t0 < secs and n < 20:
+                    n += 1
+                    if load == "bulk_http":
+                        url, path, host = t.http
+                        row = self.run_download(t, path.replace("/small", "/large.bin"),
+                                                ["-x", url, "-H", f"Host: {host}"])
+                    else:
+                        opts, prefix = t.https
+                        row = self.run_download(t, prefix + "/large.bin", opts)
+                    mbps.append(row["mbps"])
+                rate = f"{statistics.median(mbps):.0f} MB/s while sampled, {n} downloads"
+            try:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                _, err = spy.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.procs.stop(spy, signal.SIGKILL)
+                err = b"py-spy did not stop"
+            self.procs.forget(spy)
+            if not out_file.exists():
+                self.skipped.append(f"py-spy profile of {load} (py-spy failed: {err.decode().strip()[-300:]})")
+                continue
+            if self.args.profile_out:
+                self.args.profile_out.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out_file, self.args.profile_out / out_file.name)
+            lines += summarize_pyspy(out_file.read_text(), f"{title} ({rate})", self.args.profile_top)
+            lines.append("")
+        return lines
+
+
+EGRESS_DIR = None
+
+
+def _egress_dir() -> str:
+    global EGRESS_DIR
+    if EGRESS_DIR is None:
+        import importlib.util
+        spec = importlib.util.find_spec("egress")
+        EGRESS_DIR = (list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations
+                      else "/nonexistent") + "/"
+    return EGRESS_DIR
+
+
+def summarize_pyspy(text: str, title: str, top: int) -> list[str]:
+    self_time, egress_self, egress_incl = Counter(), Counter(), Counter()
+    total = in_egress = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [_frame_key(fr) for fr in stack.split(";")[1:]]  # first item: the process/thread
+        if not frames:
+            continue
+        total += n
+        self_time[frames[-1]] += n
+        # egress code called back from the event loop (addon hooks, stream functions, timers), not the
+        # serve()/run loop frames below it that are on every stack
+        loop = max((i for i, fr in enumerate(frames) if fr.startswith("_run_once (asyncio/")), default=-1)
+        seen = {fr for fr in frames[loop + 1:] if " (egress/" in fr and not fr.endswith("(egress/cli.py)")}
+        if seen:
+            in_egress += n
+        for fr in seen:
+            egress_incl[fr] += n
+        if frames[-1] in seen:
+            egress_self[frames[-1]] += n
+    if not total:
+        return [f"py-spy, {title}: no samples"]
+    pct = lambda n: f"{100 * n / total:5.1f}%"
+    lines = [f"py-spy on egress, {title}: {total} samples of busy threads (idle waits excluded)",
+             f"  share of samples inside egress/ code called from the event loop (hooks, stream functions): "
+             f"{100 * in_egress / total:.1f}%",
+             "  top self time, all code:"]
+    lines += [f"    {pct(n)}  {fr}" for fr, n in self_time.most_common(top)]
+    lines.append("  top self time in egress/:")
+    lines += [f"    {pct(n)}  {fr}" for fr, n in egress_self.most_common(top)] or ["    (none)"]
+    lines.append("  top inclusive time of egress/ functions:")
+    lines += [f"    {pct(n)}  {fr}" for fr, n in egress_incl.most_common(top)] or ["    (none)"]
+    return lines
+
+
+def _frame_key(frame: str) -> str:
+    """'func (/full/path/pkg/file.py[:123])' -> 'func (pkg/file.py)': aggregate by function."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    func, path = m.groups()
+    if path.startswith(_egress_dir()):
+        path = "egress/" + path[len(_egress_dir()):]
+    elif "/site-packages/" in path:
+        path = path.split("/site-packages/", 1)[1]
+    elif mm := re.search(r"/lib/python3\.\d+/", path):
+        path = path[mm.end():]
+    return f"{func} ({path})"
+
+
+def _rotate(items: list[str], r: int) -> list[str]:
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    k = min(len(values) - 1, max(0, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+# --------------------------------------------------------------------------- report
+
+def med(rows: list[dict] | None, key: str) -> float | None:
+    vals = [r[key] for r in rows or [] if r.get(key) is not None
+            and not (key == "mbps" and r.get("failed"))]  # a failed download has no rate
+    vals = [v for v in vals if v == v]  # drop NaN
+    return statistics.median(vals) if vals else None
+
+
+def rng(rows: list[dict] | None, key: str, fmt: str) -> str:
+    vals = [r[key] for r in rows or [] if r.get(key) is not None]
+    return "–" if not vals else (format(min(vals), fmt) + "–" + format(max(vals), fmt))
+
+
+def f(v, fmt: str) -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def ratio(a, b) -> str:
+    return "–" if a is None or not b else f"{a / b:.2f}"
+
+
+def report(b: Bench, profile_lines: list[str], started: float) -> str:
+    a, R = b.args, b.results
+    out = []
+    w = out.append
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = _cpu_model()
+    w(f"egress proxy benchmark, {now}; machine: {os.cpu_count()} vCPU ({cpu}), "
+      f"Linux {platform.release()}, Python {platform.python_version()}")
+    w(f"rounds: {a.rounds} (targets alternate within each test, start rotating per round); "
+      f"figures are medians over rounds, ranges are min–max; total run {time.monotonic() - started:.0f} s")
+    w(f"upstream: nginx {_version([b.nginx, '-v'])}, one process, /small = {SMALL_BYTES} B, "
+      f"/large.bin = 256 MiB; HTTPS is TLS1.2/1.3, HTTP/1.1 only")
+    w(f"egress source: {b.egress_src}")
+    w("egress:   egress " + " ".join(b.egress_argv).replace(str(b.tmp), "$TMP"))
+    w(f"          policy: allow (+{a.policy_pad} padding entries) and allow_private allowed.test, pass.test; "
+      "passthrough pass.test")
+    w("mitmdump: mitmdump -q (default addons, no script) " + " ".join(b.mitm_opts).replace(str(b.tmp), "$TMP"))
+    w("          mitmdump clients CONNECT to 127.0.0.1:PORT (curl --connect-to), SNI/Host allowed.test or pass.test")
+    w("")
+
+    if "small" in R:
+        s = R["small"]
+        d, e, m = (med(s.get(k), "rps") for k in ("direct", "egress", "mitmdump"))
+        w(f"1. Small requests, plain HTTP keep-alive: wrk -c{a.connections} -t2 -d{a.duration:g}s, absolute-form "
+          f"request line through the proxy")
+        hdr = ("target", "req/s", "range", "p50 ms", "p99 ms", "proxy µs/req", "req/s per core", "proxy CPU%",
+               "client CPU%", "nginx CPU%", "other CPU%", "×direct", "×mitmdump")
+        rows = []
+        for name in ("direct", "egress", "mitmdump"):
+            rs = s.get(name)
+            v = med(rs, "rps")
+            us = med(rs, "proxy_us_per_req")
+            rows.append((name, f(v, ".0f"), rng(rs, "rps", ".0f"), f(med(rs, "p50_ms"), ".2f"),
+                         f(med(rs, "p99_ms"), ".2f"), f(us, ".0f"), f(1e6 / us if us else None, ".0f"),
+                         f(med(rs, "proxy_cpu_pct"), ".0f"), f(med(rs, "client_cpu_pct"), ".0f"),
+                         f(med(rs, "nginx_cpu_pct"), ".0f"), f(med(rs, "other_cpu_pct"), ".0f"),
+                         ratio(v, d), ratio(v, m)))
+        out.extend(_table(hdr, rows))
+        w("   (req/s per core = 1e6 / proxy µs per request: the rate at 100% of the one core a mitmproxy "
+          "process can use; robust to contention)")
+        lat = R["latency"]
+        dl = med(lat.get("direct"), "p50_ms")
+        w(f"   Unloaded: wrk -c1 -t1 -d{a.latency_duration:g}s")
+        hdr = ("target", "req/s", "p50 ms", "p99 ms", "added p50 ms", "proxy µs/req", "×direct p50",
+               "×mitmdump p50")
+        ml = med(lat.get("mitmdump"), "p50_ms")
+        rows = []
+        for name in ("direct", "egress", "mitmdump"):
+            rs = lat.get(name)
+            p50 = med(rs, "p50_ms")
+            rows.append((name, f(med(rs, "rps"), ".0f"), f(p50, ".3f"), f(med(rs, "p99_ms"), ".3f"),
+                         "–" if name == "direct" or p50 is None else f"+{p50 - dl:.3f}",
+                         f(med(rs, "proxy_us_per_req"), ".0f"), ratio(p50, dl), ratio(p50, ml)))
+        out.extend(_table(hdr, rows))
+        w("")
+
+    t = R.get("tunnels", {})
+    if t:
+        w(f"2. New TLS tunnels: {a.parallel} parallel curl, {a.tunnels // a.parallel * a.parallel} transfers, "
+          f"each new TCP + CONNECT + full TLS handshake (--no-sessionid) + GET /small + close")
+        hdr = ("target", "tunnels/s", "range", "p50 ms", "p99 ms", "proxy ms/tunnel", "proxy CPU%", "client CPU%",
+               "nginx CPU%", "other CPU%", "×direct", "×mitmdump")
+        rows = []
+        d = med(t.get("direct"), "tps")
+        for name, peer in (("direct", None), ("egress", "mitmdump"), ("egress-pass", "mitmdump-pass"),
+                           ("mitmdump", None), ("mitmdump-pass", None)):
+            rs = t.get(name)
+            v = med(rs, "tps")
+            rows.append((name, f(v, ".0f"), rng(rs, "tps", ".0f"), f(med(rs, "p50_ms"), ".1f"),
+                         f(med(rs, "p99_ms"), ".1f"), f(med(rs, "proxy_ms_per_tunnel"), ".2f"),
+                         f(med(rs, "proxy_cpu_pct"), ".0f"), f(med(rs, "client_cpu_pct"), ".0f"),
+                         f(med(rs, "nginx_cpu_pct"), ".0f"), f(med(rs, "other_cpu_pct"), ".0f"),
+                         ratio(v, d), ratio(v, med(t.get(peer), "tps")) if peer else "–"))
+        out.extend(_table(hdr, rows))
+        w("   (egress = intercepted, egress-pass = passthrough; ×mitmdump compares the same mode)")
+        w("")
+
+    for key, title, names in (
+            ("bulk_https", "3. One 256 MiB download, HTTPS through CONNECT (curl -o /dev/null)",
+             (("direct", None), ("egress", "mitmdump"), ("egress-pass", "mitmdump-pass"),
+              ("mitmdump", None), ("mitmdump-pass", None))),
+            ("bulk_http", "   Same download, plain HTTP", (("direct", None), ("egress", "mitmdump"),
+                                                          ("mitmdump", None)))):
+        bk = R.get(key, {})
+        if not bk:
+            continue
+        w(title)
+        hdr = ("target", "MB/s", "range", "proxy CPU s/GB", "peak RSS MiB", "RSS before MiB", "growth MiB",
+               "proxy CPU%",
+               "client CPU%", "nginx CPU%", "other CPU%", "×direct", "×mitmdump")
+        rows = []
+        d = med(bk.get("direct"), "mbps")
+        for name, peer in names:
+            rs = bk.get(name)
+            v = med(rs, "mbps")
+            peak = max((r["peak_rss_mb"] for r in rs or [] if "peak_rss_mb" in r), default=None)
+            rows.append((name, f(v, ".0f"), rng(rs, "mbps", ".0f"), f(med(rs, "proxy_s_per_gb"), ".2f"),
+                         f(peak, ".0f"), f(med(rs, "rss_before_mb"), ".0f"), f(med(rs, "rss_growth_mb"), ".1f"),
+                         f(med(rs, "proxy_cpu_pct"), ".0f"), f(med(rs, "client_cpu_pct"), ".0f"),
+                         f(med(rs, "nginx_cpu_pct"), ".0f"), f(med(rs, "other_cpu_pct"), ".0f"),
+                         ratio(v, d), ratio(v, med(bk.get(peer), "mbps")) if peer else "–"))
+        out.extend(_table(hdr, rows))
+    if "bulk_fresh" in R:
+        fr = R["bulk_fresh"]
+        w("   Memory of one 256 MiB HTTPS download in a fresh proxy (started, sanity requests only; "
+          "in this order, before the rounds)")
+        hdr = ("target", "idle RSS after start MiB", "RSS before MiB", "peak RSS during MiB", "growth MiB", "MB/s")
+        rows = []
+        for name in ("egress", "egress-pass", "mitmdump", "mitmdump-pass"):
+            r0 = (fr.get(name) or [{}])[0]
+            rows.append((name, f(b.idle_rss.get(name.split("-")[0]), ".0f"), f(r0.get("rss_before_mb"), ".0f"),
+                         f(r0.get("peak_rss_mb"), ".0f"), f(r0.get("rss_growth_mb"), ".1f"),
+                         f(r0.get("mbps"), ".0f")))
+        out.extend(_table(hdr, rows))
+    if "bulk_https" in R:
+        w("   (MB = 10^6 bytes; peak RSS = VmHWM after resetting it just before "
+          "the transfer, max over rounds; growth = peak - RSS before, median"
+          + ("" if b.rss_reset_ok else "; NOTE: clear_refs failed, so VmHWM is the peak since start") + ")")
+        w("")
+
+    w("Targets")
+    checks = []
+    s = R.get("small", {})
+    if s:
+        r_ = (med(s.get("egress"), "rps") or 0) / (med(s.get("mitmdump"), "rps") or float("inf"))
+        checks.append((f"small req/s, egress ≥ {TARGET_SMALL_VS_MITM}× mitmdump", f"{r_:.2f}×",
+                       r_ >= TARGET_SMALL_VS_MITM))
+        eu, mu = med(s.get("egress"), "proxy_us_per_req"), med(s.get("mitmdump"), "proxy_us_per_req")
+        if eu and mu:
+            checks.append((f"  same, by CPU per request (mitmdump µs / egress µs)", f"{mu / eu:.2f}×",
+                           mu / eu >= TARGET_SMALL_VS_MITM))
+    else:
+        checks.append((f"small req/s, egress ≥ {TARGET_SMALL_VS_MITM}× mitmdump", "not measured", None))
+    bk = R.get("bulk_https", {})
+    if bk:
+        r_ = (med(bk.get("egress-pass"), "mbps") or 0) / (med(bk.get("direct"), "mbps") or float("inf"))
+        checks.append((f"passthrough bulk ≥ {TARGET_PASS_BULK_VS_DIRECT}× direct", f"{r_:.2f}×",
+                       r_ >= TARGET_PASS_BULK_VS_DIRECT))
+    for keys, what in ((("bulk_fresh",), "fresh process"), (("bulk_https", "bulk_http"), "in the rounds")):
+        peaks = [r["peak_rss_mb"] for k in keys for n in ("egress", "egress-pass")
+                 for r in R.get(k, {}).get(n, []) if "peak_rss_mb" in r]
+        if peaks:
+            checks.append((f"egress peak RSS < {TARGET_RSS_MB:.0f} MiB during a 256 MiB transfer, {what}",
+                           f"{max(peaks):.0f} MiB", max(peaks) < TARGET_RSS_MB))
+    for name, value, ok in checks:
+        w(f"  {name:68s} {value:>10s}  {'PASS' if ok else ('FAIL' if ok is False else '-')}")
+    w("")
+    if b.waits:
+        b.notes.append(f"other work kept the machine busy before {len(b.waits)} measurements; waited "
+                       f"{sum(b.waits):.0f} s in all (see the other-CPU% columns for contention during them)")
+    if b.notes:
+        w("Notes")
+        out.extend("  " + n for n in b.notes)
+        w("")
+    if b.skipped:
+        w("Skipped")
+        out.extend("  " + s_ for s_ in b.skipped)
+        w("")
+    if profile_lines:
+        out.extend(profile_lines)
+        w("")
+    return "\n".join(out)
+
+
+def _table(hdr, rows) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    line = lambda cells: "   " + "  ".join(str(c).rjust(wd) if i else str(c).ljust(wd)
+                                          for i, (c, wd) in enumerate(zip(cells, widths)))
+    return [line(hdr)] + [line(r) for r in rows]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _version(argv) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        m = re.search(r"/(\S+)", out.stderr + out.stdout)
+        return m.group(1) if m else "?"
+    except Exception:
+        return "?"
+
+
+def egress_worse(results: dict) -> list[str]:
+    """Where egress is clearly (over 10%) worse than mitmdump in the same mode."""
+    worse = []
+    pairs = [("small", "rps", "egress", "mitmdump", True), ("latency", "p50_ms", "egress", "mitmdump", False),
+             ("tunnels", "tps", "egress", "mitmdump", True), ("tunnels", "tps", "egress-pass", "mitmdump-pass", True),
+             ("bulk_https", "mbps", "egress", "mitmdump", True),
+             ("bulk_https", "mbps", "egress-pass", "mitmdump-pass", True),
+             ("bulk_http", "mbps", "egress", "mitmdump", True)]
+    for test, key, e, m, higher_better in pairs:
+        ev, mv = med(results.get(test, {}).get(e), key), med(results.get(test, {}).get(m), key)
+        if ev is None or not mv:
+            continue
+        r = ev / mv
+        if (higher_better and r < 0.9) or (not higher_better and r > 1.1):
+            worse.append(f"{test} {e} vs {m}: {r:.2f}×")
+    return worse
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=5, help="seconds per wrk -c16 run")
+    p.add_argument("--latency-duration", type=float, default=3, help="seconds per wrk -c1 run")
+    p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--tunnels", type=int, default=400, help="new TLS tunnels per target and round")
+    p.add_argument("--parallel", type=int, default=16, help="parallel tunnel clients")
+    p.add_argument("--tunnel-timeout", type=float, default=30, help="time bound per tunnel batch")
+    p.add_argument("--bulk-timeout", type=int, default=60, help="time bound per download")
+    p.add_argument("--quiet-threshold", type=float, default=30,
+                   help="before each measurement wait while the machine is busier than this (%% of one CPU)")
+    p.add_argument("--quiet-wait", type=float, default=5, help="longest wait before one measurement (s)")
+    p.add_argument("--quiet-budget", type=float, default=30, help="longest total wait for a quiet machine (s)")
+    p.add_argument("--tests", default="small,tunnels,bulk",
+                   help="comma-separated subset of: small (with unloaded latency), tunnels, bulk")
+    p.add_argument("--egress-src", default="tree",
+                   help="'tree': the egress that the interpreter imports (the working tree, editable install); "
+                        "or a git revision (e.g. HEAD) of this repository, exported to the temporary directory")
+    p.add_argument("--policy-pad", type=int, default=0,
+                   help="put N extra allow entries before allowed.test in egress's policy (a large policy)")
+    p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                   help="py-spy egress under small-request load: when egress is >10%% worse than mitmdump "
+                        "somewhere (auto), always, or never")
+    p.add_argument("--profile-seconds", type=int, default=8)
+    p.add_argument("--profile-top", type=int, default=15)
+    p.add_argument("--profile-out", type=Path, help="keep the raw py-spy output (collapsed stacks) here")
+    p.add_argument("--json", type=Path, help="also write the raw per-round results here")
+    p.add_argument("--quick", action="store_true", help="1 round, short runs (a smoke test, not a measurement)")
+    args = p.parse_args()
+    args.tests = {t.strip() for t in args.tests.split(",") if t.strip()}
+    if not args.tests <= {"small", "tunnels", "bulk"}:
+        p.error("--tests: choose from small, tunnels, bulk")
+    if args.quick:
+        args.rounds, args.duration, args.latency_duration, args.tunnels = 1, 2, 1, 96
+    started = time.monotonic()
+    procs = Procs()
+    tmp = Path(tempfile.mkdtemp(prefix="egress-bench-"))
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_signal)
+    bench = Bench(args, tmp, procs)
+    try:
+        bench.setup()
+        bench.rounds()
+        worse = egress_worse(bench.results)
+        profile_lines: list[str] = []
+        if args.profile == "always" or (args.profile == "auto" and worse):
+            if worse:
+                bench.notes.append("egress clearly worse than mitmdump: " + "; ".join(worse))
+            bench.log("profiling egress with py-spy under the small-request load")
+            profile_lines = bench.profile(worse)
+        text = report(bench, profile_lines, started)
+        print(text, flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"results": bench.results, "notes": bench.notes,
+                                             "skipped": bench.skipped}, indent=1))
+        return 0
+    except BenchError as e:
+        print(f"proxy_bench: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("proxy_bench: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        procs.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
