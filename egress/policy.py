@@ -22,6 +22,7 @@ import functools
 import gc
 import importlib.util
 import ipaddress
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -90,10 +91,21 @@ def _find_line(path: str, text: str | None, key: str | None = None) -> int | Non
     The same text may be in several lists (``github.com`` in allow and in
     passthrough, ``10.0.0.0/8`` in deny and allow_private): the line reported is
     the one in the list meant. ``allow`` must not find ``allow_private``.
+
+    Answers are cached per file version: the proxy names the deciding rule in every
+    event, and re-reading the file each time cost up to 100 ms per request.
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        version = os.stat(path).st_mtime_ns
     except OSError:
+        return None
+    return _find_line_cached(path, version, text, key)
+
+
+@functools.lru_cache(maxsize=8192)
+def _find_line_cached(path: str, version: int, text: str | None, key: str | None) -> int | None:
+    lines = _file_lines(path, version)
+    if lines is None:
         return None
     key_at = None
     if key:
@@ -108,6 +120,14 @@ def _find_line(path: str, text: str | None, key: str | None = None) -> int | Non
                     if needle in lines[number]:
                         return number + 1
     return key_at + 1 if key_at is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def _file_lines(path: str, version: int) -> list[str] | None:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ class PolicyGuard:
     def _remember(flow: http.HTTPFlow, decision: Decision) -> None:
         """What later addons report: the canonical host and the rule that allowed it."""
         flow.metadata["egress.host"] = decision.host
-        flow.metadata["egress.rule"] = str(decision.rule) if decision.rule else None
+        flow.metadata["egress.rule"] = decision.rule  # formatted only when an event is written
 
     def _refuse(self, flow: http.HTTPFlow, decision: Decision) -> None:
         flow.response = refusal.refusal(decision.host, decision.reason, decision.detail)

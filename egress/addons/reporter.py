@@ -36,8 +36,8 @@ class Reporter:
             self._record(flow, "allow", "allowed")
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.request.stream is True:  # mitmproxy decided to stream a large upload
-            flow.request.stream = _Counter(flow, "egress.sent", self.metrics.upload)
+        if flow.request.stream:  # a large upload, streamed (maybe through a guard's function)
+            flow.request.stream = _Counter(flow, "egress.sent", self.metrics.upload, flow.request.stream)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if not flow.request.stream and flow.request.raw_content:
@@ -55,7 +55,8 @@ class Reporter:
         if upstream_error := flow.metadata.get("egress.upstream_error"):
             self._record(flow, "error", upstream_error)
         else:
-            self._record(flow, "allow", "allowed")
+            masked = flow.metadata.get("egress.masked")
+            self._record(flow, "allow", "allowed", detail=f"masked {masked}" if masked else "")
 
     def error(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("egress.refused") or flow.error is None:
@@ -68,23 +69,31 @@ class Reporter:
         self.engine.recorder.record(Event(
             client=client_label(flow.client_conn.peername), method=flow.request.method,
             host=flow.metadata.get("egress.host", flow.request.host), port=flow.request.port, decision=decision,
-            reason=reason, rule=flow.metadata.get("egress.rule"), detail=detail,
+            reason=reason, rule=_rule_text(flow.metadata.get("egress.rule")), detail=detail,
             bytes_sent=flow.metadata.get("egress.sent", 0),
             bytes_received=flow.metadata.get("egress.received", 0)))
+
+
+def _rule_text(rule) -> str | None:
+    return str(rule) if rule is not None else None
 
 
 class _Counter:
     """A mitmproxy stream function that passes chunks through and counts them."""
 
-    __slots__ = ("flow", "key", "counter", "total")
+    __slots__ = ("flow", "key", "counter", "total", "inner")
 
-    def __init__(self, flow: http.HTTPFlow, key: str, counter):
+    def __init__(self, flow: http.HTTPFlow, key: str, counter, inner=None):
         self.flow, self.key, self.counter, self.total = flow, key, counter, 0
+        self.inner = inner if callable(inner) else None
 
     def __call__(self, chunk: bytes) -> bytes:
+        end = not chunk
+        if self.inner is not None:
+            chunk = self.inner(chunk)
         if chunk:
             self.total += len(chunk)
             self.counter.inc(len(chunk))
-        else:  # end of body
+        if end:
             self.flow.metadata[self.key] = self.total
         return chunk
