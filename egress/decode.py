@@ -1,0 +1,414 @@
+"""Decoding for the credential detector: HTTP content-encodings and the text layers
+(percent, JSON string escapes, base64, hex) a token can hide under.
+
+:func:`decode_content` undoes ``Content-Encoding`` (gzip, deflate, br, zstd) with a
+size cap; anything it cannot read raises :class:`UndecodableBody` so the caller can
+fail closed.
+
+The layer functions find *segments* of a buffer that are encoded -- only where there
+is evidence (``%`` + two hex digits, a ``\\u``/``\\/`` escape, a long base64 or hex
+run) -- and return each one decoded, with a map from decoded offsets back to the
+span of the encoded text in the buffer. :mod:`egress.detect` scans the decoded
+segments and reports findings on the encoded spans.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+import zlib
+from bisect import bisect_right
+from typing import Callable, NamedTuple
+
+__all__ = ["UndecodableBody", "decode_content", "Segment", "layer_segments", "basic_segment",
+           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE"]
+
+
+# ------------------------------------------------------------------ content-encoding
+
+
+class UndecodableBody(Exception):
+    """A body whose content-encoding cannot be read (unknown, corrupt, truncated or too big)."""
+
+
+def decode_content(data: bytes, encoding: str, limit: int = 64 * 2**20) -> bytes:
+    """``data`` with the ``Content-Encoding`` header value ``encoding`` undone.
+
+    ``encoding`` may list several codings (``"gzip, br"``: applied in that order, so
+    undone in reverse). Known: identity, gzip/x-gzip, deflate (zlib or raw), br, zstd.
+    Raises UndecodableBody for an unknown coding, corrupt or truncated data, or when a
+    decompressor's output would exceed ``limit`` bytes (a decompression bomb).
+    """
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
+    for coding in reversed(codings):
+        if coding == "identity":
+            continue
+        if coding in ("gzip", "x-gzip"):
+            data = _gunzip(data, limit)
+        elif coding == "deflate":
+            data = _inflate(data, limit)
+        elif coding == "br":
+            data = _unbrotli(data, limit)
+        elif coding == "zstd":
+            data = _unzstd(data, limit)
+        else:
+            raise UndecodableBody(f"unknown content-encoding {coding!r}")
+    return data
+
+
+def _too_big(limit: int) -> UndecodableBody:
+    return UndecodableBody(f"decoded body exceeds {limit} bytes")
+
+
+def _zlib_stream(data: bytes, wbits: int, limit: int) -> tuple[bytes, bytes]:
+    """Inflate one zlib/gzip/raw stream; returns (output, unused input after its end)."""
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise UndecodableBody(f"corrupt data: {e}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise _too_big(limit)
+    if not d.eof:
+        raise UndecodableBody("truncated data")
+    return out, d.unused_data
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    parts, size = [], 0
+    while True:
+        out, rest = _zlib_stream(data, 16 + zlib.MAX_WBITS, limit - size)
+        parts.append(out)
+        size += len(out)
+        if not rest.strip(b"\0"):  # padding after the last member is tolerated
+            return b"".join(parts)
+        if not rest.startswith(b"\x1f\x8b"):
+            raise UndecodableBody("trailing garbage after gzip data")
+        data = rest
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    # RFC 9110 deflate is the zlib format; some senders use raw deflate.
+    try:
+        out, _ = _zlib_stream(data, zlib.MAX_WBITS, limit)
+        return out
+    except UndecodableBody as e:
+        if "exceeds" in str(e):
+            raise
+    out, _ = _zlib_stream(data, -zlib.MAX_WBITS, limit)
+    return out
+
+
+def _unbrotli(data: bytes, limit: int) -> bytes:
+    try:
+        import brotli
+    except ImportError:  # pragma: no cover - mitmproxy depends on it
+        raise UndecodableBody("br: the brotli module is not installed") from None
+    # brotli's Decompressor has no output cap: feed small pieces so that one call
+    # cannot produce much more than what is left of the budget (measured: ~0.6 MiB of
+    # output per input byte at most), and check after each.
+    d = brotli.Decompressor()
+    parts, size, pos = [], 0, 0
+    try:
+        while pos < len(data):
+            step = max(16, (limit - size) >> 20)
+            out = d.process(data[pos:pos + step])
+            pos += step
+            size += len(out)
+            if size > limit:
+                raise _too_big(limit)
+            parts.append(out)
+        if not d.is_finished():
+            raise UndecodableBody("truncated data")
+    except brotli.error as e:
+        raise UndecodableBody(f"corrupt data: {e}") from None
+    return b"".join(parts)
+
+
+def _unzstd(data: bytes, limit: int) -> bytes:
+    try:
+        import io
+        import zstandard
+    except ImportError:
+        raise UndecodableBody("zstd: the zstandard module is not installed") from None
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
+        out = reader.read(limit + 1)
+    except zstandard.ZstdError as e:
+        raise UndecodableBody(f"corrupt data: {e}") from None
+    if len(out) > limit:
+        raise _too_big(limit)
+    return out
+
+
+# ------------------------------------------------------------------------- layers
+
+# A segment of a buffer, decoded; ``span(ds, de)`` maps a decoded span back to the
+# encoded span in the buffer it came from.
+class Segment(NamedTuple):
+    decoded: bytes
+    span: Callable[[int, int], tuple[int, int]]
+
+
+B64_MIN_RUN = 20  # base64 runs shorter than this are decoded only after "Basic "
+HEX_MIN_RUN = 32  # hex runs: 16 decoded bytes
+
+_PCT = re.compile(rb"%[0-9A-Fa-f]{2}")
+_JSON_EVIDENCE = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)")
+_JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9A-Fa-f]{2})\\u([dD][c-fC-F][0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|(["\\\\/bfnrt]))')
+_JSON_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
+# An escaped segment reaches out to these (never past the previous segment). A percent
+# segment is a run of URL/form text; a JSON one is a whole member, `"key": "value"`, so
+# that a value keeps its key as context (`"SecretAccessKey": "…\/…"`).
+_PCT_LEFT = tuple(bytes([c]) for c in b" \t\r\n\"'<>")
+_PCT_RIGHT = re.compile(rb"[ \t\r\n\"'<>]")
+_JSON_LEFT = tuple(bytes([c]) for c in b"{[,\r\n")
+_JSON_RIGHT = re.compile(rb'(?<!\\)"|[\r\n]')
+_HEX_BYTE = {bytes(f"{i:02x}".encode()): bytes([i]) for i in range(256)}
+_HEX_BYTE.update({bytes([a, b]): v for k, v in list(_HEX_BYTE.items())
+                  for a in {k[0], ord(chr(k[0]).upper())} for b in {k[1], ord(chr(k[1]).upper())}})
+
+# Base64/hex runs are found on a translated copy of the buffer (run characters -> "a",
+# the rest -> " "), where a literal search for "a" * B64_MIN_RUN does what a character
+# class regex would do at a third of the speed.
+_RUN_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
+RUN_TABLE = bytes(ord("a") if c in _RUN_CHARS else ord(" ") for c in range(256))
+_RUN = re.compile(b"a" * B64_MIN_RUN + b"a*")
+_ANY_RUN = re.compile(b"a+")
+_URLSAFE_TO_STD = bytes.maketrans(b"-_", b"+/")
+_HEX_CHARS = b"0123456789abcdefABCDEF"
+_NEWLINE = re.compile(rb"\r?\n|\\r\\n|\\n")
+
+
+def _linear_span(pieces: list[tuple[int, int, int, int]]) -> Callable[[int, int], tuple[int, int]]:
+    """Map for a text decoded escape by escape: ``pieces`` are (dec_start, dec_end, raw_start,
+    raw_end) of each escape, in order; around them the text was copied 1:1."""
+    dec_starts = [p[0] for p in pieces]
+
+    def point(d: int, end: bool) -> int:
+        i = bisect_right(dec_starts, d - 1 if end else d) - 1
+        if i < 0:
+            return pieces[0][2] - (pieces[0][0] - d)
+        ds, de, rs, re_ = pieces[i]
+        if d < de or (end and d == de):
+            return re_ if end else rs
+        return re_ + (d - de)
+
+    return lambda s, e: (point(s, False), point(e, True))
+
+
+def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: tuple[bytes, ...],
+                     right: re.Pattern) -> list[Segment]:
+    """Segments around the matches of ``evidence``: out to the nearest delimiter on each
+    side, decoded whole by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``. The map
+    back (which needs the pieces) is only worked out for a segment something is found in."""
+    out: list[Segment] = []
+    floor = 0
+    while (m := evidence.search(buf, floor)) is not None:
+        first = m.start()
+        lo = max(buf.rfind(c, floor, first) for c in left) + 1 or floor
+        d = right.search(buf, m.end())
+        hi = d.start() if d else len(buf)
+        raw = buf[lo:hi]
+        out.append(Segment(decode(raw, lo, False)[0], _lazy_span(raw, lo, decode)))
+        floor = hi
+    return out
+
+
+def _lazy_span(raw: bytes, base: int, decode) -> Callable[[int, int], tuple[int, int]]:
+    cache: list[Callable[[int, int], tuple[int, int]]] = []
+
+    def span(s: int, e: int) -> tuple[int, int]:
+        if not cache:
+            cache.append(_linear_span(decode(raw, base, True)[1]))
+        return cache[0](s, e)
+
+    return span
+
+
+def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+    parts = raw.split(b"%")
+    out = [parts[0]]
+    pieces = []
+    hexbyte = _HEX_BYTE
+    if not want_pieces:
+        for part in parts[1:]:
+            b = hexbyte.get(part[:2])
+            if b is None:
+                out.append(b"%" + part)
+            else:
+                out.append(b)
+                out.append(part[2:])
+        return b"".join(out), pieces
+    d = len(parts[0])
+    r = base + len(parts[0])
+    for part in parts[1:]:
+        b = hexbyte.get(part[:2])
+        if b is None:
+            out.append(b"%")
+            out.append(part)
+            d += 1 + len(part)
+            r += 1 + len(part)
+            continue
+        out.append(b)
+        out.append(part[2:])
+        pieces.append((d, d + 1, r, r + 3))
+        d += 1 + len(part) - 2
+        r += 1 + len(part)
+    return b"".join(out), pieces
+
+
+_JSON_SIMPLE_ORDER = tuple((b"\\" + k, v) for k, v in _JSON_SIMPLE.items() if k != b"\\")
+
+
+def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+    if not want_pieces and b"\\u" not in raw and b"\\\\" not in raw:
+        # Every backslash starts a one-character escape: plain replaces do it.
+        for escape, char in _JSON_SIMPLE_ORDER:
+            raw = raw.replace(escape, char)
+        return raw, []
+    out = []
+    pieces = []
+    last = 0
+    d = 0
+    for m in _JSON_ESCAPE.finditer(raw):
+        text = raw[last:m.start()]
+        out.append(text)
+        d += len(text)
+        hi, lo, unit, simple = m.groups()
+        if simple is not None:
+            b = _JSON_SIMPLE[simple]
+        elif unit is not None:
+            b = chr(int(unit, 16)).encode("utf-8", "surrogatepass")
+        else:
+            b = (chr(0x10000 + ((int(hi, 16) - 0xD800) << 10) + int(lo, 16) - 0xDC00)).encode("utf-8")
+        out.append(b)
+        pieces.append((d, d + len(b), base + m.start(), base + m.end()))
+        d += len(b)
+        last = m.end()
+    out.append(raw[last:])
+    return b"".join(out), pieces
+
+
+def _b64_span(lines: list[tuple[int, int, int]]) -> Callable[[int, int], tuple[int, int]]:
+    """Map for base64 lines decoded one after another: ``lines`` are (raw_start, raw_len,
+    dec_start); every line but the last is a multiple of 4 characters. A decoded span
+    maps to the characters that carry its bits."""
+    dec_starts = [line[2] for line in lines]
+
+    def point(d: int, end: bool) -> int:
+        i = max(0, bisect_right(dec_starts, d - 1 if end else d) - 1)
+        rs, rl, ds = lines[i]
+        k = d - ds
+        return min(rs + rl, rs + (-(-k * 4 // 3) if end else k * 4 // 3))
+
+    return lambda s, e: (point(s, False), point(e, True))
+
+
+def _b64_decode(text: bytes) -> bytes | None:
+    text = text.translate(_URLSAFE_TO_STD)
+    if len(text) % 4 == 1:
+        text = text[:-1]
+    try:
+        return binascii.a2b_base64(text + b"=" * (-len(text) % 4))
+    except binascii.Error:
+        return None
+
+
+def _mixed_case(run: bytes) -> bool:
+    return not run.islower() and not run.isupper()
+
+
+def run_segments(buf: bytes) -> list[Segment]:
+    """Base64 runs (mixed case, at least B64_MIN_RUN characters; the lines of a wrapped
+    base64 text are joined) and hex runs (at least HEX_MIN_RUN digits that decode to
+    ASCII), decoded."""
+    out: list[Segment] = []
+    n = len(buf)
+    t = buf.translate(RUN_TABLE)
+    hex_ascii = _HEX_ASCII.fullmatch
+    pos = 0
+    for m in _RUN.finditer(t):
+        s, e = m.span()
+        if s < pos:
+            continue  # a line already joined to the run before
+        run = buf[s:e]
+        if run.islower() or run.isupper() or not run.strip(_HEX_CHARS):
+            # UUIDs, digests, words, slugs: not base64; hex digits may be a hex layer
+            if e - s >= HEX_MIN_RUN and hex_ascii(run):
+                _hex_candidate(buf, s, e, out)
+            continue
+        lines = [(s, e)]
+        # A wrapped base64 text (PEM-like 64, MIME 76 characters a line): join the lines.
+        while (e - s) % 4 == 0 and e - s >= 40 and e < n:
+            nl = _NEWLINE.match(buf, e)
+            m2 = nl and _ANY_RUN.match(t, nl.end())
+            if not m2:
+                break
+            s, e = m2.span()
+            lines.append((s, e))
+        pos = e
+        while e < n and buf[e] == 0x3D and e - lines[-1][1] < 2:  # "=" padding
+            e += 1
+        lines[-1] = (lines[-1][0], e)
+        _b64_candidate(buf, lines, out)
+        if len(lines) == 1 and b"/" in run and len(run) < 256:
+            # a URL path: a component may be base64 on its own
+            offset = lines[0][0]
+            for part in run.split(b"/"):
+                if 16 <= len(part) < len(run) and _mixed_case(part):
+                    _b64_candidate(buf, [(offset, offset + len(part))], out)
+                offset += len(part) + 1
+    return out
+
+
+# Hex digits in pairs whose first digit is 0-7: bytes that are ASCII.
+_HEX_ASCII = re.compile(rb"(?:[0-7][0-9a-fA-F])+[0-9a-fA-F]?")
+
+
+def _b64_candidate(buf: bytes, lines: list[tuple[int, int]], out: list[Segment]) -> None:
+    table = []
+    parts = []
+    d = 0
+    for s, e in lines:
+        dec = _b64_decode(buf[s:e].rstrip(b"="))
+        if dec is None:
+            return
+        table.append((s, e - s, d))
+        parts.append(dec)
+        d += len(dec)
+    if d:
+        out.append(Segment(b"".join(parts), _b64_span(table)))
+
+
+def _hex_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
+    e -= (e - s) % 2
+    decoded = bytes.fromhex(buf[s:e].decode("ascii"))
+    if decoded.isascii():
+        out.append(Segment(decoded, lambda ds, de: (s + 2 * ds, s + 2 * de)))
+
+
+_BASIC_VALUE = re.compile(rb"[ \t]*([A-Za-z0-9+/_-]{8,}=*)")
+
+
+def basic_segment(buf: bytes, pos: int) -> Segment | None:
+    """The base64 credentials of a ``Basic`` authorization whose value starts at ``pos``."""
+    m = _BASIC_VALUE.match(buf, pos)
+    if m is None:
+        return None
+    out: list[Segment] = []
+    _b64_candidate(buf, [m.span(1)], out)
+    return out[0] if out else None
+
+
+def percent_segments(buf: bytes) -> list[Segment]:
+    return _escape_segments(buf, _PCT, _percent_decode, _PCT_LEFT, _PCT_RIGHT) if b"%" in buf else []
+
+
+def json_segments(buf: bytes) -> list[Segment]:
+    return _escape_segments(buf, _JSON_EVIDENCE, _json_decode, _JSON_LEFT, _JSON_RIGHT) if b"\\" in buf else []
+
+
+def layer_segments(buf: bytes) -> list[Segment]:
+    """Every encoded segment of ``buf`` there is evidence for, decoded."""
+    return percent_segments(buf) + json_segments(buf) + run_segments(buf)

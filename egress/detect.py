@@ -1,0 +1,961 @@
+"""Credential detector: well-known token formats and the install's own secrets, raw or encoded.
+
+What it finds
+    * ~45 token formats of 36 providers (the closed set of kinds is :data:`KINDS`), each
+      rule knowing its literal prefix, length and alphabet, plus context-only formats
+      (an AWS secret key beside its key id or under an AWS name, an Azure storage key
+      after ``AccountKey=``), JWTs, PEM private-key blocks and passwords in URL userinfo;
+    * stored secrets: exact values given at construction, each reported under its label;
+    * both through percent-encoding, JSON string escapes, base64 (``Authorization: Basic``
+      included) and hex, decoded only where there is evidence and at most two layers deep.
+
+What it leaves alone
+    Placeholders (``ghp_xxxx…``, ``AKIAIOSFODNN7EXAMPLE``, ``${GITHUB_TOKEN}``, runs of one
+    character, ``123456``/``abcdef`` sequences, low-variety bodies, words like *example*,
+    *your*, *placeholder*), tokens that are part of a longer run of their own alphabet,
+    public material (Stripe ``pk_``, PEM certificates and public keys, ``ssh-ed25519``
+    keys), UUIDs, git SHAs, digests and ETags (hex runs are decoded only when they decode
+    to ASCII text; nothing is flagged for its shape alone).
+
+How it is fast
+    One literal prefilter finds every candidate position: the anchors (``ghp_``, ``AKIA``,
+    ``eyJ``, ``-----BEGIN``, ``://``, …) are grouped by a rare *lead* character each
+    contains (``_ - . : ~ A J B p``), and each group is one regex that starts with that
+    literal character (CPython's regex engine then skips to it at memchr speed) and
+    checks the rest of the anchor with zero-width look-arounds. Only at a candidate does
+    a rule's full pattern run. Encoded layers are looked for with literal searches too
+    (``%``, ``\\``) and, for base64/hex runs, on a translated copy of the buffer.
+    ``bench/scanner_bench.py`` measures it against running every rule's regex in turn.
+
+Findings carry a kind and a span, never a value. A finding inside an encoded layer spans
+the encoded text that carries it (for base64: the characters holding its bits).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import zlib
+from bisect import bisect_right
+from collections import defaultdict
+from typing import Callable, Iterable, NamedTuple
+
+from .decode import RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content, layer_segments
+
+__all__ = ["Finding", "Detector", "StreamScanner", "StreamRedactor", "UndecodableBody", "decode_content",
+           "is_secret_name", "MIN_SECRET_LENGTH", "RULES", "KINDS", "ENV_SECRET_KIND"]
+
+
+class Finding(NamedTuple):
+    """A credential found in a buffer: ``kind`` (a :data:`KINDS` key or a stored secret's
+    label) and its span ``[start, end)``; never the value."""
+
+    kind: str
+    start: int
+    end: int
+
+
+#: Every kind a format rule can report, with the provider and what it is. Stored secrets
+#: are reported under their own labels; StreamRedactor adds :data:`ENV_SECRET_KIND`.
+KINDS: dict[str, str] = {
+    "github-token": "GitHub: classic PAT ghp_, OAuth gho_, app ghu_/ghs_, refresh ghr_, fine-grained github_pat_",
+    "gitlab-token": "GitLab: glpat-, gldt-, glrt-, glft-, glcbt-, glptt-, gloas-, glagent-, glimt-, glsoat-",
+    "aws-access-key-id": "AWS: access key id AKIA/ASIA/ABIA/ACCA (names the secret key it pairs with)",
+    "aws-secret-access-key": "AWS: 40-character secret key beside its key id or under an AWS secret name",
+    "aws-bedrock-key": "AWS: Bedrock long-lived API key ABSK",
+    "slack-token": "Slack: xoxb-/xoxp-/xoxa-/xoxr-/xoxs-/xoxo-/xoxc- tokens, xoxe refresh tokens, xapp- app tokens",
+    "slack-webhook": "Slack: incoming webhook / workflow URL path on hooks.slack.com",
+    "stripe-secret-key": "Stripe: secret sk_live_ and restricted rk_live_ keys (not pk_ publishable keys)",
+    "openai-api-key": "OpenAI: sk-proj-/sk-svcacct-/sk-admin- keys and legacy sk-…T3BlbkFJ… keys",
+    "anthropic-api-key": "Anthropic: API key sk-ant-api03-…AA and admin key sk-ant-admin01-…AA",
+    "anthropic-oauth-token": "Anthropic: OAuth/Claude Code tokens sk-ant-oat01-/sk-ant-ort01-",
+    "google-api-key": "Google: API key AIza…",
+    "google-oauth-secret": "Google: OAuth client secret GOCSPX-",
+    "google-oauth-token": "Google: OAuth access token ya29.",
+    "npm-token": "npm: access token npm_",
+    "pypi-token": "PyPI / TestPyPI: upload token pypi-AgEIcHlwaS5vcmc… / pypi-AgENdGVzdC5weXBpLm9yZw…",
+    "huggingface-token": "Hugging Face: user token hf_, org token api_org_",
+    "sendgrid-api-key": "SendGrid: API key SG.<22>.<43>",
+    "twilio-auth-token": "Twilio: auth token / API key secret after its SID (AC…/SK…:<32>, as in Basic auth)",
+    "digitalocean-token": "DigitalOcean: dop_v1_/doo_v1_/dor_v1_",
+    "shopify-token": "Shopify: shpat_/shpca_/shppa_/shpss_",
+    "databricks-token": "Databricks: PAT dapi<32 hex>",
+    "vault-token": "HashiCorp Vault: service hvs. and batch hvb. tokens",
+    "terraform-token": "HashiCorp Terraform Cloud: <14>.atlasv1.<60+> API token",
+    "discord-bot-token": "Discord: bot token <base64 user id>.<6>.<27-38>",
+    "telegram-bot-token": "Telegram: bot token <8-10 digits>:A<34>",
+    "jwt": "JSON Web Token eyJ….eyJ….<signature> (header names an alg)",
+    "private-key": "PEM/OpenSSH/PGP private key block, SSH2 and PuTTY private key files",
+    "azure-storage-key": "Azure: storage account key (88 base64) after AccountKey= / account_key",
+    "azure-client-secret": "Azure / Entra ID: application client secret (…Q~…)",
+    "azure-devops-pat": "Azure DevOps: personal access token (84 characters, AZDO signature)",
+    "url-password": "Password in URL userinfo scheme://user:password@host",
+    "age-secret-key": "age: secret key AGE-SECRET-KEY-1…",
+    "groq-api-key": "Groq: API key gsk_",
+    "linear-api-key": "Linear: API key lin_api_",
+    "sentry-token": "Sentry: user token sntryu_, org token sntrys_",
+    "postman-api-key": "Postman: API key PMAK-",
+    "heroku-api-key": "Heroku: API key HRKU-AA",
+    "grafana-token": "Grafana: service account glsa_, cloud glc_",
+    "doppler-token": "Doppler: dp.pt./dp.st./dp.sa./dp.ct./dp.scim./dp.audit. tokens",
+    "atlassian-api-token": "Atlassian: API token ATATT3",
+    "alibaba-access-key-id": "Alibaba Cloud: AccessKey id LTAI",
+    "square-token": "Square: access token sq0atp-, OAuth secret sq0csp-",
+    "perplexity-api-key": "Perplexity: API key pplx-",
+    "notion-token": "Notion: integration token ntn_",
+    "replicate-api-token": "Replicate: API token r8_",
+    "supabase-token": "Supabase: access token sbp_",
+    "newrelic-api-key": "New Relic: user API key NRAK-",
+}
+ENV_SECRET_KIND = "env-secret"  # StreamRedactor: the value of NAME=value where NAME is_secret_name
+RULES: tuple[str, ...] = tuple(KINDS)
+
+#: A stored secret shorter than this would match ordinary text; Detector refuses it.
+MIN_SECRET_LENGTH = 8
+
+# Alphabets (regex class bodies).
+_B62 = "A-Za-z0-9"
+_B64U = r"A-Za-z0-9_\-"
+_MAX_DEPTH = 2  # encoded layers: raw -> decoded -> decoded again
+_SEP = b"\x00"  # between decoded segments scanned together: no rule crosses it
+_GENERIC = {"url-password", "jwt", "aws-secret-access-key"}  # lose ties against specific kinds
+
+# ------------------------------------------------------------------ placeholders
+
+_WORDS = (b"example", b"your", b"placeholder", b"redacted", b"dummy", b"fake", b"sample", b"insert",
+          b"replace", b"token", b"secret", b"xxxx", b"changeme", b"notreal")
+_KNOWN_EXAMPLES = {
+    b"AKIAIOSFODNN7EXAMPLE",  # AWS documentation
+    b"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    b"SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",  # jwt.io's example signature
+}
+_HEXDIGITS = b"0123456789abcdefABCDEF"
+
+
+def _plausible(body: bytes) -> bool:
+    """False for a token body that looks made up: a placeholder word, a run of one
+    character, an ascending/descending sequence, or too few distinct characters."""
+    if body in _KNOWN_EXAMPLES:
+        return False
+    lower = body.lower()
+    if any(w in lower for w in _WORDS):
+        return False
+    hexonly = not body.strip(_HEXDIGITS)
+    limit = 8 if hexonly else 6  # a run this long in random text: ~1e-5 per token or less
+    run = step_run = 1
+    prev = -2
+    for c in body:
+        run = run + 1 if c == prev else 1
+        step_run = step_run + 1 if abs(c - prev) == 1 else 1
+        if run >= limit or step_run >= limit:
+            return False
+        prev = c
+    return len(set(body)) >= min(8, len(body) // 3)
+
+
+_B62_DIGITS = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_B62_DIGITS_ALT = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _crc_ok(token: bytes, prefix_len: int) -> bool:
+    """GitHub/npm tokens end in 6 base62 digits of the CRC32 of the 30 characters before
+    them. The digit order is not documented; both orders in use are accepted."""
+    body = token[prefix_len:]
+    if len(body) != 36:
+        return False
+    crc = zlib.crc32(body[:30])
+    for digits in (_B62_DIGITS, _B62_DIGITS_ALT):
+        n, out = crc, bytearray()
+        while n:
+            n, r = divmod(n, 62)
+            out.append(digits[r])
+        if bytes(reversed(out)).rjust(6, b"0") == body[30:]:
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------ rules
+
+
+class _Rule(NamedTuple):
+    kind: str
+    regex: re.Pattern | None  # matched at the token start; or ``match`` below
+    offsets: tuple[int, ...]  # token start = anchor start - offset (tried in order)
+    group: int | str  # the reported span
+    check: Callable[[re.Match], bool] | None
+    match: Callable[[bytes, int], tuple[int, int] | None] | None = None
+
+
+class _Anchor(NamedTuple):
+    lead: bytes  # one character: the group (pass) it belongs to
+    before: bytes  # regex, fixed width, for the text before the lead character
+    before_len: int
+    after: bytes  # regex for the text after it
+    start_boundary: bytes  # class body: the character before the anchor must not be in it
+    prev: bytes | None = None  # the characters that may come right before the lead one, if known
+    next: bytes | None = None  # the characters that may come right after it, if known
+
+
+def _body_check(prefix_len: int, crc: bool = False) -> Callable[[re.Match], bool]:
+    def check(m: re.Match) -> bool:
+        token = m.group(0)
+        if crc and _crc_ok(token, prefix_len):
+            return True
+        return _plausible(token[prefix_len:])
+    return check
+
+
+def _group_check(group: str) -> Callable[[re.Match], bool]:
+    return lambda m: _plausible(m.group(group))
+
+
+def _tok(body: str, alphabet: str, start: str | None = None) -> re.Pattern:
+    """A token: ``body`` not preceded or followed by a character of ``alphabet``."""
+    start = alphabet.replace("=", "") if start is None else start  # "=" is padding: only at the end
+    return re.compile(f"(?<![{start}]){body}(?![{alphabet}])".encode())
+
+
+def _mixed_b64(value: bytes) -> bool:
+    """A 40-character AWS secret: random base64, so both cases and a digit (and not hex)."""
+    v = value.replace(b"\\/", b"/")
+    return (not v.islower() and not v.isupper() and any(48 <= c <= 57 for c in v)
+            and bool(v.strip(_HEXDIGITS)) and _plausible(v))
+
+
+def _jwt_check(m: re.Match) -> bool:
+    header = m.group(1)
+    try:
+        decoded = base64.urlsafe_b64decode(header + b"=" * (-len(header) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    signature = m.group(0).rsplit(b".", 1)[-1]
+    return decoded.startswith(b"{") and b'"alg"' in decoded and signature not in _KNOWN_EXAMPLES
+
+
+def _discord_check(m: re.Match) -> bool:
+    part = m.group(1)
+    try:
+        user_id = base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return user_id.isdigit() and 17 <= len(user_id) <= 20 and _plausible(m.group(2))
+
+
+_URL_PLACEHOLDERS = {b"password", b"passwd", b"pass", b"pwd", b"secret", b"token", b"x-oauth-basic",
+                     b"changeme", b"pw", b"p", b"***", b"...", b"x"}
+
+
+def _url_password_check(m: re.Match) -> bool:
+    pw = m.group("v")
+    low = pw.lower()
+    if low in _URL_PLACEHOLDERS or pw[:1] in (b"$", b"<", b"{", b"%") and not re.match(rb"%[0-9A-Fa-f]{2}", pw):
+        return False
+    if not pw.strip(b"*x.X") or (pw.isdigit() and len(pw) <= 5):  # masked, or a port (host:8080@…)
+        return False
+    if b"your" in low or b"placeholder" in low or b"example" in low:
+        return False
+    return True
+
+
+_PEM_HEADER = re.compile(rb"(-----BEGIN|---- BEGIN) ((?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?( ?-{4,5})")
+_PEM_FOOTER = re.compile(rb"(?:-----END|---- END) (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)? ?-{4,5}")
+_PEM_BODY = re.compile(rb"(?:[A-Za-z0-9+/=\s:,.()-]|\\[nrt]|\\/){0,16384}")
+_NON_B64 = bytes(c for c in range(256) if c not in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+_PEM_MAX = 16384
+
+
+def _pem_match(data: bytes, pos: int) -> tuple[int, int] | None:
+    """A private key block from its BEGIN line to its END line (or, when there is no END
+    line, to where the base64 body stops), with at least 64 base64 characters."""
+    m = _PEM_HEADER.match(data, pos)
+    if m is None:
+        return None
+    footer = _PEM_FOOTER.search(data, m.end(), m.end() + _PEM_MAX)
+    end = footer.end() if footer else _PEM_BODY.match(data, m.end()).end()
+    body = data[m.end():end].replace(b"\\n", b"").translate(None, _NON_B64)
+    if len(body) < 64 or len(set(body)) < 16:
+        return None
+    return pos, end
+
+
+_PUTTY_MAC = re.compile(rb"Private-MAC: [0-9a-fA-F]{20,128}")
+
+
+def _putty_match(data: bytes, pos: int) -> tuple[int, int] | None:
+    k = data.find(b"Private-MAC: ", pos, pos + _PEM_MAX)
+    if k < 0 or data.find(b"Private-Lines:", pos, k) < 0:
+        return None
+    m = _PUTTY_MAC.match(data, k)
+    return (pos, m.end()) if m else None
+
+
+_AWS_KEYWORDS = ("secret_access_key", "SECRET_ACCESS_KEY", "SecretAccessKey", "secretAccessKey",
+                 "secret-access-key", "aws_secret_key", "AWS_SECRET_KEY")
+_AWS_VALUE = rb"(?P<v>(?:[A-Za-z0-9+]|\\?/){40})(?![A-Za-z0-9+/=\\])"
+_AZURE_KEYWORDS = ("AccountKey", "account_key", "ACCOUNT_KEY", "storage_key", "STORAGE_KEY")
+_SEPARATOR = rb"[\s\"'\\:=>]{1,12}"
+_AWS_NEAR = re.compile(rb"(?<![A-Za-z0-9+/=\\])(?:[A-Za-z0-9+]|\\?/){40}(?![A-Za-z0-9+/=\\])")
+_AWS_NEAR_REACH = 120
+
+# (kind, anchors, pattern, offsets, group, check); anchors are literal strings, or
+# (lead, before-regex, before-length, after-regex) tuples for anchors that are not literal.
+_TABLE = [
+    ("github-token", ["ghp_", "gho_", "ghu_", "ghs_", "ghr_"],
+     _tok(r"gh(?:[pous]_[A-Za-z0-9]{36}|r_[A-Za-z0-9]{36}(?:[A-Za-z0-9]{40})?)", _B62 + "_"), (0,), 0,
+     _body_check(4, crc=True)),
+    ("github-token", ["github_pat_"], _tok(r"github_pat_[A-Za-z0-9]{22}_[A-Za-z0-9]{59}", _B62 + "_"), (0,), 0,
+     _body_check(11)),
+    ("gitlab-token", ["glpat-", "gldt-", "glrt-", "glft-", "glcbt-", "glptt-", "gloas-", "glagent-", "glimt-",
+                      "glsoat-", "glrtr-"],
+     _tok(r"gl(?:pat|dt|rt|rtr|ft|cbt|ptt|oas|agent|imt|soat)-[A-Za-z0-9_-]{20,300}(?:\.[0-9a-z]{9})?", _B64U),
+     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 1)[1])),
+    ("aws-access-key-id", ["AKIA", "ASIA", "ABIA", "ACCA"], _tok(r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}", _B62),
+     (0,), 0, lambda m: m.group(0) not in _KNOWN_EXAMPLES and _plausible(m.group(0)[4:])),
+    ("aws-secret-access-key", list(_AWS_KEYWORDS),
+     re.compile(b"(?:" + "|".join(_AWS_KEYWORDS).encode() + b")" + _SEPARATOR + _AWS_VALUE), (0,), "v",
+     lambda m: _mixed_b64(m.group("v"))),
+    ("aws-bedrock-key", ["ABSK"], _tok(r"ABSK[A-Za-z0-9+/]{109,269}={0,2}", _B62 + "+/="), (0,), 0,
+     _body_check(4)),
+    ("slack-token", ["xoxb-", "xoxp-", "xoxa-", "xoxr-", "xoxs-", "xoxo-", "xoxc-", "xoxe-", "xoxe.", "xapp-"],
+     _tok(r"(?:xox[abceoprs]-(?:[0-9]{6,14}-){1,3}[A-Za-z0-9]{20,64}"
+          r"|xoxe(?:\.xox[bp])?-1-[A-Za-z0-9]{130,200}"
+          r"|xapp-[0-9]-[A-Z0-9]{8,12}-[0-9]{10,14}-[a-f0-9]{60,70})", _B62 + r"\-"),
+     (0,), 0, lambda m: _plausible(m.group(0).rsplit(b"-", 1)[1])),
+    ("slack-webhook", ["hooks.slack.com/"],
+     re.compile(rb"hooks\.slack\.com/(?P<v>services/T[A-Z0-9]{8,12}/B[A-Z0-9]{8,12}/[A-Za-z0-9]{23,25}"
+                rb"|(?:workflows|triggers)/T[A-Z0-9]{8,12}/A[A-Z0-9]{8,12}/[0-9]{15,20}/[A-Za-z0-9]{32})"
+                rb"(?![A-Za-z0-9])"),
+     (0,), "v", lambda m: _plausible(m.group("v").rsplit(b"/", 1)[1])),
+    ("stripe-secret-key", ["sk_live_", "rk_live_"], _tok(r"[sr]k_live_[A-Za-z0-9]{20,247}", _B62 + "_"), (0,), 0,
+     _body_check(8)),
+    ("openai-api-key", ["sk-proj-", "sk-svcacct-", "sk-admin-", "sk-None-"],
+     _tok(r"sk-(?:proj|svcacct|admin|None)-[A-Za-z0-9_-]{40,250}", _B64U), (0,), 0,
+     lambda m: _plausible(m.group(0).split(b"-", 2)[2])),
+    ("openai-api-key", ["sk-"], _tok(r"sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}", _B64U), (0,), 0,
+     _body_check(3)),
+    ("anthropic-api-key", ["sk-ant-"], _tok(r"sk-ant-(?:api|admin)[0-9]{2}-[A-Za-z0-9_-]{93}AA", _B64U), (0,), 0,
+     lambda m: _plausible(m.group(0).split(b"-", 3)[3])),
+    ("anthropic-oauth-token", ["sk-ant-"], _tok(r"sk-ant-(?:oat|ort|sid)[0-9]{2}-[A-Za-z0-9_-]{80,120}", _B64U),
+     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 3)[3])),
+    ("google-api-key", ["AIza"], _tok(r"AIza[A-Za-z0-9_-]{35}", _B64U), (0,), 0, _body_check(4)),
+    ("google-oauth-secret", ["GOCSPX-"], _tok(r"GOCSPX-[A-Za-z0-9_-]{28}", _B64U), (0,), 0, _body_check(7)),
+    ("google-oauth-token", ["ya29."], _tok(r"ya29\.[A-Za-z0-9_-]{30,1024}", _B64U), (0,), 0, _body_check(5)),
+    ("npm-token", ["npm_"], _tok(r"npm_[A-Za-z0-9]{36}", _B62 + "_"), (0,), 0, _body_check(4, crc=True)),
+    ("pypi-token", ["pypi-AgEIcHlwaS5vcmc", "pypi-AgENdGVzdC5weXBpLm9yZw"],
+     _tok(r"pypi-(?:AgEIcHlwaS5vcmc|AgENdGVzdC5weXBpLm9yZw)[A-Za-z0-9_-]{50,1000}", _B64U), (0,), 0,
+     _body_check(25)),
+    ("huggingface-token", ["hf_", "api_org_"], _tok(r"(?:hf|api_org)_[A-Za-z]{34}", _B62 + "_"), (0,), 0,
+     lambda m: _plausible(m.group(0)[-34:])),
+    ("sendgrid-api-key", ["SG."], _tok(r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", _B64U + "."), (0,), 0,
+     _body_check(3)),
+    ("twilio-auth-token", [(":", "(?:AC|SK)[0-9a-f]{32}", 34, "[A-Za-z0-9]{32}", "", "0123456789abcdef")],
+     re.compile(rb"(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}:(?P<v>[A-Za-z0-9]{32})(?![A-Za-z0-9])"), (0,), "v",
+     _group_check("v")),
+    ("digitalocean-token", ["dop_v1_", "doo_v1_", "dor_v1_"], _tok(r"do[por]_v1_[a-f0-9]{64}", _B62 + "_"), (0,), 0,
+     _body_check(7)),
+    ("shopify-token", ["shpat_", "shpca_", "shppa_", "shpss_"],
+     _tok(r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", _B62 + "_"), (0,), 0, _body_check(6)),
+    ("databricks-token", [("p", "da", 2, "i[a-f0-9]{32}", _B62, "a")], _tok(r"dapi[a-f0-9]{32}(?:-[0-9]{1,2})?", _B62 + r"\-"),
+     (0,), 0, lambda m: _plausible(m.group(0)[4:36])),
+    ("vault-token", ["hvs.", "hvb."], _tok(r"(?:hvs\.[A-Za-z0-9_-]{90,120}|hvb\.[A-Za-z0-9_-]{138,300})", _B64U),
+     (0,), 0, _body_check(4)),
+    ("terraform-token", [(".", "", 0, "atlasv1\\.", "", "", "a")],
+     _tok(r"[a-z0-9]{14}\.atlasv1\.[a-z0-9_=-]{60,70}", _B64U + "="), (14,), 0,
+     lambda m: _plausible(m.group(0)[23:])),
+    ("discord-bot-token", [(".", "[A-Za-z0-9_-]{23}", 23, "[A-Za-z0-9_-]{6}\\.", "")],
+     _tok(r"([MNO][DTjz][A-Za-z0-9_-]{22,24})\.[A-Za-z0-9_-]{6}\.([A-Za-z0-9_-]{27,38})", _B64U),
+     (1, 2, 3), 0, _discord_check),
+    ("telegram-bot-token", [(":", "[0-9]{8}", 8, "A[A-Za-z0-9_-]{34}", "", "0123456789")],
+     re.compile(rb"(?:(?<=bot)|(?<![A-Za-z0-9]))[0-9]{8,10}:A[A-Za-z0-9_-]{34}(?![A-Za-z0-9_-])"), (0, 1, 2), 0,
+     lambda m: _plausible(m.group(0).split(b":", 1)[1])),
+    ("jwt", [("J", "ey", 2, "", _B64U, "y")],
+     _tok(r"(eyJ[A-Za-z0-9_-]{8,4096})\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{0,2048}"
+          r"(?:\.[A-Za-z0-9_-]{0,4096}\.[A-Za-z0-9_-]{0,2048})?", _B64U), (0,), 0, _jwt_check),
+    ("private-key", ["-----BEGIN ", "---- BEGIN "], None, (0,), 0, None, _pem_match),
+    ("private-key", ["PuTTY-User-Key-File-"], None, (0,), 0, None, _putty_match),
+    ("azure-storage-key", list(_AZURE_KEYWORDS),
+     re.compile(b"(?:" + "|".join(_AZURE_KEYWORDS).encode() + b")" + _SEPARATOR
+                + rb"(?P<v>(?:[A-Za-z0-9+]|\\?/){86}==)(?![A-Za-z0-9+/=])"), (0,), "v",
+     lambda m: _plausible(m.group("v"))),
+    ("azure-client-secret", [("~", "[0-9]Q", 2, "", "", "Q")],
+     _tok(r"[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}", r"A-Za-z0-9_~.\-"), (3,), 0,
+     lambda m: _plausible(m.group(0)[6:])),
+    ("azure-devops-pat", [("A", "", 0, "ZDO", "", "", "Z")], _tok(r"[A-Za-z0-9]{76}AZDO[A-Za-z0-9]{4}", _B62), (76,), 0,
+     lambda m: _plausible(m.group(0)[:76])),
+    ("url-password", [(":", "", 0, "//", "", "", "/")],
+     re.compile(rb"://[^\s:/?#\[\]@\"'<>\\]{0,256}:(?P<v>[^\s/?#\[\]@\"'<>\\]{1,256})@(?=[A-Za-z0-9\[])"), (0,),
+     "v", _url_password_check),
+    ("age-secret-key", ["AGE-SECRET-KEY-1"],
+     _tok(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", _B62 + r"\-"), (0,), 0, _body_check(16)),
+    ("groq-api-key", ["gsk_"], _tok(r"gsk_[A-Za-z0-9]{52}", _B62 + "_"), (0,), 0, _body_check(4)),
+    ("linear-api-key", ["lin_api_"], _tok(r"lin_api_[A-Za-z0-9]{40}", _B62 + "_"), (0,), 0, _body_check(8)),
+    ("sentry-token", ["sntryu_"], _tok(r"sntryu_[a-f0-9]{64}", _B62 + "_"), (0,), 0, _body_check(7)),
+    ("sentry-token", ["sntrys_eyJ"], _tok(r"sntrys_eyJ[A-Za-z0-9+/=_-]{60,400}", _B62 + r"+/=_\-"), (0,), 0,
+     _body_check(10)),
+    ("postman-api-key", ["PMAK-"], _tok(r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", _B62 + r"\-"), (0,), 0, _body_check(5)),
+    ("heroku-api-key", ["HRKU-AA"], _tok(r"HRKU-AA[A-Za-z0-9_-]{58}", _B64U), (0,), 0, _body_check(7)),
+    ("grafana-token", ["glsa_"], _tok(r"glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}", _B62 + "_"), (0,), 0,
+     _body_check(5)),
+    ("grafana-token", ["glc_"], _tok(r"glc_[A-Za-z0-9+/]{32,400}={0,2}", _B62 + "+/=_"), (0,), 0, _body_check(4)),
+    ("doppler-token", [(".", "dp", 2, "(?:pt|st|sa|ct|scim|audit)\\.", _B62, "p")],
+     _tok(r"dp\.(?:pt|st(?:\.[a-z0-9_-]{1,40})?|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}", _B62), (0,), 0,
+     lambda m: _plausible(m.group(0).rsplit(b".", 1)[1])),
+    ("atlassian-api-token", ["ATATT3"], _tok(r"ATATT3[A-Za-z0-9_=-]{186}", _B64U + "="), (0,), 0, _body_check(6)),
+    ("alibaba-access-key-id", ["LTAI"], _tok(r"LTAI[A-Za-z0-9]{20}", _B62), (0,), 0, _body_check(4)),
+    ("square-token", ["sq0atp-", "sq0csp-"], _tok(r"(?:sq0atp-[A-Za-z0-9_-]{22}|sq0csp-[A-Za-z0-9_-]{43})", _B64U),
+     (0,), 0, _body_check(7)),
+    ("perplexity-api-key", ["pplx-"], _tok(r"pplx-[A-Za-z0-9]{48}", _B62 + r"\-"), (0,), 0, _body_check(5)),
+    ("notion-token", ["ntn_"], _tok(r"ntn_[A-Za-z0-9]{46}", _B62 + "_"), (0,), 0, _body_check(4)),
+    ("replicate-api-token", ["r8_"], _tok(r"r8_[A-Za-z0-9]{37}", _B62 + "_"), (0,), 0, _body_check(3)),
+    ("supabase-token", ["sbp_"], _tok(r"sbp_[a-f0-9]{40}", _B62 + "_"), (0,), 0, _body_check(4)),
+    ("newrelic-api-key", ["NRAK-"], _tok(r"NRAK-[A-Z0-9]{27}", _B62 + r"\-"), (0,), 0, _body_check(5)),
+]
+assert {row[0] for row in _TABLE} == set(KINDS), "KINDS and the rule table disagree"
+
+# Lead characters, best first: rare in text, JSON and base64 alike, and shared by many
+# anchors (every extra lead character is one more pass over the data).
+_LEADS = b"~_.-:AJBp"
+# Rough frequency rank of bytes in mixed text/JSON (rarest first) for other anchors.
+_RARITY = (bytes(range(0x80, 0x100)) + bytes(range(0, 0x20)).replace(b"\t", b"").replace(b"\n", b"")
+           + b"~^`|!$;?@#&*%+[]{}()<>QJZXKVWYUFGHBPMRDTOCLNSIEAqjzxkvwyb_-gpfmucldhrsnioate=.,:/'\"\\\t\n"
+           + b"9876543210 ")
+
+
+def _lead_of(text: bytes, leads: bytes) -> int:
+    """Index in ``text`` of the character to lead with."""
+    best = None
+    for i, c in enumerate(text):
+        rank = (leads.find(bytes([c])) if c in leads else len(leads) + _RARITY.find(bytes([c])))
+        if best is None or rank < best[0]:
+            best = (rank, i)
+    return best[1]
+
+
+def _literal_anchor(text: str | bytes, boundary: str, leads: bytes = _LEADS) -> _Anchor:
+    raw = text.encode() if isinstance(text, str) else text
+    i = _lead_of(raw, leads)
+    return _Anchor(raw[i:i + 1], re.escape(raw[:i]), i, re.escape(raw[i + 1:]), boundary.encode(),
+                   raw[i - 1:i] or None, raw[i + 1:i + 2] or None)
+
+
+# A rule's anchors need the character before them to be a boundary when the rule's
+# pattern does (a cheap early reject in the prefilter for prefixes like sk- and hf_).
+_NO_BOUNDARY = {"aws-secret-access-key", "slack-webhook", "azure-storage-key", "url-password", "private-key",
+                "sentry-token"}
+
+
+def _static_rules() -> tuple[list[_Anchor], list[list[_Rule | tuple]]]:
+    anchors: list[_Anchor] = []
+    actions: list[list] = []
+    index: dict[_Anchor, int] = {}
+    for kind, anchor_specs, pattern, offsets, group, check, *rest in _TABLE:
+        rule = _Rule(kind, pattern, offsets, group, check, rest[0] if rest else None)
+        boundary = "" if kind in _NO_BOUNDARY else _B62
+        for spec in anchor_specs:
+            if isinstance(spec, str):
+                anchor = _literal_anchor(spec, boundary)
+            else:
+                lead, before, before_len, after, start_boundary, *gates = spec
+                gates = [g.encode() if g else None for g in gates] + [None, None]
+                anchor = _Anchor(lead.encode(), before.encode(), before_len, after.encode(), start_boundary.encode(),
+                                 gates[0], gates[1])
+            if anchor not in index:
+                index[anchor] = len(anchors)
+                anchors.append(anchor)
+                actions.append([])
+            actions[index[anchor]].append(rule)
+    # "Basic <base64>": decode short credentials the run finder would skip.
+    for word in ("Basic ", "BASIC "):
+        anchors.append(_literal_anchor(word, ""))
+        actions.append(["basic"])
+    return anchors, actions
+
+
+_STATIC_ANCHORS, _STATIC_ACTIONS = _static_rules()
+
+
+class _Pass(NamedTuple):
+    regex: re.Pattern
+    anchors: tuple[int, ...]  # by capture group number - 1
+    before: tuple[int, ...]
+
+
+def _class(chars: Iterable[bytes]) -> bytes:
+    return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(set(b"".join(chars)))) + b"]"
+
+
+def _compile_passes(anchors: list[_Anchor]) -> list[_Pass]:
+    """One regex per lead character. After the lead character, cheap one-character gates
+    come first -- the character before it (anchors that have text before the lead), the
+    character after it and the start boundary (anchors that begin with it) -- so that the
+    many lead characters that begin no anchor are rejected in a step or two."""
+    groups: dict[bytes, list[int]] = defaultdict(list)
+    for i, a in enumerate(anchors):
+        groups[a.lead].append(i)
+    passes = []
+    for lead, members in groups.items():
+        lead_re = re.escape(lead)
+        # Longest anchors first: at one position the first alternative that fits wins
+        # ("sk-ant-" before "sk-").
+        members.sort(key=lambda i: -(anchors[i].before_len + len(anchors[i].after)))
+        order: list[int] = []
+
+        def leaf(i: int) -> bytes:
+            a = anchors[i]
+            alt = b""
+            if a.before:
+                alt += b"(?<=" + a.before + lead_re + b")"
+            if a.start_boundary:
+                alt += b"(?<![" + a.start_boundary + b"]" + b"." * a.before_len + lead_re + b")"
+            if a.after:
+                alt += b"(?=" + a.after + b")"
+            order.append(i)
+            return b"(" + alt + b")"
+
+        by_prev: dict[bytes, list[int]] = defaultdict(list)
+        by_next: dict[tuple[bytes, bytes], list[int]] = defaultdict(list)
+        ungated = []
+        for i in members:
+            a = anchors[i]
+            if a.prev is not None:
+                by_prev[a.prev].append(i)
+            elif a.next is not None:
+                by_next[(a.start_boundary if a.before_len == 0 else b"", a.next)].append(i)
+            else:
+                ungated.append(i)
+        parts = []
+        if by_prev:
+            sub = [b"(?<=" + _class([c]) + lead_re + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
+                   for c, ids in by_prev.items()]
+            parts.append(b"(?<=" + _class(by_prev) + lead_re + b")(?:" + b"|".join(sub) + b")")
+        for boundary in dict.fromkeys(b for b, _ in by_next):
+            nexts = {c: ids for (b, c), ids in by_next.items() if b == boundary}
+            sub = [b"(?=" + _class([c]) + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
+                   for c, ids in nexts.items()]
+            gate = (b"(?<![" + boundary + b"]" + lead_re + b")") if boundary else b""
+            parts.append(gate + b"(?=" + _class(nexts) + b")(?:" + b"|".join(sub) + b")")
+        parts += [leaf(i) for i in ungated]
+        regex = re.compile(lead_re + b"(?:" + b"|".join(parts) + b")", re.DOTALL)
+        passes.append(_Pass(regex, tuple(order), tuple(anchors[i].before_len for i in order)))
+    return passes
+
+
+_STATIC_PASSES = _compile_passes(_STATIC_ANCHORS)
+
+
+# ---------------------------------------------------------------------- detector
+
+
+def _merge(findings: list[Finding], priority: Callable[[str], int]) -> list[Finding]:
+    """Sorted and non-overlapping: overlapping findings become one spanning them all,
+    under the kind of the longest (on equal spans: stored secret, then specific, then generic)."""
+    findings.sort(key=lambda f: (f.start, -f.end, priority(f.kind)))
+    out: list[Finding] = []
+    for f in findings:
+        if out and f.start < out[-1].end:
+            last = out[-1]
+            if f.end > last.end:
+                kind = f.kind if f.end - f.start > last.end - last.start else last.kind
+                out[-1] = Finding(kind, last.start, f.end)
+            continue
+        out.append(f)
+    return out
+
+
+class Detector:
+    """Finds credentials in buffers. Immutable once built; safe to share between threads."""
+
+    def __init__(self, secrets: Iterable[tuple[str, str | bytes]] = ()):
+        """``secrets``: (label, value) pairs of the install's own secrets, found by exact
+        value (raw, and through the encoded layers) and reported under ``label``.
+        Raises ValueError for a value shorter than MIN_SECRET_LENGTH."""
+        anchors = list(_STATIC_ANCHORS)
+        actions = list(_STATIC_ACTIONS)
+        self._labels: set[str] = set()
+        longest = 0
+        for label, value in secrets:
+            raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+            if len(raw) < MIN_SECRET_LENGTH:
+                raise ValueError(f"stored secret {label!r}: {len(raw)} bytes; at least {MIN_SECRET_LENGTH} needed")
+            self._labels.add(label)
+            # Raw; base64 of the value alone (whole quanta only: what follows the value in
+            # the encoded text changes the last characters). Other encodings and base64 at
+            # other alignments are found by decoding the layers.
+            whole = len(raw) // 3 * 4
+            forms = {raw, base64.b64encode(raw)[:whole], base64.urlsafe_b64encode(raw)[:whole]}
+            if b" " in raw:  # form-encoding writes a space as "+", which the percent layer keeps
+                forms.add(raw.replace(b" ", b"+"))
+            for form in forms:
+                anchors.append(_literal_anchor(form, ""))
+                actions.append([("secret", label, len(form))])
+                longest = max(longest, len(form))
+        self._anchors = anchors
+        self._actions = actions
+        self._passes = _STATIC_PASSES if len(anchors) == len(_STATIC_ANCHORS) else _compile_passes(anchors)
+        # A token split between two chunks is found when both halves are in the carried
+        # window: the longest rule (PEM blocks, JWTs: up to ~16 KiB encoded) or secret form.
+        self._overlap = max(16384, 3 * longest + 1024)
+
+    @property
+    def overlap(self) -> int:
+        """Bytes a chunked scanner must carry from one chunk to the next."""
+        return self._overlap
+
+    def _priority(self, kind: str) -> int:
+        return 0 if kind in self._labels else 2 if kind in _GENERIC else 1
+
+    # ------------------------------------------------------------------ scanning
+
+    def scan(self, data: bytes) -> list[Finding]:
+        """Findings in ``data``, sorted and non-overlapping (overlaps merge into the outermost span)."""
+        return _merge(self._scan(bytes(data), 0), self._priority)
+
+    def scan_text(self, text: str) -> list[Finding]:
+        """:meth:`scan` for a str (a header, a URL, a host name); spans index ``text``."""
+        try:
+            return self.scan(text.encode("latin-1"))
+        except UnicodeEncodeError:
+            pass
+        data = text.encode("utf-8", "surrogatepass")
+        chars = []  # byte offset -> index of the character it belongs to
+        for i, ch in enumerate(text):
+            chars += [i] * len(ch.encode("utf-8", "surrogatepass"))
+        chars.append(len(text))
+        return [Finding(f.kind, chars[f.start], chars[f.end - 1] + 1) for f in self.scan(data)]
+
+    def redact(self, data: bytes) -> bytes:
+        """``data`` with each finding replaced by ``[redacted:<kind>]``."""
+        return _redact(data, self.scan(data), 0)
+
+    def stream(self) -> "StreamScanner":
+        """A scanner for data that arrives in chunks."""
+        return StreamScanner(self)
+
+    def _scan(self, data: bytes, depth: int) -> list[Finding]:
+        found: list[Finding] = []
+        segments: list[Segment] = []
+        actions = self._actions
+        for regex, members, before in self._passes:
+            for m in regex.finditer(data):
+                g = m.lastindex - 1
+                start = m.start() - before[g]
+                for action in actions[members[g]]:
+                    if type(action) is _Rule:
+                        self._apply(action, data, start, found)
+                    elif action == "basic":
+                        if depth < _MAX_DEPTH:
+                            seg = basic_segment(data, start + 6)
+                            if seg is not None:
+                                segments.append(seg)
+                    else:
+                        _, label, n = action
+                        found.append(Finding(label, start, start + n))
+        if depth < _MAX_DEPTH:
+            segments += layer_segments(data)
+            if segments:
+                found += self._scan_segments(segments, depth + 1)
+        return found
+
+    def _apply(self, rule: _Rule, data: bytes, start: int, found: list[Finding]) -> None:
+        for offset in rule.offsets:
+            pos = start - offset
+            if pos < 0:
+                continue
+            if rule.match is not None:
+                span = rule.match(data, pos)
+                if span is not None:
+                    found.append(Finding(rule.kind, *span))
+                return
+            m = rule.regex.match(data, pos)
+            if m is None:
+                continue
+            if rule.check is None or rule.check(m):
+                s, e = m.span(rule.group)
+                found.append(Finding(rule.kind, s, e))
+                if rule.kind == "aws-access-key-id":
+                    _aws_pair(data, s, e, found)
+            return
+
+    def _scan_segments(self, segments: list[Segment], depth: int) -> list[Finding]:
+        """Scan the decoded segments together (one pass, not one per segment) and map
+        what is found back to the encoded spans."""
+        starts = []
+        pos = 0
+        for seg in segments:
+            starts.append(pos)
+            pos += len(seg.decoded) + len(_SEP)
+        joined = _SEP.join(seg.decoded for seg in segments)
+        out = []
+        for f in self._scan(joined, depth):
+            i = bisect_right(starts, f.start) - 1
+            seg = segments[i]
+            s = f.start - starts[i]
+            e = min(f.end - starts[i], len(seg.decoded))
+            if e <= s:
+                continue
+            rs, re_ = seg.span(s, e)
+            out.append(Finding(f.kind, rs, re_))
+        return out
+
+
+def _aws_pair(data: bytes, s: int, e: int, found: list[Finding]) -> None:
+    """A secret access key right beside its key id (CSV exports, credential files, code)."""
+    lo = max(0, s - _AWS_NEAR_REACH - 41)
+    window = data[lo:e + _AWS_NEAR_REACH + 41]
+    for m in _AWS_NEAR.finditer(window):
+        a, b = m.span()
+        if (lo + b <= s or lo + a >= e) and (b < len(window) or lo + b == len(data)) and (a > 0 or lo == 0):
+            if _mixed_b64(m.group(0)):
+                found.append(Finding("aws-secret-access-key", lo + a, lo + b))
+
+
+def _redact(data: bytes, findings: list[Finding], offset: int) -> bytes:
+    out = []
+    last = offset
+    for f in findings:
+        out.append(data[last - offset:f.start - offset])
+        out.append(b"[redacted:" + f.kind.encode("utf-8", "replace") + b"]")
+        last = f.end
+    out.append(data[last - offset:])
+    return b"".join(out)
+
+
+# ----------------------------------------------------------------------- streams
+
+_WHITESPACE = (b" ", b"\n", b"\t", b"\r")
+
+
+def _safe_cut(buf: bytes, cut: int, origin: int | None, base: int) -> int:
+    """``cut`` moved back (never forward) so that the text from it on decodes as it does in
+    the whole stream: not inside a ``%XX`` or ``\\uXXXX`` escape, and inside a base64/hex
+    run at a multiple of 4 characters from the run's start (``origin``: the absolute start
+    of the run holding ``buf[0]``, if any)."""
+    if cut <= 0:
+        return 0
+    for _ in range(2):
+        k = buf.rfind(b"%", max(0, cut - 2), cut)
+        if k >= 0:
+            cut = k
+        k = buf.rfind(b"\\", max(0, cut - 11), cut)
+        if k >= 0:
+            cut = k
+        if cut == 0 or RUN_TABLE[buf[cut]] != 0x61 or RUN_TABLE[buf[cut - 1]] != 0x61:
+            return cut  # not inside a run
+        t = buf[:cut].translate(RUN_TABLE)
+        r = t.rfind(b" ")
+        start = base + r + 1 if r >= 0 else (origin if origin is not None else base)
+        cut -= (base + cut - start) % 4
+    return cut
+
+
+def _run_origin(buf: bytes, cut: int, origin: int | None, base: int) -> int | None:
+    """The absolute start of the base64/hex run holding ``buf[cut]`` (None: not in a run)."""
+    if cut >= len(buf) or RUN_TABLE[buf[cut]] != 0x61:
+        return None
+    r = buf[:cut + 1].translate(RUN_TABLE).rfind(b" ")
+    if r >= 0:
+        return base + r + 1
+    return origin if origin is not None else base
+
+
+class StreamScanner:
+    """Scans a stream chunk by chunk, carrying :attr:`Detector.overlap` bytes over so that a
+    token split between chunks is still found. Each finding is reported once, as soon as it
+    is complete, with offsets in the whole stream. A token (in its encoded form) longer than
+    the overlap can be missed when it straddles a chunk boundary."""
+
+    def __init__(self, detector: Detector):
+        self._detector = detector
+        self._buf = b""
+        self._base = 0  # stream offset of _buf[0]
+        self._origin: int | None = None  # stream offset of the run holding _buf[0]
+        self._reported: list[tuple[int, int]] = []  # spans already reported (stream offsets)
+
+    def feed(self, chunk: bytes) -> list[Finding]:
+        """Findings completed by ``chunk``."""
+        if not chunk:
+            return []
+        self._buf += chunk
+        return self._process(final=False)
+
+    def finish(self) -> list[Finding]:
+        """Findings at the very end of the stream (the ones that might still have grown)."""
+        found = self._process(final=True)
+        self._buf, self._reported = b"", []
+        return found
+
+    def _process(self, final: bool) -> list[Finding]:
+        buf, base = self._buf, self._base
+        new = []
+        for f in self._detector.scan(buf):
+            if f.start == 0 and base > 0:
+                continue  # the tail of something that began before the carried window
+            if f.end >= len(buf) and not final:
+                continue  # may go on in the next chunk
+            span = (f.start + base, f.end + base)
+            if any(s < span[1] and span[0] < e for s, e in self._reported):
+                continue
+            self._reported.append(span)
+            new.append(Finding(f.kind, *span))
+        if not final:
+            cut = _safe_cut(buf, len(buf) - self._detector.overlap, self._origin, base)
+            if cut > 0:
+                self._origin = _run_origin(buf, cut, self._origin, base)
+                self._buf = buf[cut:]
+                self._base = base + cut
+                self._reported = [(s, e) for s, e in self._reported if e > self._base]
+        return new
+
+
+# ------------------------------------------------------------------- env names
+
+_SECRET_SUFFIXES = ("_TOKEN", "_SECRET", "_KEY", "_APIKEY", "_PASSWORD", "_PASSWD", "_PWD", "_PASSPHRASE",
+                    "_CREDENTIALS", "_CREDENTIAL", "_AUTH", "_PAT")
+_SECRET_NAMES = {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "API_KEY", "CREDENTIALS",
+                 "AUTH_TOKEN", "ACCESS_TOKEN", "SECRET_KEY", "PRIVATE_KEY"}
+#: Names that end like a secret's but hold public or non-secret values.
+_NOT_SECRET_SUFFIXES = ("_PUBLIC_KEY", "_PUB_KEY", "_PUBLISHABLE_KEY", "_SITE_KEY", "_CACHE_KEY", "_SORT_KEY",
+                        "_PARTITION_KEY", "_PRIMARY_KEY", "_FOREIGN_KEY", "_IDEMPOTENCY_KEY", "_GPG_KEY",
+                        "_SIGNING_KEY_ID", "_NO_AUTH", "_SKIP_AUTH")
+_NOT_SECRET_NAMES = {"GPG_KEY", "PUBLIC_KEY", "SSH_AUTH", "GPG_TTY", "SSH_AUTH_SOCK", "XAUTHORITY", "KEYBOARD"}
+_NUMBERED = re.compile(r"_[0-9]+$")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable named ``name`` holds a secret by its name.
+
+    Secret: names ending in _TOKEN, _SECRET, _KEY, _APIKEY, _PASSWORD, _PASSWD, _PWD,
+    _PASSPHRASE, _CREDENTIAL(S), _AUTH or _PAT, or one of these words alone (TOKEN,
+    PASSWORD, API_KEY, ...); case-insensitive, and a numbered variant (GITHUB_TOKEN_2)
+    counts. Not secret: public halves and lookup keys (*_PUBLIC_KEY, *_PUB_KEY,
+    *_PUBLISHABLE_KEY, *_SITE_KEY, *_CACHE_KEY, *_SORT_KEY, *_PARTITION_KEY,
+    *_PRIMARY_KEY, *_FOREIGN_KEY, *_IDEMPOTENCY_KEY), GPG key ids (GPG_KEY: Docker's
+    python images set it to a public fingerprint), switches (*_NO_AUTH, *_SKIP_AUTH) and
+    GPG_TTY, SSH_AUTH_SOCK, XAUTHORITY. Identifiers are not secrets: AWS_ACCESS_KEY_ID,
+    *_KEY_ID, *_KEY_FILE, *_TOKEN_URL, *_PATH and KEYBOARD*/KEYMAP do not end in a secret
+    suffix (the AKIA rule still finds an AWS key id by its format).
+    """
+    upper = _NUMBERED.sub("", name.strip().upper().replace("-", "_"))
+    if not upper or upper in _NOT_SECRET_NAMES or upper.endswith(_NOT_SECRET_SUFFIXES):
+        return False
+    return upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES)
+
+
+# ---------------------------------------------------------------- stream redactor
+
+# NAME=value at a line start or after whitespace, ;, &, |, ( -- `export NAME=...`,
+# `env NAME=... cmd`, `ENV NAME=...` (Dockerfile), `- NAME=...` (compose) included.
+_ASSIGNMENT = re.compile(rb"(?m)(?:^|(?<=[\s;&|(]))([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"
+                         rb"(?:\"([^\"\n]*)\"|'([^'\n]*)'|([^\s\"';&|]+))")
+_OPEN_ASSIGNMENT = re.compile(rb"(?:^|(?<=[\s;&|(]))([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*[\"']")
+_REFERENCE = re.compile(rb"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|\$\(|\*+$")
+
+
+def _env_findings(buf: bytes) -> list[Finding]:
+    if b"=" not in buf:
+        return []
+    out = []
+    for m in _ASSIGNMENT.finditer(buf):
+        if not is_secret_name(m.group(1).decode("latin-1")):
+            continue
+        g = 2 if m.group(2) is not None else 3 if m.group(3) is not None else 4
+        value = m.group(g)
+        if value and not _REFERENCE.match(value):
+            out.append(Finding(ENV_SECRET_KIND, *m.span(g)))
+    return out
+
+
+class StreamRedactor:
+    """Redacts a stream (``egress redact``, a command's output) as it flows: what
+    :meth:`feed` returns can be written at once; it holds back only a trailing piece
+    that might still become (part of) a secret -- the last unfinished word, an unfinished
+    quoted ``NAME="…`` assignment, an unterminated private key block -- and never more
+    than :attr:`Detector.overlap` bytes beyond a finding that crosses the limit.
+
+    With ``env_assignments``, ``NAME=value`` / ``export NAME="value"`` where
+    :func:`is_secret_name` (NAME) keeps the name and shows ``[redacted:env-secret]``.
+
+    The output equals a one-shot redaction of the whole stream, except where a secret is
+    recognised only by context that comes after it on the stream (an AWS secret key whose
+    key id follows it), once the secret has been emitted.
+    """
+
+    _CONTEXT = 1024  # emitted bytes kept for look-behind context (AWS names, URL userinfo)
+
+    def __init__(self, detector: Detector, env_assignments: bool = True):
+        self._detector = detector
+        self._env = env_assignments
+        self._buf = b""
+        self._done = 0  # _buf[:_done] was emitted already (kept as context)
+        self._base = 0
+        self._origin: int | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Redacted output that can be emitted now."""
+        if not chunk:
+            return b""
+        self._buf += chunk
+        return self._emit(final=False)
+
+    def finish(self) -> bytes:
+        """The rest, redacted."""
+        out = self._emit(final=True)
+        self._buf, self._done = b"", 0
+        return out
+
+    def _findings(self, buf: bytes) -> list[Finding]:
+        found = self._detector.scan(buf)
+        if self._env:
+            env = _env_findings(buf)
+            if env:
+                found = _merge(found + env, self._detector._priority)
+        return found
+
+    def _hold(self, buf: bytes) -> int:
+        """Where the trailing piece that must wait for more data begins."""
+        n = len(buf)
+        floor = max(self._done, n - self._detector.overlap)
+        hold = max(buf.rfind(c, floor) for c in _WHITESPACE) + 1 or floor
+        line = max(buf.rfind(b"\n", floor), floor - 1) + 1
+        if self._env and b"=" in buf[line:]:
+            for m in _OPEN_ASSIGNMENT.finditer(buf, line):
+                rest = buf[m.end():]
+                if is_secret_name(m.group(1).decode("latin-1")) and buf[m.end() - 1:m.end()] not in rest:
+                    hold = min(hold, m.start())
+                    break
+        k = max(buf.rfind(b"BEGIN ", floor), buf.rfind(b"PuTTY-User-Key-File-", floor))
+        if k >= 0 and buf.find(b"END ", k) < 0 and buf.find(b"Private-MAC:", k) < 0:
+            hold = min(hold, max(floor, k - 5))
+        return max(hold, self._done)
+
+    def _emit(self, final: bool) -> bytes:
+        buf, done = self._buf, self._done
+        n = len(buf)
+        limit = n if final else self._hold(buf)
+        findings = self._findings(buf)
+        if self._base > 0 and findings and findings[0].start == 0:
+            findings = findings[1:]  # the tail of something that began before the kept context
+        if not final:
+            for f in findings:
+                if f.start < limit < f.end or (f.end >= n and f.start < limit):
+                    limit = f.end if f.end < n else max(done, f.start)
+        out = []
+        last = done
+        for f in findings:
+            if f.end <= done or f.start >= limit:
+                continue
+            out.append(buf[last:max(f.start, done)])
+            out.append(b"[redacted:" + f.kind.encode("utf-8", "replace") + b"]")
+            last = f.end
+        out.append(buf[last:max(last, limit)])
+        emitted = max(last, limit)
+        if not final:
+            cut = _safe_cut(buf, emitted - self._CONTEXT, self._origin, self._base)
+            if cut > 0:
+                self._origin = _run_origin(buf, cut, self._origin, self._base)
+                self._buf = buf[cut:]
+                self._base += cut
+                emitted -= cut
+            self._done = emitted
+        return b"".join(out)

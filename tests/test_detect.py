@@ -1,0 +1,582 @@
+"""The credential detector (egress.detect): every format in several placements, the close
+misses that must pass untouched, stored secrets, streams, and content decoding.
+
+All token values are made up here from a seeded random source: right prefix, length and
+alphabet, never a real secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import random
+import string
+import urllib.parse
+import zlib
+
+import brotli
+import pytest
+
+from egress.detect import (KINDS, MIN_SECRET_LENGTH, RULES, Detector, Finding, StreamRedactor, UndecodableBody,
+                           decode_content, is_secret_name)
+
+R = random.Random(20260101)
+B62 = string.ascii_letters + string.digits
+B64U = B62 + "_-"
+B64 = B62 + "+/"
+HEX = "0123456789abcdef"
+UPPER_DIGITS = string.ascii_uppercase + string.digits
+DET = Detector()
+
+
+def rnd(n: int, alphabet: str = B62) -> str:
+    return "".join(R.choice(alphabet) for _ in range(n))
+
+
+def b64u(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def jwt() -> str:
+    header = b64u(b'{"alg":"HS256","typ":"JWT"}')
+    payload = b64u(json.dumps({"sub": rnd(12), "iat": 1767225600}).encode())
+    return f"{header}.{payload}.{rnd(43, B64U)}"
+
+
+def pem(label: str = "RSA PRIVATE KEY") -> str:
+    body = base64.b64encode(R.randbytes(600)).decode()
+    lines = "\n".join(body[i:i + 64] for i in range(0, len(body), 64))
+    return f"-----BEGIN {label}-----\n{lines}\n-----END {label}-----"
+
+
+def discord() -> str:
+    user_id = "1" + rnd(17, string.digits)
+    return f"{b64u(user_id.encode())}.{rnd(6, B64U)}.{rnd(38, B64U)}"
+
+
+# (kind, text placed in the data, the secret inside it (the expected span); None = all of it)
+CASES: list[tuple[str, str, str | None]] = [
+    ("github-token", "ghp_" + rnd(36), None),
+    ("github-token", "gho_" + rnd(36), None),
+    ("github-token", "ghu_" + rnd(36), None),
+    ("github-token", "ghs_" + rnd(36), None),
+    ("github-token", "ghr_" + rnd(36), None),
+    ("github-token", "github_pat_" + rnd(22) + "_" + rnd(59), None),
+    ("gitlab-token", "glpat-" + rnd(20, B64U), None),
+    ("gitlab-token", "glpat-" + rnd(36, B64U) + ".01" + rnd(7, string.ascii_lowercase + string.digits), None),
+    ("gitlab-token", "gldt-" + rnd(20, B64U), None),
+    ("gitlab-token", "glrt-" + rnd(20, B64U), None),
+    ("aws-access-key-id", "AKIA" + rnd(16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"), None),
+    ("aws-access-key-id", "ASIA" + rnd(16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"), None),
+    ("aws-secret-access-key", "aws_secret_access_key = {}", "Ab1/" + rnd(36, B64)),
+    ("aws-secret-access-key", '"SecretAccessKey": "{}"', "cD2+" + rnd(36, B64)),
+    ("aws-bedrock-key", "ABSK" + rnd(132, B64), None),
+    ("slack-token", f"xoxb-{rnd(12, string.digits)}-{rnd(13, string.digits)}-{rnd(24)}", None),
+    ("slack-token", f"xoxp-{rnd(12, string.digits)}-{rnd(12, string.digits)}-{rnd(13, string.digits)}-{rnd(32, HEX)}",
+     None),
+    ("slack-token", f"xapp-1-A{rnd(10, UPPER_DIGITS)}-{rnd(13, string.digits)}-{rnd(64, HEX)}", None),
+    ("slack-webhook", "https://hooks.slack.com/{}", f"services/T{rnd(10, UPPER_DIGITS)}/B{rnd(10, UPPER_DIGITS)}/{rnd(24)}"),
+    ("stripe-secret-key", "sk_live_" + rnd(99), None),
+    ("stripe-secret-key", "rk_live_" + rnd(24), None),
+    ("openai-api-key", "sk-proj-" + rnd(74, B64U) + "T3BlbkFJ" + rnd(74, B64U), None),
+    ("openai-api-key", "sk-svcacct-" + rnd(74, B64U) + "T3BlbkFJ" + rnd(74, B64U), None),
+    ("openai-api-key", "sk-" + rnd(20) + "T3BlbkFJ" + rnd(20), None),
+    ("anthropic-api-key", "sk-ant-api03-" + rnd(93, B64U) + "AA", None),
+    ("anthropic-api-key", "sk-ant-admin01-" + rnd(93, B64U) + "AA", None),
+    ("anthropic-oauth-token", "sk-ant-oat01-" + rnd(95, B64U), None),
+    ("google-api-key", "AIzaSy" + rnd(33, B64U), None),
+    ("google-oauth-secret", "GOCSPX-" + rnd(28, B64U), None),
+    ("google-oauth-token", "ya29." + rnd(160, B64U), None),
+    ("npm-token", "npm_" + rnd(36), None),
+    ("pypi-token", "pypi-AgEIcHlwaS5vcmc" + rnd(160, B64U), None),
+    ("pypi-token", "pypi-AgENdGVzdC5weXBpLm9yZw" + rnd(160, B64U), None),
+    ("huggingface-token", "hf_" + rnd(34, string.ascii_letters), None),
+    ("sendgrid-api-key", f"SG.{rnd(22, B64U)}.{rnd(43, B64U)}", None),
+    ("twilio-auth-token", f"AC{rnd(32, HEX)}:{{}}", rnd(32, HEX)),
+    ("twilio-auth-token", f"SK{rnd(32, HEX)}:{{}}", rnd(32)),
+    ("digitalocean-token", "dop_v1_" + rnd(64, HEX), None),
+    ("shopify-token", "shpat_" + rnd(32, HEX), None),
+    ("databricks-token", "dapi" + rnd(32, HEX), None),
+    ("vault-token", "hvs." + rnd(95, B64U), None),
+    ("terraform-token", rnd(14, HEX) + ".atlasv1." + rnd(67, string.ascii_lowercase + string.digits), None),
+    ("discord-bot-token", discord(), None),
+    ("telegram-bot-token", f"{rnd(10, string.digits)}:AA{rnd(33, B64U)}", None),
+    ("jwt", jwt(), None),
+    ("private-key", pem(), None),
+    ("private-key", pem("PRIVATE KEY"), None),
+    ("private-key", pem("OPENSSH PRIVATE KEY"), None),
+    ("private-key", pem("EC PRIVATE KEY"), None),
+    ("azure-storage-key", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={};EndpointSuffix=core.windows.net",
+     base64.b64encode(R.randbytes(64)).decode()),
+    ("azure-client-secret", rnd(3) + "8Q~" + rnd(34, B62 + "_~.-"), None),
+    ("azure-devops-pat", rnd(76) + "AZDO" + rnd(4), None),
+    ("url-password", "https://deploy:{}@registry.example.com/v2/", rnd(20)),
+    ("url-password", "postgres://app:{}@db.internal:5432/main", "S3cr" + rnd(12)),
+    ("age-secret-key", "AGE-SECRET-KEY-1" + rnd(58, "QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L"), None),
+    ("groq-api-key", "gsk_" + rnd(52), None),
+    ("linear-api-key", "lin_api_" + rnd(40), None),
+    ("sentry-token", "sntryu_" + rnd(64, HEX), None),
+    ("postman-api-key", f"PMAK-{rnd(24, HEX)}-{rnd(34, HEX)}", None),
+    ("heroku-api-key", "HRKU-AA" + rnd(58, B64U), None),
+    ("grafana-token", f"glsa_{rnd(32)}_{rnd(8, HEX)}", None),
+    ("doppler-token", "dp.pt." + rnd(43), None),
+    ("atlassian-api-token", "ATATT3" + rnd(186, B64U), None),
+    ("alibaba-access-key-id", "LTAI" + rnd(20), None),
+    ("square-token", "sq0atp-" + rnd(22, B64U), None),
+    ("perplexity-api-key", "pplx-" + rnd(48), None),
+    ("notion-token", "ntn_" + rnd(46), None),
+    ("replicate-api-token", "r8_" + rnd(37), None),
+    ("supabase-token", "sbp_" + rnd(40, HEX), None),
+    ("newrelic-api-key", "NRAK-" + rnd(27, UPPER_DIGITS), None),
+]
+
+
+def case_id(case) -> str:
+    return case[0]
+
+
+def materialise(case) -> tuple[str, str, str]:
+    """(kind, placed text, secret)."""
+    kind, text, secret = case
+    if secret is None:
+        return kind, text, text
+    return kind, text.replace("{}", secret), secret
+
+
+def test_every_kind_has_a_positive_case():
+    assert {c[0] for c in CASES} == set(KINDS) == set(RULES)
+    assert len({d.split(":")[0] for d in KINDS.values()}) >= 30  # providers
+
+
+def kinds(findings: list[Finding]) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def assert_found(data: bytes, kind: str, span: tuple[int, int] | None = None):
+    findings = DET.scan(data)
+    assert kind in kinds(findings), (kind, data[:200], findings)
+    if span is not None:
+        assert any(f.kind == kind and (f.start, f.end) == span for f in findings), (span, findings)
+    redacted = DET.redact(data)
+    assert f"[redacted:{kind}]".encode() in redacted
+    return findings
+
+
+# ------------------------------------------------------------------- placements
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_raw(case):
+    kind, text, secret = materialise(case)
+    data = f"before {text} after\n".encode()
+    start = data.index(secret.encode())
+    assert_found(data, kind, (start, start + len(secret)))
+    assert secret.encode() not in DET.redact(data)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_in_url_query(case):
+    kind, text, secret = materialise(case)
+    if "\n" in text:
+        pytest.skip("multi-line: only percent-encoded in a URL (test_percent_encoded)")
+    data = f"GET /v1/items?page=2&token={text}&sort=asc HTTP/1.1".encode()
+    start = data.index(secret.encode())
+    assert_found(data, kind, (start, start + len(secret)))
+
+
+def json_escape_hard(text: str) -> str:
+    """JSON string body of ``text`` as a strict encoder writes it, with "/" as "\\/" and
+    one character in the middle as a \\u escape."""
+    body = json.dumps(text)[1:-1].replace("/", "\\/")
+    mid = len(body) // 2
+    while not body[mid].isalnum():
+        mid += 1
+    return body[:mid] + "\\u%04x" % ord(body[mid]) + body[mid + 1:]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_in_json_with_escapes(case):
+    kind, text, secret = materialise(case)
+    escaped_text = json_escape_hard(text)
+    data = ('{"name": "ci", "config": "' + escaped_text + '", "n": 3}').encode()
+    assert_found(data, kind)
+    redacted = DET.redact(data)
+    # nothing of the secret survives in the escaped body
+    assert json.loads(redacted.decode()).get("config", "").find(secret) < 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_percent_encoded(case):
+    kind, text, secret = materialise(case)
+    quoted = urllib.parse.quote(text, safe="")
+    i = len(quoted) // 2
+    while not quoted[i].isalnum() or quoted[i - 1] == "%" or quoted[i - 2] == "%":
+        i += 1
+    quoted = quoted[:i] + "%%%02X" % ord(quoted[i]) + quoted[i + 1:]  # one letter escaped for good measure
+    data = f"grant_type=client&value={quoted}&scope=read".encode()
+    findings = assert_found(data, kind)
+    q_start = data.index(quoted.encode())
+    assert all(q_start <= f.start and f.end <= q_start + len(quoted) for f in findings if f.kind == kind)
+    assert urllib.parse.unquote(DET.redact(data).decode()).find(secret) < 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_basic_auth(case):
+    kind, text, secret = materialise(case)
+    credentials = base64.b64encode(f"x-access-token:{text}".encode()).decode()
+    data = f"Authorization: Basic {credentials}".encode()
+    findings = assert_found(data, kind)
+    b_start = data.index(credentials.encode())
+    assert all(f.start >= b_start for f in findings)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_split_across_stream_chunks(case):
+    kind, text, secret = materialise(case)
+    data = f"{rnd(3000, string.ascii_lowercase + ' ')} {text} tail".encode()
+    start = data.index(secret.encode())
+    cut = start + len(secret) // 2
+    scanner = DET.stream()
+    found = scanner.feed(data[:cut]) + scanner.feed(data[cut:]) + scanner.finish()
+    assert (kind, start, start + len(secret)) in [tuple(f) for f in found], found
+    assert len(found) == len(set(found))
+
+
+def test_placements_beyond_the_table():
+    token = "ghp_" + rnd(36)
+    # Telegram in the URL path, GitHub token as a URL user, gitlab via oauth2 basic
+    tg = f"{rnd(9, string.digits)}:AA{rnd(33, B64U)}"
+    assert_found(f"https://api.telegram.org/bot{tg}/getMe".encode(), "telegram-bot-token")
+    data = f"https://{token}@github.com/o/r.git".encode()
+    assert_found(data, "github-token", (8, 48))
+    data = f"https://x-access-token:{token}@github.com/o/r.git".encode()
+    assert kinds(DET.scan(data)) == ["github-token"]  # the specific kind wins over url-password
+    glpat = "glpat-" + rnd(20, B64U)
+    assert_found(b"Authorization: Basic " + base64.b64encode(f"oauth2:{glpat}".encode()), "gitlab-token")
+    # a PEM key inside a service-account JSON (\n escapes), and hex-encoded tokens
+    key = pem("PRIVATE KEY")
+    assert_found(json.dumps({"type": "service_account", "private_key": key}).encode(), "private-key")
+    assert_found(b"payload=" + token.encode().hex().encode(), "github-token")
+    # two layers: base64 of a percent-encoded form, URL-safe base64, JSON-escaped base64
+    inner = base64.b64encode(f"user=me&token={urllib.parse.quote(token + '/')}".encode())
+    assert_found(b"data: " + inner, "github-token")
+    assert_found(b'{"blob":"' + base64.b64encode(b"k = " + token.encode() + b"\n" * 40).replace(b"/", b"\\/") + b'"}',
+                 "github-token")
+    assert_found(b"t=" + base64.urlsafe_b64encode(b"\xff\xfe" + token.encode()), "github-token")
+    # a base64 file body wrapped at 76 columns (MIME), token across a line break
+    blob = base64.encodebytes(R.randbytes(40) + b" " + token.encode() + b" " + R.randbytes(200))
+    assert_found(b"Content-Transfer-Encoding: base64\r\n\r\n" + blob.replace(b"\n", b"\r\n"), "github-token")
+    # AWS secret key beside its id, and the pair in a credentials CSV
+    akia = "AKIA" + rnd(16, UPPER_DIGITS)
+    secret = "Zz9/" + rnd(36, B64)
+    found = DET.scan(f"User,{akia},{secret}\n".encode())
+    assert kinds(found) == ["aws-access-key-id", "aws-secret-access-key"]
+    escaped = secret.replace("/", "\\/")
+    found = DET.scan(f'{{"AccessKeyId": "{akia}", "SecretAccessKey": "{escaped}"}}'.encode())
+    assert kinds(found) == ["aws-access-key-id", "aws-secret-access-key"]
+    # multipart form body: text once decoded
+    body = (f"--xyz\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\n{token}\r\n--xyz--\r\n").encode()
+    assert_found(body, "github-token")
+
+
+# ----------------------------------------------------------------- close misses
+
+NEGATIVES = [
+    "ghp_" + "x" * 36,
+    "ghp_" + "X" * 36,
+    "ghp_1234567890abcdefghijklmnopqrstuvwxyz",
+    "ghp_<your token>",
+    "${GITHUB_TOKEN}",
+    "AKIAXXXXXXXXXXXXXXXX",
+    "AKIAIOSFODNN7EXAMPLE",
+    "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "your-token-here",
+    "Authorization: Bearer <token>",
+    "sk-ant-api03-...",
+    "sk_live_" + "0" * 24,
+    "sk-proj-" + "x" * 100,
+    "xoxb-your-token",
+    "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "use a ghp_ token, or a github_pat_ one; AKIA ids and sk- keys, xoxb- and xapp- too",
+    "a JWT starts with eyJ and a key block with -----BEGIN PRIVATE KEY----- and ends with -----END PRIVATE KEY-----",
+    "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA...\n-----END RSA PRIVATE KEY-----",
+    "123e4567-e89b-12d3-a456-426614174000",
+    "commit 3f786850e387550fdab836ed7e6dc881de23001b",
+    "sha256:" + "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    'ETag: W/"5d41402abc4b2a76b9719d911017c592"',
+    "integrity sha512-" + base64.b64encode(R.randbytes(64)).decode(),
+    "pk_live_" + rnd(24),
+    "pk_test_" + rnd(99),
+    "postgres://user:password@localhost:5432/db",
+    "redis://:${REDIS_PASSWORD}@cache:6379",
+    "https://user@example.com/path",
+    "https://example.com:8443/api?x=1",
+    "http://localhost:8080@evil.example/",
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI" + rnd(43, B64) + " me@laptop",
+    "https://api.example.com/v1/users/" + rnd(24, HEX) + "/repos?per_page=100",
+    "x-request-id: " + rnd(32, HEX),
+    "Cookie: session=" + rnd(64, HEX),
+    "eyJub3QiOiAiYSBqd3QifQ== is base64 JSON, not a JWT",
+]
+
+
+def certificate() -> str:
+    body = base64.b64encode(R.randbytes(900)).decode()
+    lines = "\n".join(body[i:i + 64] for i in range(0, len(body), 64))
+    return f"-----BEGIN CERTIFICATE-----\n{lines}\n-----END CERTIFICATE-----\n" \
+           f"-----BEGIN PUBLIC KEY-----\n{lines[:400]}\n-----END PUBLIC KEY-----\n"
+
+
+def png_data_uri() -> str:
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + R.randbytes(3000)
+    return '{"avatar": "data:image/png;base64,' + base64.b64encode(png).decode() + '"}'
+
+
+@pytest.mark.parametrize("text", NEGATIVES + [certificate(), png_data_uri()], ids=lambda t: t[:40])
+def test_close_misses_pass_untouched(text):
+    for data in (text.encode(), urllib.parse.quote(text).encode(), json.dumps({"v": text}).encode(),
+                 base64.b64encode(text.encode())):
+        assert DET.scan(data) == [], (data[:120], DET.scan(data))
+        assert DET.redact(data) == data
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] is None and c[0] not in ("private-key", "url-password")],
+                         ids=case_id)
+def test_inside_a_longer_run_of_its_alphabet(case):
+    kind, text, _ = materialise(case)
+    alphabet_char = "Q"
+    assert DET.scan(f"{alphabet_char}{alphabet_char}{text} ".encode()) == [] or kind == "azure-devops-pat"
+    if kind not in ("stripe-secret-key", "openai-api-key", "gitlab-token", "google-oauth-token", "pypi-token",
+                    "vault-token", "atlassian-api-token", "aws-bedrock-key", "grafana-token", "jwt", "slack-token",
+                    "telegram-bot-token", "discord-bot-token", "anthropic-oauth-token", "terraform-token",
+                    "sendgrid-api-key", "doppler-token", "postman-api-key"):
+        # fixed length: one more character of the alphabet and it is not that token
+        assert DET.scan(f" {text}{alphabet_char}7 ".encode()) == [], kind
+
+
+def test_clean_traffic_has_no_findings():
+    parts = []
+    for i in range(300):
+        parts.append(json.dumps({
+            "id": "%08x-%04x-%04x-%04x-%012x" % (R.getrandbits(32), R.getrandbits(16), R.getrandbits(16),
+                                                 R.getrandbits(16), R.getrandbits(48)),
+            "sha": "%040x" % R.getrandbits(160), "digest": "sha256:%064x" % R.getrandbits(256),
+            "url": f"https://api.example.com/v1/items/{i}?page=2&per_page=50",
+            "thumb": base64.b64encode(R.randbytes(300)).decode(),
+            "text": " ".join(R.choice(["token", "secret", "key", "the", "ghp", "AKIA", "sk", "eyJ"]) for _ in range(20)),
+        }).replace("/", "\\/"))
+        parts.append(f"GET /search?q=caf%C3%A9+{i}&lang=fr HTTP/1.1 host=example.com etag=\"{R.getrandbits(128):x}\"")
+    data = "\n".join(parts).encode()
+    assert DET.scan(data) == []
+
+
+def test_checksum_strengthens_but_is_not_required():
+    from egress.detect import _B62_DIGITS, _crc_ok
+    body = "aaaaaa" + rnd(24)  # a run of one character: implausible on its own
+    crc = zlib.crc32(body.encode())
+    digits = ""
+    while crc:
+        crc, r = divmod(crc, 62)
+        digits = chr(_B62_DIGITS[r]) + digits
+    token = "ghp_" + body + digits.rjust(6, "0")
+    assert _crc_ok(token.encode(), 4)
+    assert kinds(DET.scan(token.encode())) == ["github-token"]
+    assert DET.scan(("ghp_" + body + "Zz9Qq1").encode()) == []
+    assert kinds(DET.scan(("ghp_" + rnd(36)).encode())) == ["github-token"]  # random checksum: still found
+
+
+# ---------------------------------------------------------------- stored secrets
+
+
+SECRET = "s3cr3t-Value/with+chars&=" + rnd(8)
+
+
+@pytest.mark.parametrize("encode", [
+    lambda s: s,
+    lambda s: urllib.parse.quote(s, safe=""),
+    lambda s: urllib.parse.quote_plus(s),
+    lambda s: base64.b64encode(s.encode()).decode(),
+    lambda s: base64.b64encode(f"deploy:{s}".encode()).decode(),
+    lambda s: json.dumps(s)[1:-1].replace("/", "\\/"),
+    lambda s: json.dumps(s, ensure_ascii=True)[1:-1].replace("s", "\\u0073"),
+    lambda s: s.encode().hex(),
+], ids=["raw", "percent", "percent-plus", "base64", "basic", "json", "json-unicode", "hex"])
+def test_stored_secret_found_through_encodings(encode):
+    det = Detector([("DEPLOY_TOKEN", SECRET)])
+    data = f'POST /x HTTP/1.1\r\nAuthorization: Basic {encode(SECRET)}\r\n\r\n{{"v": "{encode(SECRET)}"}}'.encode()
+    found = det.scan(data)
+    assert [f.kind for f in found] == ["DEPLOY_TOKEN", "DEPLOY_TOKEN"], found
+    redacted = det.redact(data)
+    assert b"[redacted:DEPLOY_TOKEN]" in redacted
+    assert SECRET.encode() not in redacted and encode(SECRET).encode() not in redacted
+
+
+def test_stored_secret_label_wins_and_short_values_refused():
+    token = "ghp_" + rnd(36)
+    det = Detector([("placeholder:GITHUB_TOKEN", token)])
+    assert kinds(det.scan(f"x {token} y".encode())) == ["placeholder:GITHUB_TOKEN"]
+    assert DET.scan(b"short") == []
+    with pytest.raises(ValueError):
+        Detector([("PIN", "1" * (MIN_SECRET_LENGTH - 1))])
+    assert Detector([("PIN", "1" * MIN_SECRET_LENGTH)]).scan(b"a 11111111 b") == [Finding("PIN", 2, 10)]
+
+
+def test_scan_text_indexes_characters():
+    token = "ghp_" + rnd(36)
+    text = f"héllo ✓ {token} end"
+    (f,) = DET.scan_text(text)
+    assert text[f.start:f.end] == token
+    (f,) = DET.scan_text(f"café {token}")
+    assert f.start == 5
+
+
+def test_findings_are_sorted_and_never_overlap():
+    token = "ghp_" + rnd(36)
+    data = f"{token} https://u:{token}@h.example {base64.b64encode(token.encode()).decode()}".encode()
+    found = DET.scan(data)
+    assert found == sorted(found, key=lambda f: f.start)
+    assert all(a.end <= b.start for a, b in zip(found, found[1:]))
+    for f in found:
+        assert token.encode() not in repr(f).encode()
+
+
+# ------------------------------------------------------------------------ streams
+
+
+def stream_text() -> bytes:
+    lines = []
+    for i in range(120):
+        kind, text, _ = materialise(CASES[i % len(CASES)])
+        lines.append(f"{i} {rnd(R.randrange(0, 300), B62 + ' ')} {text} {rnd(40, ' abcdef')}")
+    lines.append("export GITHUB_TOKEN=\"abc def 123\"")
+    lines.append("API_KEY=plainvalue12 and NEXT_PAGE=3")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def chunked(data: bytes, sizes) -> list[bytes]:
+    out, i = [], 0
+    for n in sizes:
+        out.append(data[i:i + n])
+        i += n
+    out.append(data[i:])
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_stream_scanner_equals_one_shot(seed):
+    data = stream_text()
+    r = random.Random(seed)
+    scanner = DET.stream()
+    found = []
+    for chunk in chunked(data, [r.choice([1, 7, 100, 3000, 20000]) for _ in range(400)]):
+        found += scanner.feed(chunk)
+    found += scanner.finish()
+    assert found == DET.scan(data)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_stream_redactor_equals_one_shot(seed):
+    data = stream_text()
+    r = random.Random(seed)
+    for env in (False, True):
+        redactor = StreamRedactor(DET, env_assignments=env)
+        out = b"".join(redactor.feed(c) for c in chunked(data, [r.choice([1, 5, 64, 999, 5000]) for _ in range(400)]))
+        out += redactor.finish()
+        one_shot = StreamRedactor(DET, env_assignments=env)
+        expected = one_shot.feed(data) + one_shot.finish()
+        assert out == expected
+        if not env:
+            assert out == DET.redact(data)
+
+
+def test_stream_redactor_holds_back_little():
+    token = "ghp_" + rnd(36)
+    redactor = StreamRedactor(DET)
+    assert redactor.feed(b"building...\n") == b"building...\n"  # a finished line goes out at once
+    assert redactor.feed(b"progress 10% ") == b"progress 10% "
+    assert redactor.feed(token[:20].encode()) == b""  # could be the start of a token
+    assert redactor.feed(token[20:].encode() + b" done\n") == b"[redacted:github-token] done\n"
+    big = b"A" * (3 * DET.overlap)  # one endless word: held back at most `overlap` bytes
+    out = redactor.feed(big)
+    assert len(big) - len(out) <= DET.overlap
+    assert out + redactor.finish() == big
+
+
+def test_stream_redactor_env_assignments():
+    redactor = StreamRedactor(DET)
+    data = (b"GITHUB_TOKEN=abc123def\n"
+            b"export API_KEY=\"with spaces inside\"\n"
+            b"  declare -x DB_PASSWORD='p@ss w0rd'\n"
+            b"env NPM_TOKEN=xyz789 npm publish\n"
+            b"AWS_ACCESS_KEY_ID=notsecret PATH=/usr/bin HOME=/root\n"
+            b"GITHUB_TOKEN=$GITHUB_TOKEN SECRET_KEY=${SECRET_KEY}\n")
+    out = b"".join(redactor.feed(data[i:i + 3]) for i in range(0, len(data), 3)) + redactor.finish()
+    assert out == (b"GITHUB_TOKEN=[redacted:env-secret]\n"
+                   b"export API_KEY=\"[redacted:env-secret]\"\n"
+                   b"  declare -x DB_PASSWORD='[redacted:env-secret]'\n"
+                   b"env NPM_TOKEN=[redacted:env-secret] npm publish\n"
+                   b"AWS_ACCESS_KEY_ID=notsecret PATH=/usr/bin HOME=/root\n"
+                   b"GITHUB_TOKEN=$GITHUB_TOKEN SECRET_KEY=${SECRET_KEY}\n")
+    plain = StreamRedactor(DET, env_assignments=False)
+    assert plain.feed(b"GITHUB_TOKEN=abc123def\n") + plain.finish() == b"GITHUB_TOKEN=abc123def\n"
+
+
+# -------------------------------------------------------------------- env names
+
+
+@pytest.mark.parametrize("name,secret", [
+    ("GITHUB_TOKEN", True), ("github_token", True), ("AWS_SECRET_ACCESS_KEY", True), ("AWS_SESSION_TOKEN", True),
+    ("OPENAI_API_KEY", True), ("DB_PASSWORD", True), ("MYSQL_ROOT_PASSWD", True), ("GOOGLE_CREDENTIALS", True),
+    ("NPM_CONFIG__AUTH", True), ("GITLAB_PAT", True), ("CLIENT_SECRET", True), ("STRIPE_APIKEY", True),
+    ("GITHUB_TOKEN_2", True), ("PASSWORD", True), ("API_KEY", True),
+    ("AWS_ACCESS_KEY_ID", False), ("SSH_PUBLIC_KEY", False), ("STRIPE_PUBLISHABLE_KEY", False),
+    ("RECAPTCHA_SITE_KEY", False), ("GPG_KEY", False), ("GPG_TTY", False), ("SSH_AUTH_SOCK", False),
+    ("KEYBOARD_LAYOUT", False), ("PATH", False), ("LD_LIBRARY_PATH", False), ("TOKEN_URL", False),
+    ("SSL_KEY_FILE", False), ("HOME", False), ("TERM", False), ("", False),
+])
+def test_is_secret_name(name, secret):
+    assert is_secret_name(name) is secret
+
+
+# ------------------------------------------------------------------ content decoding
+
+
+def test_decode_content_round_trips():
+    body = json.dumps({"token": "ghp_" + rnd(36), "pad": rnd(5000)}).encode()
+    deflate_raw = zlib.compressobj(wbits=-15)
+    raw = deflate_raw.compress(body) + deflate_raw.flush()
+    assert decode_content(gzip.compress(body), "gzip") == body
+    assert decode_content(gzip.compress(body[:100]) + gzip.compress(body[100:]), "x-gzip") == body
+    assert decode_content(zlib.compress(body), "deflate") == body
+    assert decode_content(raw, "deflate") == body
+    assert decode_content(brotli.compress(body), "br") == body
+    assert decode_content(brotli.compress(gzip.compress(body)), "gzip, br") == body
+    assert decode_content(body, "identity") == body
+    assert decode_content(body, "") == body
+
+
+@pytest.mark.parametrize("data,encoding", [
+    (b"hello", "compress"),
+    (b"hello", "gzip"),
+    (gzip.compress(b"x" * 1000)[:-8], "gzip"),
+    (gzip.compress(b"x") + b"garbage", "gzip"),
+    (b"\x00\x01\x02", "deflate"),
+    (b"not brotli at all", "br"),
+    (brotli.compress(b"y" * 5000)[:-3], "br"),
+], ids=["unknown", "gzip-corrupt", "gzip-truncated", "gzip-trailing", "deflate-corrupt", "br-corrupt", "br-truncated"])
+def test_decode_content_undecodable(data, encoding):
+    with pytest.raises(UndecodableBody):
+        decode_content(data, encoding)
+
+
+@pytest.mark.parametrize("compress,encoding", [
+    (gzip.compress, "gzip"), (zlib.compress, "deflate"), (brotli.compress, "br"),
+])
+def test_decode_content_bomb_cap(compress, encoding):
+    bomb = compress(b"\0" * (8 * 2**20))
+    assert len(bomb) < 2**16
+    with pytest.raises(UndecodableBody, match="exceeds"):
+        decode_content(bomb, encoding, limit=2**20)
+    assert len(decode_content(bomb, encoding, limit=8 * 2**20)) == 8 * 2**20
