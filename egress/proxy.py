@@ -6,7 +6,8 @@ Here the master carries Core, Proxyserver, NextLayer and TlsConfig, and our own
 guards, in the order the road of a request needs them:
 
     Passthrough -> NextLayer -> ProtocolGuard      (what a tunnel may carry)
-    PolicyGuard -> AddressGuard -> Reporter        (decide, resolve and pin, report)
+    PolicyGuard -> CredentialGuard -> AddressGuard -> Reporter
+                 (decide; keep secrets in; resolve and pin; report)
     UpstreamTimeout                                (504 when upstream never answers)
 
 Options chosen for an egress proxy: ``connection_strategy=lazy`` (nothing is
@@ -29,6 +30,7 @@ from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.mode_specs import ProxyMode
 
 from .addons.address_guard import AddressGuard
+from .addons.credential_guard import CredentialGuard
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
@@ -56,7 +58,7 @@ class ProxySettings:
 class EgressProxy:
     """One mitmproxy master serving the egress addons. Create inside a running event loop."""
 
-    def __init__(self, engine: Engine, settings: ProxySettings):
+    def __init__(self, engine: Engine, settings: ProxySettings, credentials=None):
         self.engine = engine
         self.settings = settings
         ensure_ca(settings.state_dir)
@@ -72,6 +74,7 @@ class EgressProxy:
             ProtocolGuard(engine),
             tlsconfig.TlsConfig(),
             PolicyGuard(engine),
+            *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
             Reporter(engine),
             UpstreamTimeout(settings.upstream_timeout),

@@ -12,6 +12,7 @@ REFUSALS: dict[str, str] = {
     "private-address": "resolves to a private or special-purpose address",
     "misdirected": "the Host header or TLS SNI names a different host than the tunnel",
     "protocol": "non-HTTP traffic in a tunnel to a host that is not on the passthrough list",
+    "credential": "the request carries a credential",
 }
 
 # Upstream failures are not refusals: the policy allowed the request but the

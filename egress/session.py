@@ -3,7 +3,7 @@
 The launcher's whole interface to the proxy (DESIGN: "a listening socket handed
 over, a session record, an event stream"):
 
-    session = ProxySession(policy, session_id, on_event=print_block)
+    session = ProxySession(prepare, session_id, on_event=print_block)   # prepare() -> (policy, credentials)
     session.serve_lazily(listen_socket)    # returns at once
     ...                                     # the command runs
     session.stop()
@@ -24,10 +24,11 @@ from typing import Callable
 
 
 class ProxySession:
-    def __init__(self, policy, session_id: str, on_event: Callable | None = None,
+    def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
                  state_dir: Path | None = None, resolve: dict | None = None,
                  upstream_ca: Path | None = None):
-        self.policy = policy
+        """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts."""
+        self.prepare = prepare
         self.session_id = session_id
         self.on_event = on_event
         self.state_dir = state_dir
@@ -79,12 +80,13 @@ class ProxySession:
         from .proxy import EgressProxy, ProxySettings
         from .resolver import Resolver
 
+        policy, credentials = self.prepare()
         recorder = Recorder(Metrics(), audit=None, session=self.session_id)
         if self.on_event is not None:
             recorder.subscribe(self.on_event)
-        engine = Engine(self.policy, Resolver(self.resolve), recorder)
+        engine = Engine(policy, Resolver(self.resolve), recorder)
         proxy = EgressProxy(engine, ProxySettings(listen_port=None, state_dir=self.state_dir,
-                                                  upstream_ca=self.upstream_ca))
+                                                  upstream_ca=self.upstream_ca), credentials)
         await proxy.start()
         await proxy.serve_socket(sock)
         self._proxy = proxy

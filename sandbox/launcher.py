@@ -53,15 +53,21 @@ class RunOptions:
     state_dir: Path | None = None
     resolve: dict = field(default_factory=dict)
     upstream_ca: Path | None = None
+    redact: bool = False  # the command's stdout and stderr pass through the secret redactor
 
 
-def network_mode(options: RunOptions) -> str:
+def user_policy(options: RunOptions):
+    """The user's own policy files and flags, loaded (so checked) before anything runs; None if none."""
+    if not (options.policies or options.allow or options.deny):
+        return None
+    return _load(list(options.policies), options.allow, options.deny)
+
+
+def network_mode(options: RunOptions, user=None) -> str:
     """--network if given, else the policy files' `network` key, else allowlist."""
     if options.network is not None:
         return options.network
-    if options.policies:
-        return _load(options.policies, [], []).network or "allowlist"
-    return "allowlist"
+    return (user.network if user is not None else None) or "allowlist"
 
 
 def build_policy(options: RunOptions, mode: str):
@@ -69,6 +75,18 @@ def build_policy(options: RunOptions, mode: str):
     policy = _load((["dev"] if mode == "allowlist" else []) + list(options.policies), options.allow, options.deny)
     policy.allow_all = mode == "all"
     return policy
+
+
+def load_credentials(policy, environ: dict[str, str]):
+    """Stored secrets and placeholders for this run (bound secrets are brokered)."""
+    from egress.credentials import CredentialError, credentials_for
+    from egress.policy import Policy
+
+    try:
+        return credentials_for(policy or Policy.from_mapping({}), environ, broker=policy is not None)
+    except CredentialError as e:
+        raise LaunchError("the credential settings cannot be honoured:\n  " +
+                          "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
 
 
 def _load(include: list[str], allow: list[str], deny: list[str]):
@@ -111,9 +129,21 @@ def run(options: RunOptions) -> int:
     for directory in options.add_dirs:
         if not directory.is_dir():
             raise LaunchError(f"--add-dir {directory} does not exist")
-    mode = network_mode(options)
+    user = user_policy(options)
+    mode = network_mode(options, user)
     networked = mode != "off"
-    policy = build_policy(options, mode) if networked else None
+    caller_env = dict(os.environ)
+    # The full policy and the credentials are needed before the command starts only when
+    # secrets are brokered (the command's environment holds placeholders) or output is
+    # redacted; otherwise they are built when the proxy starts, so a command that opens
+    # no connection never pays for them (the user's own files were checked just above).
+    eager = options.redact or (user is not None and bool(user.credential_tables))
+    policy = build_policy(options, mode) if networked and eager else None
+    credentials = load_credentials(policy, caller_env) if eager else None
+
+    def prepare():
+        ready = policy or build_policy(options, mode)
+        return ready, credentials or load_credentials(ready, caller_env)
 
     from sandbox.linux import SandboxError, SandboxSpec, start
 
@@ -129,14 +159,20 @@ def run(options: RunOptions) -> int:
                 ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
             except StateError as e:
                 raise LaunchError(str(e)) from None
+        command_env = dict(caller_env)
+        if credentials is not None:  # the command holds placeholders, never the bound secrets
+            command_env.update(credentials.placeholder_environment())
         env = environment.command_environment(
-            dict(os.environ), proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
+            command_env, proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
             ca_bundle=ca_bundle, tmpdir=tmpdir)
         (tmpdir / "cache").mkdir()
+        outputs = _Redaction(credentials) if options.redact else None
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
                            writable=[str(project), str(tmpdir), *map(str, options.add_dirs)],
                            network=networked, proxy_port=PROXY_PORT,
-                           fs_confinement=options.fs_confinement)
+                           fs_confinement=options.fs_confinement,
+                           stdout=outputs.stdout if outputs else None,
+                           stderr=outputs.stderr if outputs else None)
         try:
             box = start(spec)
         except SandboxError as e:
@@ -146,14 +182,18 @@ def run(options: RunOptions) -> int:
         if networked:
             from egress.session import ProxySession
 
-            session = ProxySession(policy, run_id, on_event=BlockReporter(), state_dir=options.state_dir,
+            session = ProxySession(prepare, run_id, on_event=BlockReporter(), state_dir=options.state_dir,
                                    resolve=options.resolve, upstream_ca=options.upstream_ca)
             session.serve_lazily(box.listen_socket)
+        if outputs is not None:
+            outputs.start()
         previous = _forward_signals(box)
         try:
             status = box.wait(options.timeout)
         finally:
             _restore_signals(previous)
+            if outputs is not None:
+                outputs.finish()
         if status == EXIT_TIMEOUT and options.timeout is not None:
             print(f"egress: timed out after {options.timeout:g} s; the command and everything it "
                   f"started were killed", file=sys.stderr)
@@ -166,6 +206,44 @@ def run(options: RunOptions) -> int:
         if box is not None:
             box.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _Redaction:
+    """Pipes for the command's stdout and stderr, copied out with secrets redacted as they stream."""
+
+    def __init__(self, credentials):
+        from egress.detect import Detector
+
+        secrets = [(s.label, s.value) for s in credentials.secrets] if credentials else []
+        secrets += [(s.label, s.placeholder) for s in credentials.brokered] if credentials else []
+        self.detector = Detector(secrets)
+        self._pipes = [os.pipe(), os.pipe()]
+        self.stdout, self.stderr = self._pipes[0][1], self._pipes[1][1]
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        # Our copies of the write ends go: the pipes end when the command's side closes.
+        for (read, write), sink in zip(self._pipes, (sys.stdout, sys.stderr)):
+            os.close(write)
+            thread = threading.Thread(target=self._copy, args=(read, sink), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _copy(self, fd: int, sink) -> None:
+        from egress.detect import StreamRedactor
+
+        redactor = StreamRedactor(self.detector)
+        out = sink.buffer
+        with os.fdopen(fd, "rb", buffering=0) as source:
+            while chunk := source.read(65536):
+                out.write(redactor.feed(chunk))
+                out.flush()
+        out.write(redactor.finish())
+        out.flush()
+
+    def finish(self) -> None:
+        for thread in self._threads:
+            thread.join(30)
 
 
 def _forward_signals(box) -> dict:

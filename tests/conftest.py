@@ -221,7 +221,7 @@ def egress_command() -> list[str]:
 
 
 def start_proxy(tmp_path: Path, policy: str = DEFAULT_POLICY, *extra: str,
-                upstream_ca: Path | None = None, names=TEST_NAMES) -> ProxyProcess:
+                upstream_ca: Path | None = None, names=TEST_NAMES, env: dict | None = None) -> ProxyProcess:
     policy_path = tmp_path / "policy.toml"
     policy_path.write_text(policy)
     state_dir = tmp_path / "state"
@@ -234,7 +234,7 @@ def start_proxy(tmp_path: Path, policy: str = DEFAULT_POLICY, *extra: str,
         args += ["--upstream-ca", str(upstream_ca)]
     args += list(extra)
     process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path))
+                               stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path, **(env or {})))
     lines: list[str] = []
     port = metrics_url = None
     deadline = time.monotonic() + 60
