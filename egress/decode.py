@@ -18,9 +18,9 @@ import binascii
 import re
 import zlib
 from bisect import bisect_right
-from typing import Callable, NamedTuple
+from typing import Callable
 
-__all__ = ["UndecodableBody", "decode_content", "Segment", "layer_segments", "basic_segment",
+__all__ = ["UndecodableBody", "decode_content", "Segment", "span", "layer_segments", "basic_segment",
            "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE"]
 
 
@@ -143,11 +143,15 @@ def _unzstd(data: bytes, limit: int) -> bytes:
 
 # ------------------------------------------------------------------------- layers
 
-# A segment of a buffer, decoded; ``span(ds, de)`` maps a decoded span back to the
-# encoded span in the buffer it came from.
-class Segment(NamedTuple):
-    decoded: bytes
-    span: Callable[[int, int], tuple[int, int]]
+# A segment of a buffer, decoded: (decoded bytes, mapper, arg). ``span(segment, ds, de)``
+# maps a decoded span back to the encoded span in the buffer it came from. Plain tuples:
+# near-miss data makes one per ~80 bytes, and a NamedTuple costs twice as much to build.
+Segment = tuple  # (bytes, Callable[[object, int, int], tuple[int, int]], object)
+
+
+def span(segment: Segment, s: int, e: int) -> tuple[int, int]:
+    """The encoded span in the scanned buffer that carries ``segment``'s decoded [s, e)."""
+    return segment[1](segment[2], s, e)
 
 
 B64_MIN_RUN = 20  # base64 runs shorter than this are decoded only after "Basic "
@@ -160,9 +164,14 @@ _JSON_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", 
 # An escaped segment reaches out to these (never past the previous segment). A percent
 # segment is a run of URL/form text; a JSON one is a whole member, `"key": "value"`, so
 # that a value keeps its key as context (`"SecretAccessKey": "…\/…"`).
-_PCT_LEFT = tuple(bytes([c]) for c in b" \t\r\n\"'<>")
+def _marks(chars: bytes) -> bytes:
+    """A translate table that maps ``chars`` to ``|`` and everything else to ``.``."""
+    return bytes(ord("|") if c in chars else ord(".") for c in range(256))
+
+
+_PCT_LEFT = _marks(b" \t\r\n\"'<>")
 _PCT_RIGHT = re.compile(rb"[ \t\r\n\"'<>]")
-_JSON_LEFT = tuple(bytes([c]) for c in b"{[,\r\n")
+_JSON_LEFT = _marks(b"{[,\r\n")
 _JSON_RIGHT = re.compile(rb'(?<!\\)"|[\r\n]')
 _HEX_BYTE = {bytes(f"{i:02x}".encode()): bytes([i]) for i in range(256)}
 _HEX_BYTE.update({bytes([a, b]): v for k, v in list(_HEX_BYTE.items())
@@ -180,24 +189,40 @@ _HEX_CHARS = b"0123456789abcdefABCDEF"
 _NEWLINE = re.compile(rb"\r?\n|\\r\\n|\\n")
 
 
-def _linear_span(pieces: list[tuple[int, int, int, int]]) -> Callable[[int, int], tuple[int, int]]:
-    """Map for a text decoded escape by escape: ``pieces`` are (dec_start, dec_end, raw_start,
-    raw_end) of each escape, in order; around them the text was copied 1:1."""
-    dec_starts = [p[0] for p in pieces]
-
-    def point(d: int, end: bool) -> int:
-        i = bisect_right(dec_starts, d - 1 if end else d) - 1
-        if i < 0:
-            return pieces[0][2] - (pieces[0][0] - d)
-        ds, de, rs, re_ = pieces[i]
-        if d < de or (end and d == de):
-            return re_ if end else rs
-        return re_ + (d - de)
-
-    return lambda s, e: (point(s, False), point(e, True))
+def _linear_point(pieces: list[tuple[int, int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
+    i = bisect_right(dec_starts, d - 1 if end else d) - 1
+    if i < 0:
+        return pieces[0][2] - (pieces[0][0] - d)
+    ds, de, rs, re_ = pieces[i]
+    if d < de or (end and d == de):
+        return re_ if end else rs
+    return re_ + (d - de)
 
 
-def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: tuple[bytes, ...],
+def _linear_span(arg: list, s: int, e: int) -> tuple[int, int]:
+    """Map for a text decoded escape by escape. ``arg`` is [raw, raw_start, decode,
+    pieces]; the pieces -- (dec_start, dec_end, raw_start, raw_end) of each escape, in
+    order, the text around them copied 1:1 -- are worked out on the first call only."""
+    if arg[3] is None:
+        pieces = arg[2](arg[0], arg[1], True)[1]
+        arg[3] = (pieces, [p[0] for p in pieces])
+    pieces, dec_starts = arg[3]
+    return _linear_point(pieces, dec_starts, s, False), _linear_point(pieces, dec_starts, e, True)
+
+
+def _left_edge(buf: bytes, floor: int, first: int, marks: bytes) -> int:
+    """The position after the last delimiter (per ``marks``) in buf[floor:first], or floor."""
+    hi = first
+    while hi > floor:
+        lo = max(floor, hi - 512)
+        k = buf[lo:hi].translate(marks).rfind(b"|")
+        if k >= 0:
+            return lo + k + 1
+        hi = lo
+    return floor
+
+
+def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: bytes,
                      right: re.Pattern) -> list[Segment]:
     """Segments around the matches of ``evidence``: out to the nearest delimiter on each
     side, decoded whole by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``. The map
@@ -206,24 +231,13 @@ def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: tuple[bytes
     floor = 0
     while (m := evidence.search(buf, floor)) is not None:
         first = m.start()
-        lo = max(buf.rfind(c, floor, first) for c in left) + 1 or floor
+        lo = _left_edge(buf, floor, first, left)
         d = right.search(buf, m.end())
         hi = d.start() if d else len(buf)
         raw = buf[lo:hi]
-        out.append(Segment(decode(raw, lo, False)[0], _lazy_span(raw, lo, decode)))
+        out.append((decode(raw, lo, False)[0], _linear_span, [raw, lo, decode, None]))
         floor = hi
     return out
-
-
-def _lazy_span(raw: bytes, base: int, decode) -> Callable[[int, int], tuple[int, int]]:
-    cache: list[Callable[[int, int], tuple[int, int]]] = []
-
-    def span(s: int, e: int) -> tuple[int, int]:
-        if not cache:
-            cache.append(_linear_span(decode(raw, base, True)[1]))
-        return cache[0](s, e)
-
-    return span
 
 
 def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
@@ -263,9 +277,12 @@ _JSON_SIMPLE_ORDER = tuple((b"\\" + k, v) for k, v in _JSON_SIMPLE.items() if k 
 
 def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
     if not want_pieces and b"\\u" not in raw and b"\\\\" not in raw:
-        # Every backslash starts a one-character escape: plain replaces do it.
-        for escape, char in _JSON_SIMPLE_ORDER:
-            raw = raw.replace(escape, char)
+        # Every backslash starts a one-character escape: plain replaces do it ("\/"
+        # alone, from PHP-style encoders, is the common case).
+        raw = raw.replace(b"\\/", b"/")
+        if b"\\" in raw:
+            for escape, char in _JSON_SIMPLE_ORDER:
+                raw = raw.replace(escape, char)
         return raw, []
     out = []
     pieces = []
@@ -290,27 +307,35 @@ def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]
     return b"".join(out), pieces
 
 
-def _b64_span(lines: list[tuple[int, int, int]]) -> Callable[[int, int], tuple[int, int]]:
+def _b64_point(lines: list[tuple[int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
+    i = max(0, bisect_right(dec_starts, d - 1 if end else d) - 1)
+    rs, rl, ds = lines[i]
+    k = d - ds
+    return min(rs + rl, rs + (-(-k * 4 // 3) if end else k * 4 // 3))
+
+
+def _b64_span(lines: list[tuple[int, int, int]], s: int, e: int) -> tuple[int, int]:
     """Map for base64 lines decoded one after another: ``lines`` are (raw_start, raw_len,
     dec_start); every line but the last is a multiple of 4 characters. A decoded span
     maps to the characters that carry its bits."""
     dec_starts = [line[2] for line in lines]
+    return _b64_point(lines, dec_starts, s, False), _b64_point(lines, dec_starts, e, True)
 
-    def point(d: int, end: bool) -> int:
-        i = max(0, bisect_right(dec_starts, d - 1 if end else d) - 1)
-        rs, rl, ds = lines[i]
-        k = d - ds
-        return min(rs + rl, rs + (-(-k * 4 // 3) if end else k * 4 // 3))
 
-    return lambda s, e: (point(s, False), point(e, True))
+_PADDING = (b"", b"", b"==", b"=")
 
 
 def _b64_decode(text: bytes) -> bytes | None:
-    text = text.translate(_URLSAFE_TO_STD)
-    if len(text) % 4 == 1:
-        text = text[:-1]
+    """Standard or URL-safe base64, padded or not; None if it does not decode."""
+    if b"-" in text or b"_" in text:
+        text = text.translate(_URLSAFE_TO_STD)
+    n = len(text) % 4
+    if n:
+        text = text.rstrip(b"=")
+        n = len(text) % 4
+        text = text[:-1] if n == 1 else text + _PADDING[n]
     try:
-        return binascii.a2b_base64(text + b"=" * (-len(text) % 4))
+        return binascii.a2b_base64(text)
     except binascii.Error:
         return None
 
@@ -367,25 +392,35 @@ _HEX_ASCII = re.compile(rb"(?:[0-7][0-9a-fA-F])+[0-9a-fA-F]?")
 
 
 def _b64_candidate(buf: bytes, lines: list[tuple[int, int]], out: list[Segment]) -> None:
+    if len(lines) == 1:  # the common case, kept cheap: near-miss data has one per 80 bytes
+        s, e = lines[0]
+        dec = _b64_decode(buf[s:e])
+        if dec:
+            out.append((dec, _b64_span, [(s, e - s, 0)]))
+        return
     table = []
     parts = []
     d = 0
     for s, e in lines:
-        dec = _b64_decode(buf[s:e].rstrip(b"="))
+        dec = _b64_decode(buf[s:e])
         if dec is None:
             return
         table.append((s, e - s, d))
         parts.append(dec)
         d += len(dec)
     if d:
-        out.append(Segment(b"".join(parts), _b64_span(table)))
+        out.append((b"".join(parts), _b64_span, table))
 
 
 def _hex_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
     e -= (e - s) % 2
     decoded = bytes.fromhex(buf[s:e].decode("ascii"))
     if decoded.isascii():
-        out.append(Segment(decoded, lambda ds, de: (s + 2 * ds, s + 2 * de)))
+        out.append((decoded, _hex_span, s))
+
+
+def _hex_span(start: int, s: int, e: int) -> tuple[int, int]:
+    return start + 2 * s, start + 2 * e
 
 
 _BASIC_VALUE = re.compile(rb"[ \t]*([A-Za-z0-9+/_-]{8,}=*)")

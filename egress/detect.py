@@ -41,7 +41,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
 
-from .decode import RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content, layer_segments
+from .decode import RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content, layer_segments, span
 
 __all__ = ["Finding", "Detector", "StreamScanner", "StreamRedactor", "UndecodableBody", "decode_content",
            "is_secret_name", "MIN_SECRET_LENGTH", "RULES", "KINDS", "ENV_SECRET_KIND"]
@@ -133,10 +133,14 @@ _KNOWN_EXAMPLES = {
 _HEXDIGITS = b"0123456789abcdefABCDEF"
 
 
-def _plausible(body: bytes) -> bool:
+def _plausible(body: bytes, mixed: bool = False) -> bool:
     """False for a token body that looks made up: a placeholder word, a run of one
-    character, an ascending/descending sequence, or too few distinct characters."""
+    character, an ascending/descending sequence, too few distinct characters, or (for
+    ``mixed``: a random body over an alphabet with both cases, 16+ characters long) one
+    case only -- a random 20-character base62 string is single-case about once in 50,000."""
     if body in _KNOWN_EXAMPLES:
+        return False
+    if mixed and len(body) >= 16 and (body.islower() or body.isupper() or not body.strip(_HEXDIGITS)):
         return False
     lower = body.lower()
     if any(w in lower for w in _WORDS):
@@ -197,17 +201,19 @@ class _Anchor(NamedTuple):
     next: bytes | None = None  # the characters that may come right after it, if known
 
 
-def _body_check(prefix_len: int, crc: bool = False) -> Callable[[re.Match], bool]:
+def _body_check(prefix_len: int, crc: bool = False, mixed: bool = True) -> Callable[[re.Match], bool]:
+    """A check on what follows the prefix: plausible (see _plausible); a valid checksum
+    (GitHub, npm) is enough on its own."""
     def check(m: re.Match) -> bool:
         token = m.group(0)
         if crc and _crc_ok(token, prefix_len):
             return True
-        return _plausible(token[prefix_len:])
+        return _plausible(token[prefix_len:], mixed)
     return check
 
 
-def _group_check(group: str) -> Callable[[re.Match], bool]:
-    return lambda m: _plausible(m.group(group))
+def _group_check(group: str, mixed: bool = True) -> Callable[[re.Match], bool]:
+    return lambda m: _plausible(m.group(group), mixed)
 
 
 def _tok(body: str, alphabet: str, start: str | None = None) -> re.Pattern:
@@ -239,7 +245,7 @@ def _discord_check(m: re.Match) -> bool:
         user_id = base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4))
     except (binascii.Error, ValueError):
         return False
-    return user_id.isdigit() and 17 <= len(user_id) <= 20 and _plausible(m.group(2))
+    return user_id.isdigit() and 17 <= len(user_id) <= 20 and _plausible(m.group(2), True)
 
 
 _URL_PLACEHOLDERS = {b"password", b"passwd", b"pass", b"pwd", b"secret", b"token", b"x-oauth-basic",
@@ -260,19 +266,26 @@ def _url_password_check(m: re.Match) -> bool:
 
 _PEM_HEADER = re.compile(rb"(-----BEGIN|---- BEGIN) ((?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?( ?-{4,5})")
 _PEM_FOOTER = re.compile(rb"(?:-----END|---- END) (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)? ?-{4,5}")
-_PEM_BODY = re.compile(rb"(?:[A-Za-z0-9+/=\s:,.()-]|\\[nrt]|\\/){0,16384}")
+# Without an END line: base64 lines (raw or \n-escaped newlines) and armor headers.
+_PEM_BODY = re.compile(rb"(?:[A-Za-z0-9+/=]+|\\/|[ \t]*(?:\r?\n|\\r\\n|\\n)[ \t]*|[A-Za-z-]+: [^\r\n\\]*)*")
 _NON_B64 = bytes(c for c in range(256) if c not in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
 _PEM_MAX = 16384
 
 
 def _pem_match(data: bytes, pos: int) -> tuple[int, int] | None:
-    """A private key block from its BEGIN line to its END line (or, when there is no END
-    line, to where the base64 body stops), with at least 64 base64 characters."""
+    """A private key block from its BEGIN line to its END line, with at least 64 base64
+    characters. Without an END line: to the end of the data if that is near (a block cut
+    short, or still arriving on a stream), else to where the base64 body stops."""
     m = _PEM_HEADER.match(data, pos)
     if m is None:
         return None
     footer = _PEM_FOOTER.search(data, m.end(), m.end() + _PEM_MAX)
-    end = footer.end() if footer else _PEM_BODY.match(data, m.end()).end()
+    if footer:
+        end = footer.end()
+    elif len(data) - m.end() <= _PEM_MAX:
+        end = len(data)
+    else:
+        end = _PEM_BODY.match(data, m.end(), m.end() + _PEM_MAX).end()
     body = data[m.end():end].replace(b"\\n", b"").translate(None, _NON_B64)
     if len(body) < 64 or len(set(body)) < 16:
         return None
@@ -309,7 +322,7 @@ _TABLE = [
     ("gitlab-token", ["glpat-", "gldt-", "glrt-", "glft-", "glcbt-", "glptt-", "gloas-", "glagent-", "glimt-",
                       "glsoat-", "glrtr-"],
      _tok(r"gl(?:pat|dt|rt|rtr|ft|cbt|ptt|oas|agent|imt|soat)-[A-Za-z0-9_-]{20,300}(?:\.[0-9a-z]{9})?", _B64U),
-     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 1)[1])),
+     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 1)[1], True)),
     ("aws-access-key-id", ["AKIA", "ASIA", "ABIA", "ACCA"], _tok(r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}", _B62),
      (0,), 0, lambda m: m.group(0) not in _KNOWN_EXAMPLES and _plausible(m.group(0)[4:])),
     ("aws-secret-access-key", list(_AWS_KEYWORDS),
@@ -326,18 +339,18 @@ _TABLE = [
      re.compile(rb"hooks\.slack\.com/(?P<v>services/T[A-Z0-9]{8,12}/B[A-Z0-9]{8,12}/[A-Za-z0-9]{23,25}"
                 rb"|(?:workflows|triggers)/T[A-Z0-9]{8,12}/A[A-Z0-9]{8,12}/[0-9]{15,20}/[A-Za-z0-9]{32})"
                 rb"(?![A-Za-z0-9])"),
-     (0,), "v", lambda m: _plausible(m.group("v").rsplit(b"/", 1)[1])),
+     (0,), "v", lambda m: _plausible(m.group("v").rsplit(b"/", 1)[1], True)),
     ("stripe-secret-key", ["sk_live_", "rk_live_"], _tok(r"[sr]k_live_[A-Za-z0-9]{20,247}", _B62 + "_"), (0,), 0,
      _body_check(8)),
     ("openai-api-key", ["sk-proj-", "sk-svcacct-", "sk-admin-", "sk-None-"],
      _tok(r"sk-(?:proj|svcacct|admin|None)-[A-Za-z0-9_-]{40,250}", _B64U), (0,), 0,
-     lambda m: _plausible(m.group(0).split(b"-", 2)[2])),
+     lambda m: _plausible(m.group(0).split(b"-", 2)[2], True)),
     ("openai-api-key", ["sk-"], _tok(r"sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}", _B64U), (0,), 0,
      _body_check(3)),
     ("anthropic-api-key", ["sk-ant-"], _tok(r"sk-ant-(?:api|admin)[0-9]{2}-[A-Za-z0-9_-]{93}AA", _B64U), (0,), 0,
-     lambda m: _plausible(m.group(0).split(b"-", 3)[3])),
+     lambda m: _plausible(m.group(0).split(b"-", 3)[3], True)),
     ("anthropic-oauth-token", ["sk-ant-"], _tok(r"sk-ant-(?:oat|ort|sid)[0-9]{2}-[A-Za-z0-9_-]{80,120}", _B64U),
-     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 3)[3])),
+     (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 3)[3], True)),
     ("google-api-key", ["AIza"], _tok(r"AIza[A-Za-z0-9_-]{35}", _B64U), (0,), 0, _body_check(4)),
     ("google-oauth-secret", ["GOCSPX-"], _tok(r"GOCSPX-[A-Za-z0-9_-]{28}", _B64U), (0,), 0, _body_check(7)),
     ("google-oauth-token", ["ya29."], _tok(r"ya29\.[A-Za-z0-9_-]{30,1024}", _B64U), (0,), 0, _body_check(5)),
@@ -346,16 +359,17 @@ _TABLE = [
      _tok(r"pypi-(?:AgEIcHlwaS5vcmc|AgENdGVzdC5weXBpLm9yZw)[A-Za-z0-9_-]{50,1000}", _B64U), (0,), 0,
      _body_check(25)),
     ("huggingface-token", ["hf_", "api_org_"], _tok(r"(?:hf|api_org)_[A-Za-z]{34}", _B62 + "_"), (0,), 0,
-     lambda m: _plausible(m.group(0)[-34:])),
+     lambda m: _plausible(m.group(0)[-34:], True)),
     ("sendgrid-api-key", ["SG."], _tok(r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", _B64U + "."), (0,), 0,
      _body_check(3)),
     ("twilio-auth-token", [(":", "(?:AC|SK)[0-9a-f]{32}", 34, "[A-Za-z0-9]{32}", "", "0123456789abcdef")],
      re.compile(rb"(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}:(?P<v>[A-Za-z0-9]{32})(?![A-Za-z0-9])"), (0,), "v",
-     _group_check("v")),
+     _group_check("v", mixed=False)),
     ("digitalocean-token", ["dop_v1_", "doo_v1_", "dor_v1_"], _tok(r"do[por]_v1_[a-f0-9]{64}", _B62 + "_"), (0,), 0,
-     _body_check(7)),
+     _body_check(7, mixed=False)),
     ("shopify-token", ["shpat_", "shpca_", "shppa_", "shpss_"],
-     _tok(r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", _B62 + "_"), (0,), 0, _body_check(6)),
+     _tok(r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", _B62 + "_"), (0,), 0,
+     _body_check(6, mixed=False)),
     ("databricks-token", [("p", "da", 2, "i[a-f0-9]{32}", _B62, "a")], _tok(r"dapi[a-f0-9]{32}(?:-[0-9]{1,2})?", _B62 + r"\-"),
      (0,), 0, lambda m: _plausible(m.group(0)[4:36])),
     ("vault-token", ["hvs.", "hvb."], _tok(r"(?:hvs\.[A-Za-z0-9_-]{90,120}|hvb\.[A-Za-z0-9_-]{138,300})", _B64U),
@@ -368,7 +382,7 @@ _TABLE = [
      (1, 2, 3), 0, _discord_check),
     ("telegram-bot-token", [(":", "[0-9]{8}", 8, "A[A-Za-z0-9_-]{34}", "", "0123456789")],
      re.compile(rb"(?:(?<=bot)|(?<![A-Za-z0-9]))[0-9]{8,10}:A[A-Za-z0-9_-]{34}(?![A-Za-z0-9_-])"), (0, 1, 2), 0,
-     lambda m: _plausible(m.group(0).split(b":", 1)[1])),
+     lambda m: _plausible(m.group(0).split(b":", 1)[1], True)),
     ("jwt", [("J", "ey", 2, "", _B64U, "y")],
      _tok(r"(eyJ[A-Za-z0-9_-]{8,4096})\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{0,2048}"
           r"(?:\.[A-Za-z0-9_-]{0,4096}\.[A-Za-z0-9_-]{0,2048})?", _B64U), (0,), 0, _jwt_check),
@@ -377,39 +391,44 @@ _TABLE = [
     ("azure-storage-key", list(_AZURE_KEYWORDS),
      re.compile(b"(?:" + "|".join(_AZURE_KEYWORDS).encode() + b")" + _SEPARATOR
                 + rb"(?P<v>(?:[A-Za-z0-9+]|\\?/){86}==)(?![A-Za-z0-9+/=])"), (0,), "v",
-     lambda m: _plausible(m.group("v"))),
+     lambda m: _plausible(m.group("v"), True)),
     ("azure-client-secret", [("~", "[0-9]Q", 2, "", "", "Q")],
      _tok(r"[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}", r"A-Za-z0-9_~.\-"), (3,), 0,
-     lambda m: _plausible(m.group(0)[6:])),
+     lambda m: _plausible(m.group(0)[6:], True)),
     ("azure-devops-pat", [("A", "", 0, "ZDO", "", "", "Z")], _tok(r"[A-Za-z0-9]{76}AZDO[A-Za-z0-9]{4}", _B62), (76,), 0,
-     lambda m: _plausible(m.group(0)[:76])),
+     lambda m: _plausible(m.group(0)[:76], True)),
     ("url-password", [(":", "", 0, "//", "", "", "/")],
      re.compile(rb"://[^\s:/?#\[\]@\"'<>\\]{0,256}:(?P<v>[^\s/?#\[\]@\"'<>\\]{1,256})@(?=[A-Za-z0-9\[])"), (0,),
      "v", _url_password_check),
     ("age-secret-key", ["AGE-SECRET-KEY-1"],
-     _tok(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", _B62 + r"\-"), (0,), 0, _body_check(16)),
+     _tok(r"AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}", _B62 + r"\-"), (0,), 0,
+     _body_check(16, mixed=False)),
     ("groq-api-key", ["gsk_"], _tok(r"gsk_[A-Za-z0-9]{52}", _B62 + "_"), (0,), 0, _body_check(4)),
     ("linear-api-key", ["lin_api_"], _tok(r"lin_api_[A-Za-z0-9]{40}", _B62 + "_"), (0,), 0, _body_check(8)),
-    ("sentry-token", ["sntryu_"], _tok(r"sntryu_[a-f0-9]{64}", _B62 + "_"), (0,), 0, _body_check(7)),
+    ("sentry-token", ["sntryu_"], _tok(r"sntryu_[a-f0-9]{64}", _B62 + "_"), (0,), 0,
+     _body_check(7, mixed=False)),
     ("sentry-token", ["sntrys_eyJ"], _tok(r"sntrys_eyJ[A-Za-z0-9+/=_-]{60,400}", _B62 + r"+/=_\-"), (0,), 0,
      _body_check(10)),
-    ("postman-api-key", ["PMAK-"], _tok(r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", _B62 + r"\-"), (0,), 0, _body_check(5)),
+    ("postman-api-key", ["PMAK-"], _tok(r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", _B62 + r"\-"), (0,), 0,
+     _body_check(5, mixed=False)),
     ("heroku-api-key", ["HRKU-AA"], _tok(r"HRKU-AA[A-Za-z0-9_-]{58}", _B64U), (0,), 0, _body_check(7)),
     ("grafana-token", ["glsa_"], _tok(r"glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}", _B62 + "_"), (0,), 0,
      _body_check(5)),
     ("grafana-token", ["glc_"], _tok(r"glc_[A-Za-z0-9+/]{32,400}={0,2}", _B62 + "+/=_"), (0,), 0, _body_check(4)),
     ("doppler-token", [(".", "dp", 2, "(?:pt|st|sa|ct|scim|audit)\\.", _B62, "p")],
      _tok(r"dp\.(?:pt|st(?:\.[a-z0-9_-]{1,40})?|sa|ct|scim|audit)\.[A-Za-z0-9]{40,44}", _B62), (0,), 0,
-     lambda m: _plausible(m.group(0).rsplit(b".", 1)[1])),
+     lambda m: _plausible(m.group(0).rsplit(b".", 1)[1], True)),
     ("atlassian-api-token", ["ATATT3"], _tok(r"ATATT3[A-Za-z0-9_=-]{186}", _B64U + "="), (0,), 0, _body_check(6)),
-    ("alibaba-access-key-id", ["LTAI"], _tok(r"LTAI[A-Za-z0-9]{20}", _B62), (0,), 0, _body_check(4)),
+    ("alibaba-access-key-id", ["LTAI"], _tok(r"LTAI[A-Za-z0-9]{20}", _B62), (0,), 0,
+     _body_check(4, mixed=False)),
     ("square-token", ["sq0atp-", "sq0csp-"], _tok(r"(?:sq0atp-[A-Za-z0-9_-]{22}|sq0csp-[A-Za-z0-9_-]{43})", _B64U),
      (0,), 0, _body_check(7)),
     ("perplexity-api-key", ["pplx-"], _tok(r"pplx-[A-Za-z0-9]{48}", _B62 + r"\-"), (0,), 0, _body_check(5)),
     ("notion-token", ["ntn_"], _tok(r"ntn_[A-Za-z0-9]{46}", _B62 + "_"), (0,), 0, _body_check(4)),
     ("replicate-api-token", ["r8_"], _tok(r"r8_[A-Za-z0-9]{37}", _B62 + "_"), (0,), 0, _body_check(3)),
-    ("supabase-token", ["sbp_"], _tok(r"sbp_[a-f0-9]{40}", _B62 + "_"), (0,), 0, _body_check(4)),
-    ("newrelic-api-key", ["NRAK-"], _tok(r"NRAK-[A-Z0-9]{27}", _B62 + r"\-"), (0,), 0, _body_check(5)),
+    ("supabase-token", ["sbp_"], _tok(r"sbp_[a-f0-9]{40}", _B62 + "_"), (0,), 0, _body_check(4, mixed=False)),
+    ("newrelic-api-key", ["NRAK-"], _tok(r"NRAK-[A-Z0-9]{27}", _B62 + r"\-"), (0,), 0,
+     _body_check(5, mixed=False)),
 ]
 assert {row[0] for row in _TABLE} == set(KINDS), "KINDS and the rule table disagree"
 
@@ -663,9 +682,9 @@ class Detector:
             if pos < 0:
                 continue
             if rule.match is not None:
-                span = rule.match(data, pos)
-                if span is not None:
-                    found.append(Finding(rule.kind, *span))
+                hit = rule.match(data, pos)
+                if hit is not None:
+                    found.append(Finding(rule.kind, *hit))
                 return
             m = rule.regex.match(data, pos)
             if m is None:
@@ -679,24 +698,38 @@ class Detector:
 
     def _scan_segments(self, segments: list[Segment], depth: int) -> list[Finding]:
         """Scan the decoded segments together (one pass, not one per segment) and map
-        what is found back to the encoded spans."""
-        starts = []
-        pos = 0
+        what is found back to the encoded spans. Segments that decoded to binary (images,
+        compressed data) are scanned for tokens but not decoded any further."""
+        text, binary = [], []
         for seg in segments:
-            starts.append(pos)
-            pos += len(seg.decoded) + len(_SEP)
-        joined = _SEP.join(seg.decoded for seg in segments)
-        out = []
-        for f in self._scan(joined, depth):
-            i = bisect_right(starts, f.start) - 1
-            seg = segments[i]
-            s = f.start - starts[i]
-            e = min(f.end - starts[i], len(seg.decoded))
-            if e <= s:
+            (text if _is_text(seg[0]) else binary).append(seg)
+        out: list[Finding] = []
+        for group, group_depth in ((text, depth), (binary, _MAX_DEPTH)):
+            if not group:
                 continue
-            rs, re_ = seg.span(s, e)
-            out.append(Finding(f.kind, rs, re_))
+            starts = []
+            pos = 0
+            for seg in group:
+                starts.append(pos)
+                pos += len(seg[0]) + len(_SEP)
+            for f in self._scan(_SEP.join(seg[0] for seg in group), group_depth):
+                i = bisect_right(starts, f.start) - 1
+                seg = group[i]
+                s = f.start - starts[i]
+                e = min(f.end - starts[i], len(seg[0]))
+                if e > s:
+                    out.append(Finding(f.kind, *span(seg, s, e)))
         return out
+
+
+def _is_text(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _aws_pair(data: bytes, s: int, e: int, found: list[Finding]) -> None:
@@ -761,9 +794,17 @@ def _run_origin(buf: bytes, cut: int, origin: int | None, base: int) -> int | No
 
 class StreamScanner:
     """Scans a stream chunk by chunk, carrying :attr:`Detector.overlap` bytes over so that a
-    token split between chunks is still found. Each finding is reported once, as soon as it
-    is complete, with offsets in the whole stream. A token (in its encoded form) longer than
-    the overlap can be missed when it straddles a chunk boundary."""
+    token split between chunks is still found. Offsets are in the whole stream.
+
+    A finding is reported by the very ``feed`` that completes it -- the proxy forwards a
+    chunk once it is scanned, so waiting for the next chunk would let it out -- and only
+    once: if more data later makes it longer (a variable-length token, a key block whose
+    END line arrives) the longer span overlaps the one reported and is not reported again.
+    The price: a token that ends exactly at a chunk end cannot have its right boundary
+    checked yet, so ``AKIA`` + 16 characters there is reported even if the next chunk
+    continues the run (about 1e-11 per chunk in random base64). A token whose encoded form
+    is longer than the overlap can be missed when it straddles a chunk boundary.
+    """
 
     def __init__(self, detector: Detector):
         self._detector = detector
@@ -780,7 +821,8 @@ class StreamScanner:
         return self._process(final=False)
 
     def finish(self) -> list[Finding]:
-        """Findings at the very end of the stream (the ones that might still have grown)."""
+        """Findings not reported yet at the end of the stream (rare: a chunked scan reports
+        as it goes)."""
         found = self._process(final=True)
         self._buf, self._reported = b"", []
         return found
@@ -791,8 +833,6 @@ class StreamScanner:
         for f in self._detector.scan(buf):
             if f.start == 0 and base > 0:
                 continue  # the tail of something that began before the carried window
-            if f.end >= len(buf) and not final:
-                continue  # may go on in the next chunk
             span = (f.start + base, f.end + base)
             if any(s < span[1] and span[0] < e for s, e in self._reported):
                 continue
@@ -925,7 +965,7 @@ class StreamRedactor:
                     hold = min(hold, m.start())
                     break
         k = max(buf.rfind(b"BEGIN ", floor), buf.rfind(b"PuTTY-User-Key-File-", floor))
-        if k >= 0 and buf.find(b"END ", k) < 0 and buf.find(b"Private-MAC:", k) < 0:
+        if k >= 0 and not _PEM_FOOTER.search(buf, k) and not _PUTTY_MAC.search(buf, k):
             hold = min(hold, max(floor, k - 5))
         return max(hold, self._done)
 
