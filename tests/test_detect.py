@@ -215,20 +215,26 @@ def test_percent_encoded(case):
         i += 1
     quoted = quoted[:i] + "%%%02X" % ord(quoted[i]) + quoted[i + 1:]  # one letter escaped for good measure
     data = f"grant_type=client&value={quoted}&scope=read".encode()
-    findings = assert_found(data, kind)
     q_start = data.index(quoted.encode())
-    assert all(q_start <= f.start and f.end <= q_start + len(quoted) for f in findings if f.kind == kind)
+    if secret == text:  # the whole value: the finding spans exactly the encoded text
+        assert_found(data, kind, (q_start, q_start + len(quoted)))
+    else:
+        findings = assert_found(data, kind)
+        assert all(q_start <= f.start and f.end <= q_start + len(quoted) for f in findings if f.kind == kind)
     assert urllib.parse.unquote(DET.redact(data).decode()).find(secret) < 0
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_basic_auth(case):
     kind, text, secret = materialise(case)
-    credentials = base64.b64encode(f"x-access-token:{text}".encode()).decode()
+    plain = f"x-access-token:{text}".encode()
+    credentials = base64.b64encode(plain).decode()
     data = f"Authorization: Basic {credentials}".encode()
-    findings = assert_found(data, kind)
     b_start = data.index(credentials.encode())
-    assert all(f.start >= b_start for f in findings)
+    # the base64 characters that carry the secret's bits
+    ds = plain.index(secret.encode())
+    de = ds + len(secret.encode())
+    assert_found(data, kind, (b_start + ds * 4 // 3, b_start + -(-de * 4 // 3)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -262,9 +268,15 @@ def test_placements_beyond_the_table():
     key = pem("PRIVATE KEY")
     assert_found(json.dumps({"type": "service_account", "private_key": key}).encode(), "private-key")
     assert_found(b"payload=" + token.encode().hex().encode(), "github-token")
-    # two layers: base64 of a percent-encoded form, URL-safe base64, JSON-escaped base64
-    inner = base64.b64encode(f"user=me&token={urllib.parse.quote(token + '/')}".encode())
+    # two layers: base64 of a percent-encoded form, base64 of JSON with a \u escape, and
+    # percent-encoded base64; URL-safe base64; JSON-escaped base64
+    escaped = token[:10] + "%%%02X" % ord(token[10]) + token[11:]
+    inner = base64.b64encode(f"user=me&token={escaped}".encode())
     assert_found(b"data: " + inner, "github-token")
+    inner = base64.b64encode(('{"t": "' + token[:10] + "\\u%04x" % ord(token[10]) + token[11:] + '"}').encode())
+    assert_found(b"data: " + inner, "github-token")
+    inner = urllib.parse.quote(base64.b64encode(b"\x00\x01" + token.encode()).decode(), safe="")
+    assert_found(b"q=" + inner.encode(), "github-token")
     assert_found(b'{"blob":"' + base64.b64encode(b"k = " + token.encode() + b"\n" * 40).replace(b"/", b"\\/") + b'"}',
                  "github-token")
     assert_found(b"t=" + base64.urlsafe_b64encode(b"\xff\xfe" + token.encode()), "github-token")
@@ -312,6 +324,10 @@ NEGATIVES = [
     'ETag: W/"5d41402abc4b2a76b9719d911017c592"',
     "integrity sha512-" + base64.b64encode(R.randbytes(64)).decode(),
     "pk_live_" + rnd(24),
+    "gho_" + rnd(36, string.ascii_lowercase),  # one case: not a random token body
+    "hf_" + rnd(30, string.ascii_letters) + "7x9Q",  # Hugging Face tokens are letters only
+    "MTx" + rnd(21, B64U) + "." + rnd(6, B64U) + "." + rnd(38, B64U),  # Discord-shaped, no user id
+    "npm_" + rnd(36, HEX),
     "pk_test_" + rnd(99),
     "postgres://user:password@localhost:5432/db",
     "redis://:${REDIS_PASSWORD}@cache:6379",
@@ -500,6 +516,49 @@ def test_stream_redactor_equals_one_shot(seed):
         assert out == expected
         if not env:
             assert out == DET.redact(data)
+
+
+def test_stream_scanner_reports_in_the_feed_that_completes_a_token():
+    akia = "AKIA" + rnd(16, UPPER_DIGITS)
+    scanner = DET.stream()
+    assert scanner.feed(b"id: " + akia[:10].encode()) == []
+    assert scanner.feed(akia[10:].encode()) == [Finding("aws-access-key-id", 4, 24)]  # not a chunk later
+    assert scanner.feed(b" more") == [] and scanner.finish() == []
+
+
+def test_stream_scanner_window_start_is_not_a_boundary():
+    # "zzz…AKIA…" is no token (part of a longer run); when the carried window starts
+    # right at "AKIA", it must not become one.
+    overlap = DET.overlap
+    chunk = b"z" * 1000 + b"AKIA" + rnd(16, UPPER_DIGITS).encode() + b" " + b"y" * (overlap - 21)
+    scanner = DET.stream()
+    assert scanner.feed(chunk) + scanner.feed(b"\n") + scanner.finish() == []
+
+
+def test_stream_scanner_keeps_base64_aligned_across_chunks():
+    token = "ghp_" + rnd(36)
+    blob = base64.b64encode(R.randbytes(40000) + f" {token} ".encode() + R.randbytes(3000))
+    data = b'{"file": "' + blob + b'"}'
+    for size in (7001, 10007, 65536):
+        scanner = DET.stream()
+        found = []
+        for i in range(0, len(data), size):
+            found += scanner.feed(data[i:i + size])
+        found += scanner.finish()
+        assert found == DET.scan(data) and [f.kind for f in found] == ["github-token"], size
+
+
+def test_ties_go_to_stored_secrets_then_specific_kinds():
+    from egress.detect import _merge
+    det = Detector([("MY_TOKEN", "ghp_" + rnd(36))])
+    for order in ([Finding("url-password", 5, 45), Finding("github-token", 5, 45)],
+                  [Finding("github-token", 5, 45), Finding("url-password", 5, 45)]):
+        assert _merge(list(order), det._priority) == [Finding("github-token", 5, 45)]
+        assert _merge(list(order) + [Finding("MY_TOKEN", 5, 45)], det._priority) == [Finding("MY_TOKEN", 5, 45)]
+        assert _merge([Finding("MY_TOKEN", 5, 45)] + list(order), det._priority) == [Finding("MY_TOKEN", 5, 45)]
+    # overlapping spans merge into one covering both, named after the longer
+    assert _merge([Finding("jwt", 0, 10), Finding("github-token", 5, 40)], det._priority) == \
+        [Finding("github-token", 0, 40)]
 
 
 def test_stream_redactor_holds_back_little():
