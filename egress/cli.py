@@ -278,7 +278,9 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
 
     from .engine import Engine
     from .events import Recorder
+    from .live import PolicyWatcher
     from .metrics import Metrics
+    from .policy import load_policy
     from .proxy import EgressProxy, ListenError, ProxySettings, configure_logging
     from .resolver import Resolver
     from .state import StateError
@@ -314,6 +316,10 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, proxy.stop)
+        watcher = PolicyWatcher(engine, load=lambda: load_policy(list(policies) or [DEFAULT_POLICY]),
+                                report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
+        watcher.start()
+        loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
         for host, port in bound:
             click.echo(f"egress: proxy listening on {_format_address(host, port)}", err=True)
         if metrics_server is not None:

@@ -26,9 +26,15 @@ from typing import Callable
 class ProxySession:
     def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
                  state_dir: Path | None = None, resolve: dict | None = None,
-                 upstream_ca: Path | None = None):
-        """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts."""
+                 upstream_ca: Path | None = None, reload: Callable | None = None,
+                 watch: list[str] = ()):
+        """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts.
+
+        ``reload()`` returns a fresh policy (or raises PolicyError) when its files change.
+        """
         self.prepare = prepare
+        self.reload = reload
+        self.watch = list(watch)
         self.session_id = session_id
         self.on_event = on_event
         self.state_dir = state_dir
@@ -90,6 +96,14 @@ class ProxySession:
         await proxy.start()
         await proxy.serve_socket(sock)
         self._proxy = proxy
+        if self.reload is not None:
+            import sys
+
+            from .live import PolicyWatcher
+
+            PolicyWatcher(engine, self.reload,
+                          report=lambda line: print(f"egress: {line}", file=sys.stderr, flush=True),
+                          paths=self.watch).start()
         self.started.set()
         if self._stopping.is_set():  # stop() came while we were starting
             proxy.stop()

@@ -72,9 +72,12 @@ def network_mode(options: RunOptions, user=None) -> str:
 
 def build_policy(options: RunOptions, mode: str):
     """The run's policy: built-in 'dev' (allowlist mode), the user's files, then --allow/--deny."""
-    policy = _load((["dev"] if mode == "allowlist" else []) + list(options.policies), options.allow, options.deny)
-    policy.allow_all = mode == "all"
-    return policy
+    from egress.policy import PolicyError
+
+    try:
+        return fresh_policy(options, mode)
+    except PolicyError as e:
+        raise _policy_failure(e) from None
 
 
 def load_credentials(policy, environ: dict[str, str]):
@@ -89,13 +92,28 @@ def load_credentials(policy, environ: dict[str, str]):
                           "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
 
 
+def fresh_policy(options: RunOptions, mode: str):
+    """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
+    from egress.policy import Policy
+
+    include = (["dev"] if mode == "allowlist" else []) + list(options.policies)
+    policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
+                                 path="<command line>")
+    policy.allow_all = mode == "all"
+    return policy
+
+
 def _load(include: list[str], allow: list[str], deny: list[str]):
     from egress.policy import Policy, PolicyError
 
     try:
         return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>")
     except PolicyError as e:
-        raise LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, e.problems))) from None
+        raise _policy_failure(e) from None
+
+
+def _policy_failure(error) -> LaunchError:
+    return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
 
 
 class BlockReporter:
@@ -183,7 +201,8 @@ def run(options: RunOptions) -> int:
             from egress.session import ProxySession
 
             session = ProxySession(prepare, run_id, on_event=BlockReporter(), state_dir=options.state_dir,
-                                   resolve=options.resolve, upstream_ca=options.upstream_ca)
+                                   resolve=options.resolve, upstream_ca=options.upstream_ca,
+                                   reload=lambda: fresh_policy(options, mode), watch=list(options.policies))
             session.serve_lazily(box.listen_socket)
         if outputs is not None:
             outputs.start()

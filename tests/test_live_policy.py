@@ -1,0 +1,106 @@
+"""Live policy: edits apply to the next request; a broken edit keeps the last good policy."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import requests
+
+from conftest import DEFAULT_POLICY
+
+
+def session_for(proxy) -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies = {"http": proxy.url, "https": proxy.url}
+    return session
+
+
+def wait_for(predicate, what: str, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def status(proxy, url: str) -> int:
+    return session_for(proxy).get(url, timeout=20).status_code
+
+
+def test_an_edit_applies_to_the_next_request(proxy_factory, http_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY)
+    policy = proxy.audit_path.parent / "policy.toml"
+    url = http_upstream.url("other.test")
+    assert status(proxy, url) == 403
+    policy.write_text(DEFAULT_POLICY.replace('allow = ["allowed.test"', 'allow = ["allowed.test", "other.test"')
+                      .replace('allow_private = ["allowed.test"', 'allow_private = ["allowed.test", "other.test"'))
+    wait_for(lambda: any("policy reloaded" in line for line in proxy.stderr_lines), "the reload")
+    assert status(proxy, url) == 200
+    policy.write_text(DEFAULT_POLICY)
+    wait_for(lambda: sum("policy reloaded" in line for line in proxy.stderr_lines) >= 2, "the second reload")
+    assert status(proxy, url) == 403
+
+
+def test_a_broken_edit_keeps_the_last_good_policy_and_is_reported(proxy_factory, http_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY)
+    policy = proxy.audit_path.parent / "policy.toml"
+    policy.write_text('allow = ["allowed.test", "com"]\n')  # a public suffix: refused
+    wait_for(lambda: any("policy not reloaded" in line for line in proxy.stderr_lines), "the report")
+    assert any("'com' is a top-level domain" in line for line in proxy.stderr_lines)
+    assert status(proxy, http_upstream.url("allowed.test")) == 200
+    assert status(proxy, http_upstream.url("other.test")) == 403
+    assert re.search(r"^egress_policy_load_errors_total 1\.0$", proxy.metrics(), re.M)
+
+
+def test_a_configmap_style_symlink_swap_reloads(proxy_factory, http_upstream, tmp_path):
+    # Kubernetes mounts ConfigMaps as policy.toml -> ..data/policy.toml, ..data -> ..<timestamp>/
+    mount = tmp_path / "configmap"
+    first, second = mount / "..2026_12_02_1", mount / "..2026_12_02_2"
+    first.mkdir(parents=True)
+    second.mkdir()
+    (first / "policy.toml").write_text(DEFAULT_POLICY)
+    (second / "policy.toml").write_text(DEFAULT_POLICY.replace('deny = ["denied.allowed.test"]',
+                                                                'deny = ["allowed.test"]'))
+    os.symlink(first.name, mount / "..data")
+    os.symlink("..data/policy.toml", mount / "policy.toml")
+    proxy = proxy_factory(DEFAULT_POLICY, "--policy", str(mount / "policy.toml"))
+    url = http_upstream.url("allowed.test")
+    assert status(proxy, url) == 200
+    os.symlink(second.name, mount / "..data_tmp")
+    os.replace(mount / "..data_tmp", mount / "..data")  # the atomic swap kubelet does
+    wait_for(lambda: any("policy reloaded" in line for line in proxy.stderr_lines), "the reload")
+    assert status(proxy, url) == 403
+
+
+def test_sighup_reloads_at_once(proxy_factory, http_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY)
+    proxy.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: any("policy reloaded" in line for line in proxy.stderr_lines), "the reload")
+    assert proxy.process.poll() is None
+    assert status(proxy, http_upstream.url("allowed.test")) == 200
+
+
+def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path, http_upstream, curl_path):
+    import subprocess
+    import sys
+
+    from conftest import clean_env, egress_command
+
+    project = tmp_path / "project"
+    project.mkdir()
+    policy = project / "policy.toml"
+    policy.write_text('allow_private = ["other.test"]\n')
+    (project / "open.toml").write_text('allow = ["other.test"]\nallow_private = ["other.test"]\n')
+    url = http_upstream.url("other.test")
+    script = (f'curl -s -o /dev/null -w "%{{http_code}}\\n" {url}; cp open.toml policy.toml; '
+              f'for i in $(seq 100); do code=$(curl -s -o /dev/null -w "%{{http_code}}" {url}); '
+              f'[ "$code" = 200 ] && break; sleep 0.1; done; echo $code')
+    result = subprocess.run([*egress_command(), "run", "--policy", str(policy), "--resolve", "other.test:127.0.0.1",
+                             "--state-dir", str(tmp_path / "state"), "--", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=120, cwd=project,
+                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    assert result.stdout.split() == ["403", "200"], result.stderr
+    assert "egress: policy reloaded" in result.stderr
