@@ -339,6 +339,32 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
             audit.close()
 
 
+# ---------------------------------------------------------------------- doctor
+
+
+@main.command()
+@policy_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per check, one per line.")
+@click.option("--no-fs-confinement", is_flag=True, help="Judge `egress run --no-fs-confinement`.")
+@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+              help="Where egress keeps its CA.")
+def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
+    """Tell what isolation this machine gives, one line per mechanism, with fixes.
+
+    Exit status 0 when `egress run` can be honoured here, 1 when it cannot.
+    Set EGRESS_DOCTOR_SIMULATE=no-userns,no-landlock,not-linux to rehearse failures.
+    """
+    from sandbox.doctor import run_checks
+
+    checks, honoured = run_checks(list(policies), state_dir, fs_confinement=not no_fs_confinement)
+    for check in checks:
+        click.echo(json.dumps(check.as_dict()) if as_json else check.line())
+    if not as_json:
+        click.echo("egress run can confine commands here" if honoured else
+                   "egress run cannot confine commands here: it will refuse to run them (see above)")
+    sys.exit(0 if honoured else 1)
+
+
 # ---------------------------------------------------------------------- redact
 
 

@@ -1,0 +1,73 @@
+"""`egress doctor` on this machine, and with each mechanism made unavailable (EGRESS_DOCTOR_SIMULATE)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import clean_env, egress_command
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the doctor's sandbox checks are Linux's")
+
+
+def doctor(tmp_path, *args: str, simulate: str = "") -> subprocess.CompletedProcess:
+    env = clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state"))
+    if simulate:
+        env["EGRESS_DOCTOR_SIMULATE"] = simulate
+    return subprocess.run([*egress_command(), "doctor", *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def checks(result) -> dict[str, dict]:
+    return {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+
+
+def test_this_machine_confines_commands(tmp_path):
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("user+network namespaces are not available here")
+    result = doctor(tmp_path, "--json")
+    rows = checks(result)
+    assert result.returncode == 0, result.stdout
+    assert rows["network namespace"]["status"] == "ok"
+    assert "only lo" in rows["network namespace"]["detail"]
+    assert rows["landlock"]["status"] == "ok" and "Landlock ABI" in rows["landlock"]["detail"]
+    assert rows["local"]["status"] == "warning" and "not a sandbox" in rows["local"]["detail"]
+    assert rows["proxy CA"]["status"] == "warning"  # a fresh state directory: no CA yet
+    assert rows["policy"]["status"] == "ok"
+
+
+def test_plain_output_never_says_isolated_for_local(tmp_path):
+    result = doctor(tmp_path)
+    local = next(line for line in result.stdout.splitlines() if " local " in line)
+    assert "not a sandbox" in local and "isolated" not in local
+
+
+@pytest.mark.parametrize("simulate, failing", [
+    ("no-userns", "network namespace"),
+    ("no-landlock", "landlock"),
+    ("not-linux", "network namespace"),
+])
+def test_a_missing_mechanism_is_named_with_its_fix_and_fails(tmp_path, simulate, failing):
+    result = doctor(tmp_path, "--json", simulate=simulate)
+    rows = checks(result)
+    assert result.returncode == 1
+    assert rows[failing]["status"] == "unavailable"
+    assert rows[failing]["fix"]
+    text = doctor(tmp_path, simulate=simulate)
+    assert "egress run cannot confine commands here" in text.stdout
+    assert "fix:" in text.stdout
+
+
+def test_no_fs_confinement_accepts_missing_landlock(tmp_path):
+    assert doctor(tmp_path, "--no-fs-confinement", simulate="no-landlock").returncode == 0
+
+
+def test_a_broken_policy_is_reported(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('allow = ["co.uk"]\n')
+    result = doctor(tmp_path, "--json", "--policy", str(bad))
+    assert result.returncode == 1
+    assert "public suffix" in checks(result)["policy"]["detail"]
