@@ -339,6 +339,78 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
             audit.close()
 
 
+# ------------------------------------------------------- runs, allow, events
+
+
+state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+                                help="Where egress keeps its CA and control sockets.")
+
+
+def _run_socket(run: str | None, state_dir: Path | None) -> Path:
+    from .control import list_runs, runs_dir
+
+    if run is None:
+        live = list_runs(state_dir)
+        if len(live) != 1:
+            names = ", ".join(r["run"] for r in live) or "none"
+            raise click.UsageError(f"name the run with --run ID (running: {names})")
+        run = live[0]["run"]
+    path = runs_dir(state_dir) / f"{run}.sock"
+    if not path.exists():
+        raise click.UsageError(f"no run {run!r} is running (see `egress runs`)")
+    return path
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
+@state_dir_option
+def runs(as_json: bool, state_dir: Path | None) -> None:
+    """List the egress runs in progress, with their grants."""
+    from .control import list_runs
+
+    for info in list_runs(state_dir):
+        if as_json:
+            click.echo(json.dumps(info))
+        else:
+            grants = ", ".join(info["grants"]) or "-"
+            click.echo(f"{info['run']}  pid {info['pid']}  {' '.join(info['command'])[:60]}  granted: {grants}")
+
+
+@main.command()
+@click.argument("host")
+@click.option("--run", "run", metavar="ID", help="The run to grant (see `egress runs`); optional if only one runs.")
+@state_dir_option
+def allow(host: str, run: str | None, state_dir: Path | None) -> None:
+    """Allow HOST (that exact name) for one run, answering its pending question too."""
+    from .control import request
+
+    for answer in request(_run_socket(run, state_dir), {"op": "allow", "host": host}):
+        if "error" in answer:
+            click.echo(f"egress: {answer['error']}", err=True)
+            sys.exit(EXIT_REFUSED)
+        click.echo(f"allowed {answer['host']} for this run")
+
+
+@main.command()
+@click.option("--follow", is_flag=True, help="Keep streaming (events are always live).")
+@click.option("--run", "run", metavar="ID", help="The run to follow; optional if only one runs.")
+@click.option("--json", "as_json", is_flag=True, help="The events as JSON lines.")
+@state_dir_option
+def events(follow: bool, run: str | None, as_json: bool, state_dir: Path | None) -> None:
+    """Stream a run's decisions as they happen."""
+    from .control import request
+
+    try:
+        for event in request(_run_socket(run, state_dir), {"op": "events"}):
+            if as_json:
+                click.echo(json.dumps(event))
+            else:
+                click.echo(f"{event['decision']:<5} {event['method']:<7} {event['host']}:{event['port']}  "
+                           f"{event['reason']}" + (f" ({event['detail']})" if event.get("detail") else ""))
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
 # ---------------------------------------------------------------------- doctor
 
 
@@ -419,9 +491,12 @@ def redact(policies: tuple[str, ...]) -> None:
               help="Where egress keeps its CA.")
 @click.option("--redact", is_flag=True,
               help="Pass the command's output through the secret redactor (as `egress redact`).")
+@click.option("--ask", type=click.Choice(["tty", "never"]),
+              help="Ask on the terminal to allow a refused host for this run (default: tty when there is one).")
+@click.option("--headless", is_flag=True, help="Never ask (same as --ask never).")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, overrides,
-        upstream_ca, state_dir, redact, command) -> None:
+        upstream_ca, state_dir, redact, ask, headless, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
@@ -436,7 +511,8 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
                          deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
                          fs_confinement=not no_fs_confinement, state_dir=state_dir,
-                         resolve=_parse_overrides(overrides), upstream_ca=upstream_ca, redact=redact)
+                         resolve=_parse_overrides(overrides), upstream_ca=upstream_ca, redact=redact,
+                         ask="never" if headless else ask)
     try:
         status = launch(options)
     except LaunchError as e:

@@ -19,6 +19,8 @@ class Engine:
         self.recorder = recorder
         # client connection id -> (host, port) of the CONNECT tunnel it became
         self.tunnels: dict[str, tuple[Host, int]] = {}
+        # egress run's person in the loop (egress.ask), or None: refusals are final
+        self.asker = None
 
     def replace_policy(self, policy: Policy) -> None:
         self.policy = policy

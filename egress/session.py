@@ -27,7 +27,7 @@ class ProxySession:
     def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
                  state_dir: Path | None = None, resolve: dict | None = None,
                  upstream_ca: Path | None = None, reload: Callable | None = None,
-                 watch: list[str] = ()):
+                 watch: list[str] = (), asker=None):
         """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts.
 
         ``reload()`` returns a fresh policy (or raises PolicyError) when its files change.
@@ -35,6 +35,7 @@ class ProxySession:
         self.prepare = prepare
         self.reload = reload
         self.watch = list(watch)
+        self.asker = asker
         self.session_id = session_id
         self.on_event = on_event
         self.state_dir = state_dir
@@ -91,6 +92,7 @@ class ProxySession:
         if self.on_event is not None:
             recorder.subscribe(self.on_event)
         engine = Engine(policy, Resolver(self.resolve), recorder)
+        engine.asker = self.asker
         proxy = EgressProxy(engine, ProxySettings(listen_port=None, state_dir=self.state_dir,
                                                   upstream_ca=self.upstream_ca), credentials)
         await proxy.start()

@@ -54,6 +54,7 @@ class RunOptions:
     resolve: dict = field(default_factory=dict)
     upstream_ca: Path | None = None
     redact: bool = False  # the command's stdout and stderr pass through the secret redactor
+    ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
 
 
 def user_policy(options: RunOptions):
@@ -167,7 +168,7 @@ def run(options: RunOptions) -> int:
 
     run_id = uuid.uuid4().hex[:12]
     tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
-    session = box = None
+    session = box = control = None
     try:
         ca_bundle = None
         if networked:
@@ -198,11 +199,21 @@ def run(options: RunOptions) -> int:
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:
+            from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
-            session = ProxySession(prepare, run_id, on_event=BlockReporter(), state_dir=options.state_dir,
+            state = RunState(run_id, options.argv)
+            control = ControlServer(state, options.state_dir)
+            reporter = BlockReporter()
+
+            def on_event(event) -> None:
+                reporter(event)
+                state.publish(event)
+
+            session = ProxySession(prepare, run_id, on_event=on_event, state_dir=options.state_dir,
                                    resolve=options.resolve, upstream_ca=options.upstream_ca,
-                                   reload=lambda: fresh_policy(options, mode), watch=list(options.policies))
+                                   reload=lambda: fresh_policy(options, mode), watch=list(options.policies),
+                                   asker=_asker(options, state))
             session.serve_lazily(box.listen_socket)
         if outputs is not None:
             outputs.start()
@@ -222,9 +233,21 @@ def run(options: RunOptions) -> int:
     finally:
         if session is not None:
             session.stop()
+        if control is not None:
+            control.close()
         if box is not None:
             box.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _asker(options: RunOptions, state):
+    """Who answers "allow this host for this run?": the terminal, or nobody (headless)."""
+    from egress.ask import NeverAsk, TerminalAsker
+
+    has_terminal = sys.stdin.isatty() and sys.stderr.isatty()
+    if options.ask == "tty" or (options.ask is None and has_terminal):
+        return TerminalAsker(state, " ".join(options.argv)[:80])
+    return NeverAsk(state)
 
 
 class _Redaction:

@@ -21,29 +21,40 @@ class PolicyGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        decision = self.engine.policy.decide(flow.request.host, flow.request.port)
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        decision = await self._decide(flow.request.host, flow.request.port)
         if not decision.allowed:
             self._refuse(flow, decision)
             return
         self.engine.tunnels[flow.client_conn.id] = (parse_host(flow.request.host), flow.request.port)
         self._remember(flow, decision)
 
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
         tunnel = self.engine.tunnels.get(flow.client_conn.id)
         if tunnel is not None:
             host, port = tunnel
-            decision = self.engine.policy.decide(host, port)
+            decision = await self._decide(host, port)
             if decision.allowed:
                 decision = self._misdirected(flow, host.name, port) or decision
         else:
-            decision = self.engine.policy.decide(flow.request.host, flow.request.port)
+            decision = await self._decide(flow.request.host, flow.request.port)
             if decision.allowed:
                 decision = self._misdirected(flow, decision.host, decision.port) or decision
         if not decision.allowed:
             self._refuse(flow, decision)
             return
         self._remember(flow, decision)
+
+    async def _decide(self, host, port: int) -> Decision:
+        """The policy's answer; a not-allowed *name* may still be granted for this run."""
+        decision = self.engine.policy.decide(host, port)
+        asker = self.engine.asker
+        if decision.allowed or decision.reason != "not-allowed" or asker is None:
+            return decision
+        if _is_ip(decision.host) or not await asker.ask(decision.host):
+            return decision
+        return Decision(decision.host, port, True, "allowed",
+                        detail="allowed for this run")
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.engine.tunnels.pop(client.id, None)
@@ -74,3 +85,10 @@ class PolicyGuard:
         flow.response = refusal.refusal(decision.host, decision.reason, decision.detail)
         flow.metadata["egress.refused"] = True
         self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method, decision)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        return parse_host(host).is_ip
+    except InvalidHost:
+        return True  # not a name either: never offered

@@ -1,0 +1,117 @@
+"""A person in the loop: "allow this host for this run, or keep it blocked?"
+
+Only a refusal for ``not-allowed`` is ever offered, for a host *name*: the deny
+list, private addresses, IP literals and credentials are never asked about. While
+the question is open the request is held (up to :data:`HOLD_SECONDS`, then
+refused), so a yes lets the waiting request through. A yes covers that exact name,
+not its subdomains, for this run only. A grant from another terminal
+(``egress allow HOST --run ID``) answers a pending question too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import sys
+import threading
+from typing import Callable
+
+HOLD_SECONDS = 60.0
+
+
+class TerminalAsker:
+    """Asks on the controlling terminal (/dev/tty), one question at a time."""
+
+    def __init__(self, state, command: str, tty: str = "/dev/tty", hold: float = HOLD_SECONDS):
+        self.state = state  # egress.control.RunState: grants live there
+        self.command = command
+        self.tty = tty
+        self.hold = hold
+        self._pending: dict[str, asyncio.Future] = {}
+        self._one_at_a_time = threading.Lock()
+        state.on_grant.append(self._granted)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def ask(self, host: str) -> bool:
+        """True if the person (or `egress allow`) allows ``host`` for this run."""
+        if host in self.state.grants:
+            return True
+        self._loop = asyncio.get_running_loop()
+        future = self._pending.get(host)
+        if future is None:
+            future = self._loop.create_future()
+            self._pending[host] = future
+            threading.Thread(target=self._prompt, args=(host, future), daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.hold)
+        except asyncio.TimeoutError:
+            self._settle(host, False)
+            return False
+
+    def _granted(self, host: str) -> None:  # called from the control thread
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._settle, host, True)
+
+    def _settle(self, host: str, allowed: bool) -> None:
+        future = self._pending.pop(host, None)
+        if future is not None and not future.done():
+            future.set_result(allowed)
+
+    def _prompt(self, host: str, future: asyncio.Future) -> None:
+        with self._one_at_a_time:
+            if future.done():
+                return
+            try:
+                fd = os.open(self.tty, os.O_RDWR | os.O_NOCTTY)
+            except OSError:
+                self._loop.call_soon_threadsafe(self._settle, host, False)
+                return
+            try:
+                os.write(fd, (f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
+                              f"  [a] Allow for this run   [k] Keep blocked   "
+                              f"(held {self.hold:g} s) > ").encode())
+                answer = self._read_answer(fd, future)
+                if answer is None:
+                    os.write(fd, b"\n")
+                    return
+                allowed = answer.strip().lower() in ("a", "y", "yes", "allow")
+                os.write(fd, (f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n").encode())
+                if allowed:
+                    self.state.grant(host)
+                self._loop.call_soon_threadsafe(self._settle, host, allowed)
+            finally:
+                os.close(fd)
+
+    def _read_answer(self, fd: int, future: asyncio.Future) -> str | None:
+        """A line from the terminal, or None once the question was settled elsewhere."""
+        line = b""
+        while not future.done():
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            chunk = os.read(fd, 256)
+            if not chunk:
+                return None
+            line += chunk
+            if b"\n" in line or b"\r" in line:
+                return line.decode(errors="replace")
+        return None
+
+
+class NeverAsk:
+    """Headless: never asks, keeps blocked, and says so once."""
+
+    def __init__(self, state, say: Callable[[str], None] | None = None):
+        self.state = state
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._said = False
+
+    async def ask(self, host: str) -> bool:
+        if host in self.state.grants:
+            return True
+        if not self._said:
+            self._said = True
+            self.say("egress: no terminal to ask on (headless): hosts not on the allow list stay blocked; "
+                     "grant one with `egress allow HOST --run " + self.state.run_id + "`")
+        return False

@@ -1,0 +1,185 @@
+"""A person in the loop: the prompt on a real pseudo-terminal, `egress allow`, `egress runs`, `egress events`."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+
+from conftest import clean_env, egress_command
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+
+POLICY = 'allow_private = ["other.test", "blocked.test"]\n'
+
+
+def run_args(tmp_path, *command: str, extra=()) -> list[str]:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+    return [*egress_command(), "run", "--policy", str(policy), "--state-dir", str(tmp_path / "state"),
+            "--resolve", "other.test:127.0.0.1", "--resolve", "blocked.test:127.0.0.1", *extra, "--", *command]
+
+
+def env_for(tmp_path) -> dict:
+    return clean_env(tmp_path, PYTHONPATH=os.getcwd(), EGRESS_STATE_DIR=str(tmp_path / "state"))
+
+
+class Terminal:
+    """egress run on a pseudo-terminal that is its controlling terminal, as in a shell."""
+
+    def __init__(self, args, tmp_path):
+        self.master, slave = pty.openpty()
+
+        def controlling_tty():
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        project = tmp_path / "project"
+        project.mkdir(exist_ok=True)
+        self.process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=project,
+                                        env=env_for(tmp_path), start_new_session=True,
+                                        preexec_fn=controlling_tty)
+        os.close(slave)
+        self.seen = ""
+
+    def read_until(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            assert time.monotonic() < deadline, f"never saw {text!r}; saw:\n{self.seen}"
+            ready, _, _ = select.select([self.master], [], [], 0.2)
+            if ready:
+                try:
+                    self.seen += os.read(self.master, 4096).decode(errors="replace")
+                except OSError:  # the other side closed
+                    assert text in self.seen, f"never saw {text!r}; saw:\n{self.seen}"
+        return self.seen
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def finish(self) -> int:
+        status = self.process.wait(60)
+        try:
+            while True:
+                ready, _, _ = select.select([self.master], [], [], 0.2)
+                if not ready:
+                    break
+                chunk = os.read(self.master, 4096)
+                if not chunk:
+                    break
+                self.seen += chunk.decode(errors="replace")
+        except OSError:
+            pass
+        os.close(self.master)
+        return status
+
+
+def curl_twice(url: str) -> list[str]:
+    fetch = f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'
+    return ["sh", "-c", f"{fetch}; {fetch}"]
+
+
+def test_yes_lets_the_held_request_through_and_covers_the_run(tmp_path, http_upstream, curl_path):
+    terminal = Terminal(run_args(tmp_path, *curl_twice(http_upstream.url("other.test"))), tmp_path)
+    terminal.read_until("wants to reach other.test")
+    terminal.type("a\n")
+    assert terminal.finish() == 0
+    assert terminal.seen.count("code=200") == 2
+    assert terminal.seen.count("wants to reach") == 1  # the second request was not asked about
+    assert len(http_upstream.requests) == 2
+
+
+def test_keep_blocked_refuses_the_held_request(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("other.test")
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'),
+                        tmp_path)
+    terminal.read_until("wants to reach other.test")
+    terminal.type("k\n")
+    terminal.finish()
+    assert "code=403" in terminal.seen
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in terminal.seen
+    assert http_upstream.connections == 0
+
+
+def test_a_denied_host_is_never_offered(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("blocked.test")
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}',
+                                 extra=["--deny", "blocked.test"]), tmp_path)
+    terminal.finish()
+    assert "code=403" in terminal.seen
+    assert "wants to reach" not in terminal.seen
+    assert "EGRESS_BLOCKED blocked.test (on the deny list)" in terminal.seen
+
+
+def test_headless_never_asks_and_says_so_once(tmp_path, http_upstream, curl_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    result = subprocess.run(run_args(tmp_path, *curl_twice(http_upstream.url("other.test")), extra=["--headless"]),
+                            capture_output=True, text=True, timeout=120, cwd=project, env=env_for(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    assert result.stdout.split() == ["code=403", "code=403"]
+    assert result.stderr.count("no terminal to ask on") == 1
+    assert http_upstream.connections == 0
+
+
+def runs(tmp_path) -> list[dict]:
+    result = subprocess.run([*egress_command(), "runs", "--json"], capture_output=True, text=True, timeout=30,
+                            env=env_for(tmp_path))
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def wait_for_run(tmp_path) -> dict:
+    for _ in range(200):
+        live = runs(tmp_path)
+        if live:
+            return live[0]
+        time.sleep(0.05)
+    raise AssertionError("the run never showed up in `egress runs`")
+
+
+def test_egress_allow_from_another_process_grants_a_waiting_run(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("other.test")
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'),
+                        tmp_path)
+    terminal.read_until("wants to reach other.test")  # the request is now held
+    info = wait_for_run(tmp_path)
+    assert info["command"][0] == "sh"
+    granted = subprocess.run([*egress_command(), "allow", "other.test", "--run", info["run"]],
+                             capture_output=True, text=True, timeout=30, env=env_for(tmp_path))
+    assert granted.returncode == 0 and "allowed other.test" in granted.stdout
+    assert terminal.finish() == 0
+    assert "code=200" in terminal.seen
+    assert runs(tmp_path) == []  # the run is over: its socket is gone
+
+
+def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    url = http_upstream.url("blocked.test")
+    script = f'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null {url}'
+    run = subprocess.Popen(run_args(tmp_path, "sh", "-c", script, extra=["--headless"]), cwd=project,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_for(tmp_path),
+                           stdin=subprocess.DEVNULL)
+    follower = None
+    try:
+        info = wait_for_run(tmp_path)
+        follower = subprocess.Popen([*egress_command(), "events", "--follow", "--json", "--run", info["run"]],
+                                    stdout=subprocess.PIPE, text=True, env=env_for(tmp_path))
+        time.sleep(0.5)  # let the follower subscribe before the command connects
+        (project / "go").touch()
+        line = follower.stdout.readline()
+        event = json.loads(line)
+        assert (event["host"], event["decision"], event["reason"]) == ("blocked.test", "block", "not-allowed")
+        assert event["session"] == info["run"]
+    finally:
+        run.wait(60)
+        if follower is not None:
+            follower.kill()
+            follower.wait()
