@@ -277,6 +277,7 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
     from prometheus_client import start_http_server
 
     from .engine import Engine
+    from .control import ControlServer, RunState
     from .events import Recorder
     from .live import PolicyWatcher
     from .metrics import Metrics
@@ -320,6 +321,16 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
                                 report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
         watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
+        control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
+        control_state.on_reload.append(watcher.reload_now)
+        engine.recorder.subscribe(control_state.publish)
+        if metrics_server is not None:
+            control_state.extra["metrics"] = "http://{}:{}/metrics".format(*metrics_server.server_address[:2])
+        try:
+            control = ControlServer(control_state, state_dir)
+        except OSError as e:
+            click.echo(f"egress: no control socket ({e}); egress events/reload will not reach this proxy", err=True)
+            control = None
         for host, port in bound:
             click.echo(f"egress: proxy listening on {_format_address(host, port)}", err=True)
         if metrics_server is not None:
@@ -328,7 +339,11 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         from .state import ca_cert_path
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.rule_count} entries); "
                    f"CA certificate {ca_cert_path(state_dir)}", err=True)
-        await proxy.run_until_stopped()
+        try:
+            await proxy.run_until_stopped()
+        finally:
+            if control is not None:
+                control.close()
 
     try:
         asyncio.run(run())
@@ -389,6 +404,20 @@ def allow(host: str, run: str | None, state_dir: Path | None) -> None:
             click.echo(f"egress: {answer['error']}", err=True)
             sys.exit(EXIT_REFUSED)
         click.echo(f"allowed {answer['host']} for this run")
+
+
+@policy.command("reload")
+@click.option("--run", "run", metavar="ID", help="The run or serve (see `egress runs`); optional if only one.")
+@state_dir_option
+def policy_reload(run: str | None, state_dir: Path | None) -> None:
+    """Make a running proxy re-read its policy files now (they are also watched)."""
+    from .control import request
+
+    for answer in request(_run_socket(run, state_dir), {"op": "reload"}):
+        if "error" in answer:
+            click.echo(f"egress: {answer['error']}", err=True)
+            sys.exit(EXIT_REFUSED)
+        click.echo("reload requested; the proxy reports the outcome on its stderr")
 
 
 @main.command()

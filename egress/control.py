@@ -7,6 +7,7 @@ lines:
 
     {"op": "info"}                      -> {"run", "command", "pid", "grants", "started"}
     {"op": "allow", "host": "x.org"}    -> {"ok": true, "host": "x.org"}   (this run only, exact name)
+    {"op": "reload"}                    -> {"ok": true}   (re-read the policy files now)
     {"op": "events"}                    -> one event per line, as they happen, until the client leaves
 
 It runs in a thread of its own, so it answers before the (lazily started) proxy exists.
@@ -42,6 +43,8 @@ class RunState:
         self.started = time.time()
         self.grants: set[str] = set()
         self.on_grant: list[Callable[[str], None]] = []  # wakes requests held for a host
+        self.on_reload: list[Callable[[], None]] = []  # the policy watcher's reload_now
+        self.extra: dict = {}  # shown by info (e.g. serve's metrics address)
         self._followers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
@@ -73,7 +76,7 @@ class RunState:
 
     def info(self) -> dict:
         return {"run": self.run_id, "command": self.command, "pid": os.getpid(),
-                "grants": sorted(self.grants), "started": self.started}
+                "grants": sorted(self.grants), "started": self.started, **self.extra}
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -94,6 +97,12 @@ class _Handler(socketserver.StreamRequestHandler):
             except InvalidHost as e:
                 return self._send({"error": str(e)})
             self._send({"ok": True, "host": host})
+        elif op == "reload":
+            if not state.on_reload:
+                return self._send({"error": "this proxy has not started yet: it reads the policy when it does"})
+            for callback in state.on_reload:
+                callback()
+            self._send({"ok": True})
         elif op == "events":
             follower = state.follow()
             try:
@@ -120,7 +129,7 @@ class _Handler(socketserver.StreamRequestHandler):
             finally:
                 state.unfollow(follower)
         else:
-            self._send({"error": f"unknown op {op!r}; known: info, allow, events"})
+            self._send({"error": f"unknown op {op!r}; known: info, allow, reload, events"})
 
     def _send(self, obj: dict) -> None:
         self.wfile.write(json.dumps(obj).encode() + b"\n")

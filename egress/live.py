@@ -44,20 +44,23 @@ class PolicyWatcher:
         self._seen = self._marks()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _marks(self) -> tuple:
         return _fingerprint(self.paths + self.engine.policy.files)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="egress policy watcher")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="egress policy watcher")
 
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
     def reload_now(self) -> None:
-        """Thread- and signal-safe: ask for a reload on the next turn of the loop."""
-        self._wake.set()
+        """Thread-safe: ask for a reload on the next turn of the loop."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     async def _run(self) -> None:
         while True:

@@ -27,7 +27,7 @@ class ProxySession:
     def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
                  state_dir: Path | None = None, resolve: dict | None = None,
                  upstream_ca: Path | None = None, reload: Callable | None = None,
-                 watch: list[str] = (), asker=None):
+                 watch: list[str] = (), asker=None, state=None):
         """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts.
 
         ``reload()`` returns a fresh policy (or raises PolicyError) when its files change.
@@ -36,6 +36,7 @@ class ProxySession:
         self.reload = reload
         self.watch = list(watch)
         self.asker = asker
+        self.state = state  # egress.control.RunState: reload requests arrive there
         self.session_id = session_id
         self.on_event = on_event
         self.state_dir = state_dir
@@ -103,9 +104,12 @@ class ProxySession:
 
             from .live import PolicyWatcher
 
-            PolicyWatcher(engine, self.reload,
-                          report=lambda line: print(f"egress: {line}", file=sys.stderr, flush=True),
-                          paths=self.watch).start()
+            watcher = PolicyWatcher(engine, self.reload,
+                                    report=lambda line: print(f"egress: {line}", file=sys.stderr, flush=True),
+                                    paths=self.watch)
+            watcher.start()
+            if self.state is not None:
+                self.state.on_reload.append(watcher.reload_now)
         self.started.set()
         if self._stopping.is_set():  # stop() came while we were starting
             proxy.stop()

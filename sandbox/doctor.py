@@ -107,6 +107,14 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
     else:
         checks.append(Check("proxy CA", "warning", f"not created yet: {ca}",
                             "egress ca path (or the first egress serve/run) creates it"))
+    from egress.control import list_runs
+
+    live = list_runs(state_dir)
+    if live:
+        names = ", ".join(r["run"] + (f" (metrics {r['metrics']})" if r.get("metrics") else "") for r in live)
+        checks.append(Check("control sockets", "ok", f"reachable: {names}"))
+    else:
+        checks.append(Check("control sockets", "not-applicable", "no egress run or serve in progress"))
     try:
         policy = load_policy(policies or ["dev"])
     except PolicyError as e:

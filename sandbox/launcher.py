@@ -213,7 +213,7 @@ def run(options: RunOptions) -> int:
             session = ProxySession(prepare, run_id, on_event=on_event, state_dir=options.state_dir,
                                    resolve=options.resolve, upstream_ca=options.upstream_ca,
                                    reload=lambda: fresh_policy(options, mode), watch=list(options.policies),
-                                   asker=_asker(options, state))
+                                   asker=_asker(options, state), state=state)
             session.serve_lazily(box.listen_socket)
         if outputs is not None:
             outputs.start()

@@ -104,3 +104,19 @@ def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path
                             env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
     assert result.stdout.split() == ["403", "200"], result.stderr
     assert "egress: policy reloaded" in result.stderr
+
+
+def test_reload_by_control_command_and_doctor_sees_the_proxy(proxy_factory):
+    import subprocess
+
+    from conftest import clean_env, egress_command
+
+    proxy = proxy_factory(DEFAULT_POLICY)
+    env = clean_env(proxy.state_dir.parent, EGRESS_STATE_DIR=str(proxy.state_dir))
+    result = subprocess.run([*egress_command(), "policy", "reload"], capture_output=True, text=True,
+                            timeout=30, env=env)
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: any("policy reloaded" in line for line in proxy.stderr_lines), "the reload")
+    doctor = subprocess.run([*egress_command(), "doctor"], capture_output=True, text=True, timeout=60, env=env)
+    line = next(l for l in doctor.stdout.splitlines() if "control sockets" in l)
+    assert f"serve-{proxy.process.pid}" in line and "metrics http://127.0.0.1:" in line
