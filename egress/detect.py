@@ -41,7 +41,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
 
-from .decode import RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content, layer_segments, span
+from .decode import B64_MIN_RUN, RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content, layer_segments, span
 
 __all__ = ["Finding", "Detector", "StreamScanner", "StreamRedactor", "UndecodableBody", "decode_content",
            "is_secret_name", "MIN_SECRET_LENGTH", "RULES", "KINDS", "ENV_SECRET_KIND"]
@@ -591,6 +591,7 @@ class Detector:
         Raises ValueError for a value shorter than MIN_SECRET_LENGTH."""
         anchors = list(_STATIC_ANCHORS)
         actions = list(_STATIC_ACTIONS)
+        leads = _LEADS
         self._labels: set[str] = set()
         longest = 0
         for label, value in secrets:
@@ -598,15 +599,21 @@ class Detector:
             if len(raw) < MIN_SECRET_LENGTH:
                 raise ValueError(f"stored secret {label!r}: {len(raw)} bytes; at least {MIN_SECRET_LENGTH} needed")
             self._labels.add(label)
-            # Raw; base64 of the value alone (whole quanta only: what follows the value in
-            # the encoded text changes the last characters). Other encodings and base64 at
-            # other alignments are found by decoding the layers.
-            whole = len(raw) // 3 * 4
-            forms = {raw, base64.b64encode(raw)[:whole], base64.urlsafe_b64encode(raw)[:whole]}
+            # The raw value is an anchor; its encodings are found by decoding the layers.
+            # Only base64 of a short value alone (under 15 bytes: shorter than the runs the
+            # base64 layer decodes) is looked for as a literal -- whole quanta only, since
+            # what follows the value changes the last characters.
+            forms = {raw}
+            if len(raw) * 4 // 3 < B64_MIN_RUN:
+                whole = len(raw) // 3 * 4
+                forms |= {base64.b64encode(raw)[:whole], base64.urlsafe_b64encode(raw)[:whole]}
             if b" " in raw:  # form-encoding writes a space as "+", which the percent layer keeps
                 forms.add(raw.replace(b" ", b"+"))
             for form in forms:
-                anchors.append(_literal_anchor(form, ""))
+                anchor = _literal_anchor(form, "", leads)
+                if anchor.lead not in leads:  # a new pass: let later secrets share it
+                    leads += anchor.lead
+                anchors.append(anchor)
                 actions.append([("secret", label, len(form))])
                 longest = max(longest, len(form))
         self._anchors = anchors
