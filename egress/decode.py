@@ -18,7 +18,6 @@ import binascii
 import re
 import zlib
 from bisect import bisect_right
-from typing import Callable
 
 __all__ = ["UndecodableBody", "decode_content", "Segment", "span", "layer_segments", "basic_segment",
            "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE"]
@@ -159,7 +158,8 @@ HEX_MIN_RUN = 32  # hex runs: 16 decoded bytes
 
 _PCT = re.compile(rb"%[0-9A-Fa-f]{2}")
 _JSON_EVIDENCE = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)")
-_JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9A-Fa-f]{2})\\u([dD][c-fC-F][0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|(["\\\\/bfnrt]))')
+_JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9A-Fa-f]{2})\\u([dD][c-fC-F][0-9A-Fa-f]{2})'  # a surrogate pair
+                          rb'|u([0-9A-Fa-f]{4})|(["\\\\/bfnrt]))')
 _JSON_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
 # An escaped segment reaches out to these (never past the previous segment). A percent
 # segment is a run of URL/form text; a JSON one is a whole member, `"key": "value"`, so

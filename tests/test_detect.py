@@ -76,7 +76,8 @@ CASES: list[tuple[str, str, str | None]] = [
     ("slack-token", f"xoxp-{rnd(12, string.digits)}-{rnd(12, string.digits)}-{rnd(13, string.digits)}-{rnd(32, HEX)}",
      None),
     ("slack-token", f"xapp-1-A{rnd(10, UPPER_DIGITS)}-{rnd(13, string.digits)}-{rnd(64, HEX)}", None),
-    ("slack-webhook", "https://hooks.slack.com/{}", f"services/T{rnd(10, UPPER_DIGITS)}/B{rnd(10, UPPER_DIGITS)}/{rnd(24)}"),
+    ("slack-webhook", "https://hooks.slack.com/{}",
+     f"services/T{rnd(10, UPPER_DIGITS)}/B{rnd(10, UPPER_DIGITS)}/{rnd(24)}"),
     ("stripe-secret-key", "sk_live_" + rnd(99), None),
     ("stripe-secret-key", "rk_live_" + rnd(24), None),
     ("openai-api-key", "sk-proj-" + rnd(74, B64U) + "T3BlbkFJ" + rnd(74, B64U), None),
@@ -107,7 +108,8 @@ CASES: list[tuple[str, str, str | None]] = [
     ("private-key", pem("PRIVATE KEY"), None),
     ("private-key", pem("OPENSSH PRIVATE KEY"), None),
     ("private-key", pem("EC PRIVATE KEY"), None),
-    ("azure-storage-key", "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={};EndpointSuffix=core.windows.net",
+    ("azure-storage-key",
+     "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={};EndpointSuffix=core.windows.net",
      base64.b64encode(R.randbytes(64)).decode()),
     ("azure-client-secret", rnd(3) + "8Q~" + rnd(34, B62 + "_~.-"), None),
     ("azure-devops-pat", rnd(76) + "AZDO" + rnd(4), None),
@@ -385,7 +387,8 @@ def test_clean_traffic_has_no_findings():
             "sha": "%040x" % R.getrandbits(160), "digest": "sha256:%064x" % R.getrandbits(256),
             "url": f"https://api.example.com/v1/items/{i}?page=2&per_page=50",
             "thumb": base64.b64encode(R.randbytes(300)).decode(),
-            "text": " ".join(R.choice(["token", "secret", "key", "the", "ghp", "AKIA", "sk", "eyJ"]) for _ in range(20)),
+            "text": " ".join(R.choice(["token", "secret", "key", "the", "ghp", "AKIA", "sk", "eyJ"])
+                             for _ in range(20)),
         }).replace("/", "\\/"))
         parts.append(f"GET /search?q=caf%C3%A9+{i}&lang=fr HTTP/1.1 host=example.com etag=\"{R.getrandbits(128):x}\"")
     data = "\n".join(parts).encode()
@@ -566,6 +569,7 @@ def test_stream_redactor_holds_back_little():
     redactor = StreamRedactor(DET)
     assert redactor.feed(b"building...\n") == b"building...\n"  # a finished line goes out at once
     assert redactor.feed(b"progress 10% ") == b"progress 10% "
+    assert redactor.feed(b"Enter token: ") == b"Enter token: "  # a prompt shows at once
     assert redactor.feed(token[:20].encode()) == b""  # could be the start of a token
     assert redactor.feed(token[20:].encode() + b" done\n") == b"[redacted:github-token] done\n"
     big = b"A" * (3 * DET.overlap)  # one endless word: held back at most `overlap` bytes
