@@ -34,15 +34,18 @@ Findings carry a kind and a span, never a value. A finding inside an encoded lay
 the encoded text that carries it (for base64: the characters holding its bits).
 
 Known gaps
-    Base64 runs under 20 characters are decoded only after ``Basic``; hex only when it
-    decodes to ASCII (16+ bytes); a token split by a line break inside wrapped base64 is
-    found, one split by an escape the layers do not know (``\x41``, HTML entities,
-    ``+`` for a space outside stored secrets) is not; anything past two layers, or
-    compressed inside a body (beyond its Content-Encoding), or encrypted, is not.
-    Generic bearer tokens, passwords and API keys without a known format are found only
-    as stored secrets (or, by StreamRedactor, as NAME=value with a secret name). Streams:
-    an encoded token longer than :attr:`Detector.overlap` straddling a chunk boundary can
-    be missed.
+    * Base64 runs under 20 characters are decoded only after ``Basic``; hex runs only when
+      they decode to ASCII (16+ bytes); base64 that decodes to binary is scanned for tokens
+      but not decoded further.
+    * Escapes the layers do not know (``\\x41``, HTML entities, ``+`` for a space except in
+      a stored secret), a third layer, compression inside a body beyond its
+      Content-Encoding, and encryption hide a token.
+    * Bearer tokens, passwords and API keys of no known format are found only as stored
+      secrets (and, by StreamRedactor, as ``NAME=value`` with a secret name).
+    * Google API keys (``AIza``), AWS key ids and JWTs are also used where they are not
+      secret (web pages, session cookies); they are reported all the same.
+    * Streams: an encoded token longer than :attr:`Detector.overlap` that straddles a chunk
+      boundary can be missed.
 """
 
 from __future__ import annotations
