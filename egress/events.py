@@ -46,6 +46,8 @@ class Recorder:
         self.session = session
         self._subscribers: list[Callable[[Event], None]] = []
         self._lock = threading.Lock()
+        # Replaces secrets in host names and details (set by the credential guard).
+        self.clean: Callable[[str], str] = lambda text: text
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         self._subscribers.append(callback)
@@ -53,6 +55,7 @@ class Recorder:
     def record(self, event: Event) -> None:
         event.time = event.time or time.time()
         event.session = event.session or self.session
+        event.host, event.detail = self.clean(event.host), self.clean(event.detail)
         self.metrics.requests.labels(event.decision, event.reason).inc()
         if event.decision == "block":
             domain = event.host if event.reason == "invalid-host" else registrable_domain(event.host)

@@ -246,3 +246,201 @@ def test_basic_auth_decoding_is_real(guarded, https_upstream):
     response = session_for(guarded).get(https_upstream.url("allowed.test"), headers={"Authorization": header},
                                         timeout=20)
     assert_refused(response, https_upstream, "github")
+
+
+# ------------------------------------- holes an adversarial review found (kept closed)
+
+
+import socket
+import ssl
+import threading
+
+
+class RawUpstream:
+    """A TLS server on 127.0.0.1 that records every byte it receives and answers as told."""
+
+    def __init__(self, test_ca, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"):
+        cert = test_ca.issue_cert("allowed.test", "other.test")
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        cert.configure_cert(self.context)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.answer = answer
+        self.received = b""
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+
+    def _talk(self, conn):
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                answered = False
+                while True:
+                    data = tls.recv(65536)
+                    if not data:
+                        return
+                    self.received += data
+                    if not answered and b"\r\n\r\n" in self.received:
+                        tls.sendall(self.answer)
+                        answered = True
+        except OSError:
+            return
+
+    def close(self):
+        self.sock.close()
+
+
+def tunnel(proxy, port: int, host: str = "allowed.test"):
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=15)
+    sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    context = ssl.create_default_context(cafile=str(proxy.ca_path))
+    return context.wrap_socket(sock, server_hostname=host)
+
+
+def read_all(sock) -> bytes:
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (OSError, ssl.SSLError):
+        pass
+    return data
+
+
+def test_a_large_chunked_upload_is_scanned_too(guarded, test_ca):
+    upstream = RawUpstream(test_ca)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
+        for piece in (f"x={GITHUB} ".encode(), b"A" * (1100 * 1024)):
+            try:
+                tls.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            except OSError:
+                break
+        read_all(tls)
+        assert GITHUB.encode() not in upstream.received
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
+        assert any(e["reason"] == "credential" for e in events)
+    finally:
+        upstream.close()
+
+
+def test_a_token_split_across_stream_chunks_never_leaves(guarded, test_ca):
+    upstream = RawUpstream(test_ca)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        body = b"A" * (2 * 1024 * 1024) + b"\n" + GITHUB.encode() + b"\n" + b"B" * 1000
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n".encode())
+        try:
+            tls.sendall(body)
+        except OSError:
+            pass
+        read_all(tls)
+        assert GITHUB[:20].encode() not in upstream.received
+    finally:
+        upstream.close()
+
+
+def test_websocket_messages_are_scanned(guarded, test_ca):
+    upstream = RawUpstream(test_ca, answer=b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                                          b"Connection: Upgrade\r\nSec-WebSocket-Accept: "
+                                          b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"GET /ws HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\nUpgrade: websocket\r\n"
+                    f"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        assert tls.recv(4096).startswith(b"HTTP/1.1 101")
+        payload = f"token={GITHUB}".encode()
+        mask = b"\x01\x02\x03\x04"
+        frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        tls.sendall(frame)
+        read_all(tls)
+        assert GITHUB.encode() not in upstream.received
+    finally:
+        upstream.close()
+
+
+def test_other_upgrades_are_refused_not_relayed(guarded, test_ca):
+    upstream = RawUpstream(test_ca, answer=b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: foo\r\n"
+                                          b"Connection: Upgrade\r\n\r\n")
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"GET / HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\nUpgrade: foo\r\n"
+                    f"Connection: Upgrade\r\n\r\n".encode())
+        try:
+            tls.sendall(f"raw bytes {GITHUB}".encode())
+        except OSError:
+            pass
+        read_all(tls)
+        assert GITHUB.encode() not in upstream.received
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "protocol")
+        assert any(e["reason"] == "protocol" for e in events)
+    finally:
+        upstream.close()
+
+
+def test_transfer_codings_other_than_chunked_are_refused(guarded, test_ca):
+    upstream = RawUpstream(test_ca)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        body = gzip.compress(f"t={GITHUB}".encode())
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Transfer-Encoding: gzip, chunked\r\n\r\n".encode() +
+                    b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        answer = read_all(tls)
+        assert answer.startswith(b"HTTP/1.1 403") and b"reason=credential" in answer
+        assert b"gzip" not in upstream.received
+    finally:
+        upstream.close()
+
+
+def test_an_upper_cased_secret_in_a_host_name_is_refused_before_dns(proxy_factory):
+    hexsecret = "9f2c4e7a1b3d5f60718293a4b5c6d7e8f9012345"
+    proxy = proxy_factory(DEFAULT_POLICY, env={"MY_HEX_TOKEN": hexsecret})
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=15)
+    target = f"{hexsecret.upper()}.allowed.test:443"
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 403") and b"reason=credential" in answer
+    assert hexsecret.encode() not in answer.lower()
+    for event in proxy.audit():
+        assert hexsecret not in json.dumps(event).lower()
+    assert hexsecret not in proxy.metrics().lower()
+
+
+def test_refusals_and_logs_never_repeat_a_token(guarded, https_upstream):
+    session = session_for(guarded)
+    session.get(https_upstream.url("allowed.test"), headers={"Host": f"{GITHUB}.allowed.test"}, timeout=20)
+    sock = socket.create_connection(("127.0.0.1", guarded.port), timeout=15)
+    sock.sendall(f"CONNECT {GITHUB}.blocked.test:443 HTTP/1.1\r\n\r\n".encode())
+    answer = read_all(sock)
+    assert GITHUB.lower().encode() not in answer.lower()
+    guarded.wait_for_audit(lambda e: "blocked.test" in e["host"])
+    log = guarded.audit_path.read_text().lower()
+    assert GITHUB.lower() not in log
+    assert GITHUB.lower()[:12] not in guarded.metrics().lower()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+def test_a_bound_host_echoing_the_secret_gives_back_the_placeholder(tmp_path, https_upstream, test_ca_file,
+                                                                    curl_path):
+    policy = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n' \
+             '[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\n'
+    script = f'curl -sS -H "Authorization: token $GITHUB_TOKEN" {https_upstream.url("allowed.test", "/headers")}'
+    result = egress_run(tmp_path, policy, {"GITHUB_TOKEN": GITHUB}, "sh", "-c", script, upstream_ca=test_ca_file)
+    assert https_upstream.requests[-1]["headers"]["Authorization"] == f"token {GITHUB}"
+    echoed = json.loads(result.stdout)
+    assert echoed["Authorization"] != f"token {GITHUB}" and echoed["Authorization"].startswith("token ghp_")
+    assert GITHUB not in result.stdout

@@ -287,3 +287,12 @@ def test_upstream_that_hangs_inside_tls_is_dropped_with_502(proxy_factory, https
     events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
     assert any(e["decision"] == "error" and e["host"] == "allowed.test" for e in events
                if e["reason"] == "upstream-timeout")
+
+
+def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory):
+    from conftest import DEFAULT_POLICY
+
+    proxy = proxy_factory(DEFAULT_POLICY)
+    response = requests_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
+    assert response.status_code == 502
+    assert re.search(r"^egress_open_connections [01]\.0$", proxy.metrics(), re.M)

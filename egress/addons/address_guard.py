@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from mitmproxy import connection, http
+from mitmproxy import connection, ctx, http
 from mitmproxy.proxy import server_hooks
 
 from .. import refusal
@@ -56,6 +56,11 @@ class AddressGuard:
                 data.server.error = f"EGRESS_BLOCKED {host.name}: {result.words()}"
                 return
             ip = result[0]
+        if ip.is_loopback or ip.is_unspecified:
+            own = {addr[1] for addr in ctx.master.addons.get("proxyserver").listen_addrs()}
+            if port in own:  # it would be served by this very proxy, again and again
+                data.server.error = f"EGRESS_BLOCKED {host.name}: {port} is this proxy's own port"
+                return
         if data.server.sni is None and host.ip is None:
             data.server.sni = host.name  # verify the upstream certificate against the name
         data.server.address = (str(ip), port)
@@ -87,12 +92,13 @@ class AddressGuard:
             self.pins[key] = result[0]
             return
         flow.metadata["egress.refused"] = True
+        clean = self.engine.recorder.clean
         if isinstance(result, Decision):
-            flow.response = refusal.refusal(host.name, result.reason, result.detail)
+            flow.response = refusal.refusal(clean(host.name), result.reason, result.detail)
             self.engine.record_refusal(client, flow.request.method, result)
         else:
             code, message = result.code, str(result)
-            flow.response = refusal.upstream_error(host.name, code, message)
+            flow.response = refusal.upstream_error(clean(host.name), code, message)
             self.engine.recorder.record(Event(
                 client=client, method=flow.request.method, host=host.name, port=port,
                 decision="error", reason=code, detail=message))

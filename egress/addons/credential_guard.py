@@ -46,18 +46,63 @@ class CredentialGuard:
         labelled = [(s.label, s.value) for s in credentials.secrets]
         labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered]
         self.detector = Detector(labelled)
+        # Host names reach DNS lower-cased: a secret written in upper case must still be seen.
+        self.host_detector = Detector([(label, value.lower()) for label, value in labelled])
+        # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
+        engine.recorder.clean = self.clean
         # For each bound secret, the hosts it may reach, with the policy's own matching rules.
         self._bindings = [(s, Policy.from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
                           for s in credentials.secrets if s.hosts]
 
     # ------------------------------------------------------------------ hooks
 
+    def clean(self, text: str) -> str:
+        """``text`` with every secret in it replaced by [redacted:<kind>]."""
+        if not text:
+            return text
+        data = text.encode("utf-8", "surrogateescape")
+        cleaned = self.detector.redact(data)
+        if self.host_detector.scan(cleaned.lower()):
+            cleaned = self.host_detector.redact(cleaned.lower())
+        return cleaned.decode("utf-8", "surrogateescape")
+
+    def _host_finding(self, host: str):
+        """The first credential in a host name, as written or as it will be resolved."""
+        findings = self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
+        return findings[0] if findings else None
+
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
         if flow.response is None:
-            for finding in self.detector.scan_text(flow.request.host):
+            finding = self._host_finding(flow.request.host)
+            if finding is not None:
                 self._refuse(flow, flow.request.host, finding.kind, "the host name")
-                return
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        message = flow.websocket.messages[-1]
+        if not message.from_client:
+            return
+        host = flow.metadata.get("egress.host") or flow.request.host
+        bound = self._bound_to(host)
+        findings = self.detector.scan(_neutralise(message.content, bound))
+        if findings:
+            message.drop()
+            detail = f"{findings[0].kind} in a WebSocket message"
+            self.engine.record_refusal(client_label(flow.client_conn.peername), "WEBSOCKET",
+                                       Decision(host, flow.request.port, False, "credential", detail=detail))
+            flow.kill()
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # A bound host may reflect what it received (echo endpoints, error pages): the command
+        # must get back the placeholder it sent, never the real value.
+        if not flow.metadata.get("egress.substituted") or flow.response is None:
+            return
+        brokered = [s for s in self._bound_to(flow.metadata.get("egress.host") or flow.request.host)
+                    if s.placeholder]
+        pairs = [(s.value.encode(), s.placeholder.encode()) for s in brokered]
+        flow.response.headers.fields = tuple(
+            (name, _replace_all(value, pairs)) for name, value in flow.response.headers.fields)
+        flow.response.stream = _Replacer(pairs)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
@@ -73,7 +118,13 @@ class CredentialGuard:
         found = self._scan_head(flow, host, bound)
         if found and not self._act_on_head(flow, host, found):
             return
-        if flow.request.stream:  # a large upload: scanned as it streams
+        codings = [c.strip().lower() for c in flow.request.headers.get("transfer-encoding", "").split(",") if c.strip()]
+        if any(c not in ("chunked", "identity") for c in codings):
+            self._refuse(flow, host, "an unreadable body", f"transfer-encoding {', '.join(codings)!r}")
+            return
+        # A large upload is scanned as it streams. So is one of unknown length (chunked):
+        # mitmproxy would switch it to streaming past 1 MiB, after this hook, unscanned.
+        if flow.request.stream or (codings and "content-length" not in flow.request.headers):
             flow.request.stream = _StreamGuard(self, flow, host, bound)
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -143,7 +194,8 @@ class CredentialGuard:
     def _scan_head(self, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
         """Findings in the host, the URL and each header: [(where, finding, field index)]."""
         found = []
-        for finding in self.detector.scan_text(host):
+        finding = self._host_finding(host)
+        if finding is not None:
             found.append(("the host name", finding, None))
         target = flow.request.path.encode("utf-8", "surrogateescape")
         for finding in self.detector.scan(_neutralise(target, bound)):
@@ -182,6 +234,7 @@ class CredentialGuard:
 
     def _refuse(self, flow: http.HTTPFlow, host: str, kind: str, where: str) -> None:
         detail = f"{kind} in {where}"
+        host = self.clean(host)
         flow.response = refusal.refusal(host, "credential", detail)
         flow.metadata["egress.refused"] = True
         self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method,
@@ -241,6 +294,36 @@ def _swap_basic(value: bytes, brokered: list[StoredSecret]) -> bytes:
     return value if swapped == decoded else b"Basic " + base64.b64encode(swapped)
 
 
+def _replace_all(data: bytes, pairs) -> bytes:
+    for real, fake in pairs:
+        data = data.replace(real, fake)
+    return data
+
+
+class _Replacer:
+    """A response stream function putting placeholders back where the real values were echoed.
+
+    Holds back the last len(value) - 1 bytes of each chunk, so a value split across
+    chunks is still found.
+    """
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+        self.keep = max((len(real) for real, _ in pairs), default=1) - 1
+        self.tail = b""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        if not chunk:  # end of body
+            out, self.tail = _replace_all(self.tail, self.pairs), b""
+            return out
+        data = _replace_all(self.tail + chunk, self.pairs)
+        if self.keep <= 0 or len(data) <= self.keep:
+            self.tail = data if self.keep > 0 else b""
+            return b"" if self.keep > 0 else data
+        self.tail = data[-self.keep:]
+        return data[:-self.keep]
+
+
 def _mask(data: bytes, findings) -> bytes:
     out, last = [], 0
     for finding in sorted(findings, key=lambda f: f.start):
@@ -252,28 +335,41 @@ def _mask(data: bytes, findings) -> bytes:
 
 
 class _StreamGuard:
-    """A mitmproxy stream function: scans an upload chunk by chunk; a finding ends the request."""
+    """A mitmproxy stream function: scans an upload as it streams; a finding ends the request.
+
+    The last ``detector.overlap`` bytes are held back until the next chunk has been
+    scanned with them: a token that starts near the end of one chunk is complete by
+    then, and none of its bytes has left.
+    """
 
     def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
         self.guard, self.flow, self.host, self.bound = guard, flow, host, bound
-        self.scanner = guard.detector.stream()
+        self.keep = guard.detector.overlap
+        self.held = b""
         self.stopped = False
 
     def __call__(self, chunk: bytes) -> bytes:
         if self.stopped:
             return b""
-        findings = self.scanner.feed(_neutralise(chunk, self.bound)) if chunk else self.scanner.finish()
-        if not findings:
-            return chunk
+        window = self.held + chunk
+        findings = self.guard.detector.scan(_neutralise(window, self.bound))
+        if findings:
+            self._stop(findings[0].kind)
+            return b""
+        if not chunk:  # end of body: the rest has been scanned
+            self.held = b""
+            return window
+        cut = max(0, len(window) - self.keep)
+        self.held = window[cut:]
+        return window[:cut]
+
+    def _stop(self, kind: str) -> None:
         self.stopped = True
-        kind = findings[0].kind
-        detail = f"{kind} in the body"
         self.flow.metadata["egress.refused"] = True
         self.guard.engine.record_refusal(client_label(self.flow.client_conn.peername), self.flow.request.method,
                                          Decision(self.host, self.flow.request.port, False, "credential",
-                                                  detail=detail))
+                                                  detail=f"{kind} in the body"))
         _abort(self.flow)
-        return b""
 
 
 def _abort(flow: http.HTTPFlow) -> None:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from mitmproxy import connection, http
 
 from .. import refusal
@@ -82,6 +84,13 @@ class PolicyGuard:
         flow.metadata["egress.rule"] = decision.rule  # formatted only when an event is written
 
     def _refuse(self, flow: http.HTTPFlow, decision: Decision) -> None:
+        # A host name or Host header may carry a secret. The canonical name is lower-cased,
+        # which can hide a token's shape: redact the name as the client wrote it instead.
+        clean = self.engine.recorder.clean
+        written = flow.request.host
+        if clean(written) != written:
+            decision = dataclasses.replace(decision, host=clean(written))
+        decision = dataclasses.replace(decision, detail=clean(decision.detail))
         flow.response = refusal.refusal(decision.host, decision.reason, decision.detail)
         flow.metadata["egress.refused"] = True
         self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method, decision)

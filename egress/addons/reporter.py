@@ -47,7 +47,7 @@ class Reporter:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None and not flow.metadata.get("egress.refused"):
-            flow.response.stream = _Counter(flow, "egress.received", self.metrics.download)
+            flow.response.stream = _Counter(flow, "egress.received", self.metrics.download, flow.response.stream)
 
     def response(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("egress.refused"):

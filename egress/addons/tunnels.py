@@ -11,6 +11,7 @@ Two small addons around mitmproxy's NextLayer, which picks the protocol layer:
 
 from __future__ import annotations
 
+from mitmproxy import http
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
 
@@ -52,6 +53,17 @@ class ProtocolGuard:
                             detail="add the host to passthrough to relay it untouched")
         self.engine.record_refusal(client_label(context.client.peername), "TUNNEL", decision)
         nextlayer.layer = _Close(context)
+
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # After a 101, mitmproxy relays whatever follows as raw TCP unless it is a WebSocket
+        # (whose messages the credential guard reads): any other upgrade is refused.
+        if flow.response is not None and flow.response.status_code == 101 and \
+                flow.request.headers.get("upgrade", "").strip().lower() != "websocket":
+            decision = Decision(flow.metadata.get("egress.host") or flow.request.host, flow.request.port,
+                                False, "protocol", detail=f"upgrade to {flow.request.headers.get('upgrade', '?')[:40]!r}")
+            self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method, decision)
+            flow.kill()
 
 
 class _Close(layer.Layer):
