@@ -177,11 +177,10 @@ def test_raw(case):
     assert secret.encode() not in DET.redact(data)
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", [c for c in CASES if "\n" not in materialise(c)[1]], ids=case_id)
 def test_in_url_query(case):
+    # Multi-line values (PEM keys) reach a URL only percent-encoded: see test_percent_encoded.
     kind, text, secret = materialise(case)
-    if "\n" in text:
-        pytest.skip("multi-line: only percent-encoded in a URL (test_percent_encoded)")
     data = f"GET /v1/items?page=2&token={text}&sort=asc HTTP/1.1".encode()
     start = data.index(secret.encode())
     assert_found(data, kind, (start, start + len(secret)))
