@@ -22,6 +22,7 @@ since bytes already relayed cannot be called back.
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import urllib.parse
 
@@ -50,6 +51,8 @@ class CredentialGuard:
         self.host_detector = Detector([(label, value.lower()) for label, value in labelled])
         # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
         engine.recorder.clean = self.clean
+        self._cleaned: dict[str, str] = {}
+        self._host_findings: dict[str, object] = {}
         # For each bound secret, the hosts it may reach, with the policy's own matching rules.
         self._bindings = [(s, Policy.from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
                           for s in credentials.secrets if s.hosts]
@@ -60,6 +63,14 @@ class CredentialGuard:
         """``text`` with every secret in it replaced by [redacted:<kind>]."""
         if not text:
             return text
+        cached = self._cleaned.get(text)
+        if cached is None:
+            if len(self._cleaned) > 4096:  # host names repeat; keep the cache bounded
+                self._cleaned.clear()
+            cached = self._cleaned[text] = self._clean(text)
+        return cached
+
+    def _clean(self, text: str) -> str:
         data = text.encode("utf-8", "surrogateescape")
         cleaned = self.detector.redact(data)
         if self.host_detector.scan(cleaned.lower()):
@@ -68,8 +79,12 @@ class CredentialGuard:
 
     def _host_finding(self, host: str):
         """The first credential in a host name, as written or as it will be resolved."""
-        findings = self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
-        return findings[0] if findings else None
+        if host not in self._host_findings:
+            if len(self._host_findings) > 4096:
+                self._host_findings.clear()
+            findings = self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
+            self._host_findings[host] = findings[0] if findings else None
+        return self._host_findings[host]
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
@@ -200,12 +215,20 @@ class CredentialGuard:
         target = flow.request.path.encode("utf-8", "surrogateescape")
         for finding in self.detector.scan(_neutralise(target, bound)):
             found.append(("the URL", finding, "path"))
-        for index, (name, value) in enumerate(flow.request.headers.fields):
+        # All header values in one scan (one pass of the prefilter), mapped back to their header.
+        values, starts, at = [], [], 0
+        for name, value in flow.request.headers.fields:
             scanned = _neutralise(value, bound)
             if name.lower() == b"authorization" and scanned[:6].lower() == b"basic ":
                 scanned = _neutralise_basic(scanned, bound)
-            for finding in self.detector.scan(scanned):
-                found.append((f"the {name.decode('latin-1')} header", finding, index))
+            values.append(scanned)
+            starts.append(at)
+            at += len(scanned) + 1
+        fields = flow.request.headers.fields
+        for finding in self.detector.scan(b"\n".join(values)):
+            index = bisect.bisect_right(starts, finding.start) - 1
+            local = finding._replace(start=finding.start - starts[index], end=finding.end - starts[index])
+            found.append((f"the {fields[index][0].decode('latin-1')} header", local, index))
         return found
 
     def _must_refuse(self, kind: str) -> bool:
