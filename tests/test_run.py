@@ -372,3 +372,15 @@ def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
         assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_npm_uses_the_proxy_and_its_trust(tmp_path, https_upstream, test_ca_file):
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    registry = https_upstream.url("allowed.test", "/")
+    result = egress_run(tmp_path, npm, "view", "left-pad", "--registry", registry, "--userconfig", "/dev/null",
+                        upstream_ca=test_ca_file, timeout=180)
+    # The local upstream is no registry (404), but the request must have arrived through egress,
+    # over TLS intercepted with egress's CA, which npm had to trust.
+    assert any(r["path"].startswith("/left-pad") for r in https_upstream.requests), result.stderr
