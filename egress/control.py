@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import socket
 import socketserver
 import threading
@@ -80,7 +81,7 @@ class RunState:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    server: "_Server"
+    server: "ControlServer"  # socketserver's handler, driven by ControlServer's own loop
 
     def handle(self) -> None:
         state = self.server.state
@@ -135,31 +136,50 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(json.dumps(obj).encode() + b"\n")
 
 
-class _Server(socketserver.ThreadingUnixStreamServer):
-    daemon_threads = True
-    state: RunState
-
-
 class ControlServer:
-    """Serves a RunState on ``<runs dir>/<run id>.sock`` until :meth:`close`."""
+    """Serves a RunState on ``<runs dir>/<run id>.sock`` until :meth:`close`.
+
+    Its own accept loop with a wake-up pipe: socketserver's ``shutdown`` waits for a
+    0.5 s poll, which every `egress run` would pay at exit.
+    """
 
     def __init__(self, state: RunState, state_dir: Path | None = None):
         directory = runs_dir(state_dir)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(directory, 0o700)
         self.path = directory / f"{state.run_id}.sock"
+        self.state = state
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
         try:
-            self._server = _Server(str(self.path), _Handler)
+            self._sock.bind(str(self.path))
         finally:
             os.umask(old_umask)
-        self._server.state = state
-        self._thread = threading.Thread(target=self._server.serve_forever, name="egress-control", daemon=True)
+        self._sock.listen(16)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="egress-control", daemon=True)
         self._thread.start()
 
+    def _serve(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._sock, self._wake_r], [], [])
+            if self._wake_r in ready:
+                return
+            try:
+                conn, address = self._sock.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._handle, args=(conn, address), daemon=True).start()
+
+    def _handle(self, conn: socket.socket, address) -> None:
+        with conn:
+            _Handler(conn, address, self)
+
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._wake_w.send(b"x")
+        self._thread.join(5)
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            sock.close()
         try:
             self.path.unlink()
         except FileNotFoundError:
