@@ -104,6 +104,8 @@ timed(P.ProxySession, "stop", "session.stop (join the idle thread)")
 timed(X.Sandbox, "close", "box.close")
 timed(shutil, "rmtree", "rmtree run tmpdir")
 from egress.cli import main
+import os
+os._exit = sys.exit  # egress run ends with os._exit; here it must return so the phases get written
 t = time.monotonic()
 code = 0
 try:
