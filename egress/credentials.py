@@ -6,6 +6,7 @@ Policy files describe credentials in a ``[credentials]`` table::
     action = "block"                 # block (default) | mask
     scan_env = true                  # the caller's secret-named variables are stored secrets too
     ignore_env = ["MY_PUBLIC_KEY"]   # ...except these
+    ignore_kinds = ["jwt"]           # token formats this install lets pass (see egress/detect.py KINDS)
 
     [[credentials.secret]]
     env = "GITHUB_TOKEN"             # or: file = "~/.config/tool/token"
@@ -27,7 +28,7 @@ from pathlib import Path
 
 ACTIONS = ("block", "mask")
 SECRET_KEYS = ("env", "file", "hosts", "broker", "name")
-SETTINGS_KEYS = ("action", "scan_env", "ignore_env", "secret")
+SETTINGS_KEYS = ("action", "scan_env", "ignore_env", "ignore_kinds", "secret")
 _PLACEHOLDER_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -64,6 +65,7 @@ class CredentialSettings:
     action: str = "block"
     scan_env: bool = True
     ignore_env: list[str] = field(default_factory=list)
+    ignore_kinds: list[str] = field(default_factory=list)
     secrets: list[SecretSpec] = field(default_factory=list)
 
 
@@ -103,6 +105,18 @@ def parse_settings(tables: list[tuple[str, object]]) -> CredentialSettings:
             problems.append((path, "ignore_env", "credentials.ignore_env: expected a list of variable names"))
         else:
             settings.ignore_env += ignore
+        kinds = table.get("ignore_kinds", [])
+        from .detect import KINDS
+
+        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+            problems.append((path, "ignore_kinds", "credentials.ignore_kinds: expected a list of kinds"))
+        else:
+            for kind in kinds:
+                if kind not in KINDS:
+                    close = difflib.get_close_matches(kind, list(KINDS), n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    problems.append((path, "ignore_kinds", f"credentials.ignore_kinds: {kind!r} is not a kind{hint}"))
+            settings.ignore_kinds += [k for k in kinds if k in KINDS]
         entries = table.get("secret", [])
         if not isinstance(entries, list):
             problems.append((path, "secret", "credentials.secret: write [[credentials.secret]] tables"))
@@ -159,6 +173,7 @@ class Credentials:
 
     action: str
     secrets: list[StoredSecret]
+    ignore_kinds: frozenset[str] = frozenset()  # well-known formats let through (stored secrets never are)
 
     @property
     def brokered(self) -> list[StoredSecret]:
@@ -208,7 +223,7 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
                 stored.append(StoredSecret(name, value, env=name))
     if problems:
         raise CredentialError(problems)
-    return Credentials(settings.action, stored)
+    return Credentials(settings.action, stored, frozenset(settings.ignore_kinds))
 
 
 def _read_value(spec: SecretSpec, environ: dict[str, str], problems: list) -> str | None:

@@ -444,3 +444,32 @@ def test_a_bound_host_echoing_the_secret_gives_back_the_placeholder(tmp_path, ht
     echoed = json.loads(result.stdout)
     assert echoed["Authorization"] != f"token {GITHUB}" and echoed["Authorization"].startswith("token ghp_")
     assert GITHUB not in result.stdout
+
+
+JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." \
+      "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkphbmUiLCJpYXQiOjE3MDAwMDAwMDB9." \
+      "Kx7v1pQm3Rz9WcT0yHbN4aLsD8eF2gJuV6oI5kYtXqE"
+
+
+def test_ignore_kinds_lets_a_format_through_but_not_stored_secrets(proxy_factory, https_upstream):
+    strict = proxy_factory(DEFAULT_POLICY)
+    refused = session_for(strict).get(https_upstream.url("allowed.test"), headers={"Cookie": f"session={JWT}"},
+                                      timeout=20)
+    assert refused.status_code == 403 and "jwt" in refused.text
+    relaxed = proxy_factory(DEFAULT_POLICY + '\n[credentials]\nignore_kinds = ["jwt"]\n',
+                            env={"MY_SERVICE_TOKEN": STORED})
+    session = session_for(relaxed)
+    ok = session.get(https_upstream.url("allowed.test"), headers={"Cookie": f"session={JWT}"}, timeout=20)
+    assert ok.status_code == 200
+    assert https_upstream.requests[-1]["headers"]["Cookie"] == f"session={JWT}"
+    still = session.get(https_upstream.url("allowed.test", f"/small?k={STORED}"), timeout=20)
+    assert still.status_code == 403
+
+
+def test_an_unknown_kind_is_a_load_error(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text('allow = ["example.org"]\n[credentials]\nignore_kinds = ["jwtt"]\n')
+    result = subprocess.run([*egress_command(), "policy", "validate", str(policy)], capture_output=True,
+                            text=True, timeout=60, env=clean_env(tmp_path))
+    assert result.returncode == 1
+    assert "'jwtt' is not a kind; did you mean 'jwt'?" in result.stderr

@@ -43,6 +43,7 @@ class CredentialGuard:
     def __init__(self, engine: Engine, credentials: Credentials):
         self.engine = engine
         self.action = credentials.action
+        self.ignore_kinds = credentials.ignore_kinds
         self.secrets = credentials.secrets
         labelled = [(s.label, s.value) for s in credentials.secrets]
         labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered]
@@ -82,9 +83,17 @@ class CredentialGuard:
         if host not in self._host_findings:
             if len(self._host_findings) > 4096:
                 self._host_findings.clear()
-            findings = self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
+            findings = [f for f in self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
+                        if f.kind not in self.ignore_kinds]
             self._host_findings[host] = findings[0] if findings else None
         return self._host_findings[host]
+
+    def _scan(self, data: bytes):
+        """Findings that count: all but the well-known kinds this install lets through."""
+        findings = self.detector.scan(data)
+        if self.ignore_kinds and findings:
+            findings = [f for f in findings if f.kind not in self.ignore_kinds]
+        return findings
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
@@ -99,7 +108,7 @@ class CredentialGuard:
             return
         host = flow.metadata.get("egress.host") or flow.request.host
         bound = self._bound_to(host)
-        findings = self.detector.scan(_neutralise(message.content, bound))
+        findings = self._scan(_neutralise(message.content, bound))
         if findings:
             message.drop()
             detail = f"{findings[0].kind} in a WebSocket message"
@@ -160,7 +169,7 @@ class CredentialGuard:
                 body = substituted
                 flow.request.content = body  # mitmproxy re-encodes and fixes Content-Length
                 flow.metadata["egress.substituted"] = True
-        findings = self.detector.scan(_neutralise(body, bound))
+        findings = self._scan(_neutralise(body, bound))
         if not findings:
             return
         refused = [f for f in findings if self._must_refuse(f.kind)]
@@ -213,7 +222,7 @@ class CredentialGuard:
         if finding is not None:
             found.append(("the host name", finding, None))
         target = flow.request.path.encode("utf-8", "surrogateescape")
-        for finding in self.detector.scan(_neutralise(target, bound)):
+        for finding in self._scan(_neutralise(target, bound)):
             found.append(("the URL", finding, "path"))
         # All header values in one scan (one pass of the prefilter), mapped back to their header.
         values, starts, at = [], [], 0
@@ -225,7 +234,7 @@ class CredentialGuard:
             starts.append(at)
             at += len(scanned) + 1
         fields = flow.request.headers.fields
-        for finding in self.detector.scan(b"\n".join(values)):
+        for finding in self._scan(b"\n".join(values)):
             index = bisect.bisect_right(starts, finding.start) - 1
             local = finding._replace(start=finding.start - starts[index], end=finding.end - starts[index])
             found.append((f"the {fields[index][0].decode('latin-1')} header", local, index))
@@ -375,7 +384,7 @@ class _StreamGuard:
         if self.stopped:
             return b""
         window = self.held + chunk
-        findings = self.guard.detector.scan(_neutralise(window, self.bound))
+        findings = self.guard._scan(_neutralise(window, self.bound))
         if findings:
             self._stop(findings[0].kind)
             return b""
