@@ -296,6 +296,17 @@ def proxy(proxy_factory) -> ProxyProcess:
     return proxy_factory()
 
 
+def proxied_session(proxy: ProxyProcess):
+    """A requests session through ``proxy`` that trusts only egress's CA and ignores the machine's settings."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies = {"http": proxy.url, "https": proxy.url}
+    session.verify = str(proxy.ca_path)
+    return session
+
+
 # ---------------------------------------------------------------------- curl
 
 

@@ -15,9 +15,8 @@ import subprocess
 import sys
 
 import pytest
-import requests
 
-from conftest import DEFAULT_POLICY, TEST_NAMES, clean_env, egress_command
+from conftest import DEFAULT_POLICY, TEST_NAMES, clean_env, egress_command, proxied_session
 
 _RANDOM = random.Random(20261202)
 
@@ -30,14 +29,6 @@ GITHUB = fake("ghp_", 36)
 STRIPE = fake("sk_live_", 24)
 ANTHROPIC = fake("sk-ant-api03-", 93, string.ascii_letters + string.digits + "_-") + "AA"
 STORED = fake("", 32)  # an install's own secret with no well-known shape
-
-
-def session_for(proxy) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False
-    session.proxies = {"http": proxy.url, "https": proxy.url}
-    session.verify = str(proxy.ca_path)
-    return session
 
 
 def assert_refused(response, upstream, kind: str):
@@ -59,7 +50,7 @@ def guarded(proxy_factory):
 
 @pytest.mark.parametrize("placement", ["query", "header", "bearer", "json", "form", "multipart", "basic"])
 def test_token_anywhere_in_a_request_is_refused(guarded, https_upstream, placement):
-    session = session_for(guarded)
+    session = proxied_session(guarded)
     url = https_upstream.url("allowed.test", "/echo")
     if placement == "query":
         response = session.get(https_upstream.url("allowed.test", f"/small?token={GITHUB}"), timeout=20)
@@ -81,20 +72,20 @@ def test_token_anywhere_in_a_request_is_refused(guarded, https_upstream, placeme
 
 
 def test_stored_secret_from_the_environment_is_refused(guarded, http_upstream):
-    response = session_for(guarded).post(http_upstream.url("allowed.test", "/echo"),
+    response = proxied_session(guarded).post(http_upstream.url("allowed.test", "/echo"),
                                          data=f"debug dump: {STORED}", timeout=20)
     assert_refused(response, http_upstream, "MY_SERVICE_TOKEN")
 
 
 def test_token_inside_gzip_body_is_refused(guarded, https_upstream):
     body = gzip.compress(json.dumps({"t": GITHUB}).encode())
-    response = session_for(guarded).post(https_upstream.url("allowed.test", "/echo"), data=body, timeout=20,
+    response = proxied_session(guarded).post(https_upstream.url("allowed.test", "/echo"), data=body, timeout=20,
                                          headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
     assert_refused(response, https_upstream, "github")
 
 
 def test_unreadable_content_encoding_fails_closed(guarded, https_upstream):
-    response = session_for(guarded).post(https_upstream.url("allowed.test", "/echo"), data=b"\x00\x01opaque",
+    response = proxied_session(guarded).post(https_upstream.url("allowed.test", "/echo"), data=b"\x00\x01opaque",
                                          headers={"Content-Encoding": "x-mystery"}, timeout=20)
     assert response.status_code == 403
     assert "reason=credential" in response.headers["X-Egress-Blocked"]
@@ -104,7 +95,7 @@ def test_unreadable_content_encoding_fails_closed(guarded, https_upstream):
 def test_ordinary_requests_pass_untouched(guarded, https_upstream):
     body = json.dumps({"sha": "9fceb02d0ae598e95dc970b74767f19372d61af8",
                        "id": "123e4567-e89b-12d3-a456-426614174000", "note": "use a ghp_ token"})
-    response = session_for(guarded).post(https_upstream.url("allowed.test", "/echo"), data=body, timeout=20)
+    response = proxied_session(guarded).post(https_upstream.url("allowed.test", "/echo"), data=body, timeout=20)
     assert response.status_code == 200
     assert response.text == body
 
@@ -115,7 +106,7 @@ def test_ordinary_requests_pass_untouched(guarded, https_upstream):
 def test_mask_mode_forwards_the_redacted_request(proxy_factory, https_upstream):
     policy = DEFAULT_POLICY + '\n[credentials]\naction = "mask"\n'
     proxy = proxy_factory(policy)
-    response = session_for(proxy).post(https_upstream.url("allowed.test", f"/echo?t={STRIPE}"),
+    response = proxied_session(proxy).post(https_upstream.url("allowed.test", f"/echo?t={STRIPE}"),
                                        data=json.dumps({"token": GITHUB}),
                                        headers={"X-Api-Key": ANTHROPIC}, timeout=20)
     assert response.status_code == 200
@@ -138,7 +129,7 @@ hosts = ["allowed.test"]
 
 def test_bound_secret_reaches_its_host_only(proxy_factory, https_upstream):
     proxy = proxy_factory(BOUND_POLICY, env={"GITHUB_TOKEN": GITHUB})
-    session = session_for(proxy)
+    session = proxied_session(proxy)
     ok = session.get(https_upstream.url("allowed.test", "/small"), headers={"Authorization": f"token {GITHUB}"},
                      timeout=20)
     assert ok.status_code == 200
@@ -243,7 +234,7 @@ def test_run_redact_filters_the_commands_output(tmp_path):
 def test_basic_auth_decoding_is_real(guarded, https_upstream):
     # A Basic credential whose user part is innocent and whose password is a token.
     header = "Basic " + base64.b64encode(f"__token__:{GITHUB}".encode()).decode()
-    response = session_for(guarded).get(https_upstream.url("allowed.test"), headers={"Authorization": header},
+    response = proxied_session(guarded).get(https_upstream.url("allowed.test"), headers={"Authorization": header},
                                         timeout=20)
     assert_refused(response, https_upstream, "github")
 
@@ -421,7 +412,7 @@ def test_an_upper_cased_secret_in_a_host_name_is_refused_before_dns(proxy_factor
 
 
 def test_refusals_and_logs_never_repeat_a_token(guarded, https_upstream):
-    session = session_for(guarded)
+    session = proxied_session(guarded)
     session.get(https_upstream.url("allowed.test"), headers={"Host": f"{GITHUB}.allowed.test"}, timeout=20)
     sock = socket.create_connection(("127.0.0.1", guarded.port), timeout=15)
     sock.sendall(f"CONNECT {GITHUB}.blocked.test:443 HTTP/1.1\r\n\r\n".encode())
@@ -453,12 +444,12 @@ JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." \
 
 def test_ignore_kinds_lets_a_format_through_but_not_stored_secrets(proxy_factory, https_upstream):
     strict = proxy_factory(DEFAULT_POLICY)
-    refused = session_for(strict).get(https_upstream.url("allowed.test"), headers={"Cookie": f"session={JWT}"},
+    refused = proxied_session(strict).get(https_upstream.url("allowed.test"), headers={"Cookie": f"session={JWT}"},
                                       timeout=20)
     assert refused.status_code == 403 and "jwt" in refused.text
     relaxed = proxy_factory(DEFAULT_POLICY + '\n[credentials]\nignore_kinds = ["jwt"]\n',
                             env={"MY_SERVICE_TOKEN": STORED})
-    session = session_for(relaxed)
+    session = proxied_session(relaxed)
     ok = session.get(https_upstream.url("allowed.test"), headers={"Cookie": f"session={JWT}"}, timeout=20)
     assert ok.status_code == 200
     assert https_upstream.requests[-1]["headers"]["Cookie"] == f"session={JWT}"

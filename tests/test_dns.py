@@ -16,7 +16,8 @@ import dns.rcode
 import dns.rdatatype
 import dns.rrset
 import pytest
-import requests
+
+from conftest import proxied_session
 
 
 class DnsServer:
@@ -89,13 +90,6 @@ def _server_on(address: str, port: int = 0, label: bytes = b""):
     return server, seen
 
 
-def session_for(proxy) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False
-    session.proxies = {"http": proxy.url, "https": proxy.url}
-    return session
-
-
 def start(proxy_factory, dns_server, policy: str, *extra: str):
     return proxy_factory(policy, "--dns-server", f"127.0.0.1:{dns_server.port}", *extra, names=[])
 
@@ -103,7 +97,7 @@ def start(proxy_factory, dns_server, policy: str, *extra: str):
 def test_a_name_that_resolves_to_loopback_is_refused(proxy_factory, dns_server, http_upstream):
     dns_server.answers["sneaky.test"] = ["127.0.0.1"]
     proxy = start(proxy_factory, dns_server, 'allow = ["sneaky.test"]\n')
-    response = session_for(proxy).get(f"http://sneaky.test:{http_upstream.port}/small", timeout=20)
+    response = proxied_session(proxy).get(f"http://sneaky.test:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 403
     assert response.headers["X-Egress-Blocked"] == "sneaky.test; reason=private-address"
     assert dns_server.a_queries("sneaky.test") >= 1
@@ -113,7 +107,7 @@ def test_a_name_that_resolves_to_loopback_is_refused(proxy_factory, dns_server, 
 def test_a_denied_name_is_never_even_looked_up(proxy_factory, dns_server):
     dns_server.answers["nope.test"] = ["127.0.0.1"]
     proxy = start(proxy_factory, dns_server, 'allow = ["other.test"]\n')
-    response = session_for(proxy).get("http://nope.test/", timeout=20)
+    response = proxied_session(proxy).get("http://nope.test/", timeout=20)
     assert response.status_code == 403
     assert dns_server.queries == []
 
@@ -127,12 +121,12 @@ def test_rebinding_cannot_redirect_a_checked_connection(proxy_factory, dns_serve
         dns_server.answers["rebind.test"] = ["127.0.0.2", "127.0.0.3"]
         proxy = start(proxy_factory, dns_server,
                       'allow = ["rebind.test"]\nallow_private = ["127.0.0.2/32"]\n')
-        session = session_for(proxy)
+        session = proxied_session(proxy)
         bodies = [session.get(f"http://rebind.test:{port}/{i}", timeout=20).content for i in range(3)]
         assert bodies == [b"good"] * 3
         assert dns_server.a_queries("rebind.test") == 1  # resolved once for the connection
         # A new connection resolves again, gets 127.0.0.3, and that answer is checked too.
-        fresh = session_for(proxy).get(f"http://rebind.test:{port}/again", timeout=20)
+        fresh = proxied_session(proxy).get(f"http://rebind.test:{port}/again", timeout=20)
         assert fresh.status_code == 403
         assert "127.0.0.3 is loopback" in fresh.text
         assert victim_seen == [] and len(good_seen) == 3
@@ -144,7 +138,7 @@ def test_rebinding_cannot_redirect_a_checked_connection(proxy_factory, dns_serve
 
 def test_unknown_name_answers_502_dns_failed(proxy_factory, dns_server):
     proxy = start(proxy_factory, dns_server, 'allow = ["missing.test"]\n')
-    response = session_for(proxy).get("http://missing.test/", timeout=20)
+    response = proxied_session(proxy).get("http://missing.test/", timeout=20)
     assert response.status_code == 502
     assert response.headers["X-Egress-Error"] == "missing.test; reason=dns-failed"
     assert response.text.startswith("EGRESS_UPSTREAM_ERROR missing.test: the name does not resolve")
@@ -153,6 +147,6 @@ def test_unknown_name_answers_502_dns_failed(proxy_factory, dns_server):
 def test_silent_dns_answers_504_dns_timeout(proxy_factory, dns_server):
     dns_server.silent.add("slow.test")
     proxy = start(proxy_factory, dns_server, 'allow = ["slow.test"]\n', "--dns-timeout", "1")
-    response = session_for(proxy).get("http://slow.test/", timeout=30)
+    response = proxied_session(proxy).get("http://slow.test/", timeout=30)
     assert response.status_code == 504
     assert response.headers["X-Egress-Error"] == "slow.test; reason=dns-timeout"

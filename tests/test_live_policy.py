@@ -7,16 +7,7 @@ import re
 import signal
 import time
 
-import requests
-
-from conftest import DEFAULT_POLICY
-
-
-def session_for(proxy) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False
-    session.proxies = {"http": proxy.url, "https": proxy.url}
-    return session
+from conftest import DEFAULT_POLICY, proxied_session
 
 
 def wait_for(predicate, what: str, timeout: float = 15.0):
@@ -27,7 +18,7 @@ def wait_for(predicate, what: str, timeout: float = 15.0):
 
 
 def status(proxy, url: str) -> int:
-    return session_for(proxy).get(url, timeout=20).status_code
+    return proxied_session(proxy).get(url, timeout=20).status_code
 
 
 def test_an_edit_applies_to_the_next_request(proxy_factory, http_upstream):
@@ -85,7 +76,6 @@ def test_sighup_reloads_at_once(proxy_factory, http_upstream):
 
 def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path, http_upstream, curl_path):
     import subprocess
-    import sys
 
     from conftest import clean_env, egress_command
 

@@ -8,9 +8,8 @@ import socket
 import ssl
 
 import pytest
-import requests
 
-from conftest import run_curl
+from conftest import proxied_session, run_curl
 
 
 def connect_raw(proxy, target: str, extra: bytes = b"") -> tuple[socket.socket, bytes]:
@@ -55,14 +54,6 @@ def http_over(sock, host_header: str, path: str = "/small") -> bytes:
     return data
 
 
-def requests_session(proxy) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False  # never the machine's proxy or CA variables
-    session.proxies = {"http": proxy.url, "https": proxy.url}
-    session.verify = str(proxy.ca_path)
-    return session
-
-
 # ------------------------------------------------------------------ allowed
 
 
@@ -79,7 +70,7 @@ def test_allowed_https_passes_intercepted_with_body_intact(proxy, https_upstream
 
 def test_allowed_plain_http_passes_with_python_requests(proxy, http_upstream):
     body = b'{"x": "' + b"y" * 5000 + b'"}'
-    response = requests_session(proxy).post(http_upstream.url("api.allowed.test", "/echo"), data=body,
+    response = proxied_session(proxy).post(http_upstream.url("api.allowed.test", "/echo"), data=body,
                                             headers={"Content-Type": "application/json"}, timeout=20)
     assert response.status_code == 200
     assert response.content == body
@@ -87,7 +78,7 @@ def test_allowed_plain_http_passes_with_python_requests(proxy, http_upstream):
 
 
 def test_subdomain_of_allowed_entry_is_allowed_over_https(proxy, https_upstream):
-    response = requests_session(proxy).get(https_upstream.url("api.allowed.test", "/small"), timeout=20)
+    response = proxied_session(proxy).get(https_upstream.url("api.allowed.test", "/small"), timeout=20)
     assert response.status_code == 200 and response.text == "hello from upstream\n"
 
 
@@ -121,7 +112,7 @@ def test_refused_plain_http_has_header_and_body(proxy, http_upstream, curl_path,
 
 
 def test_deny_wins_over_allow_of_parent(proxy, http_upstream):
-    response = requests_session(proxy).get(http_upstream.url("denied.allowed.test"), timeout=20)
+    response = proxied_session(proxy).get(http_upstream.url("denied.allowed.test"), timeout=20)
     assert response.status_code == 403
     assert response.headers["X-Egress-Blocked"] == "denied.allowed.test; reason=denied"
     assert http_upstream.connections == 0
@@ -140,7 +131,7 @@ def test_name_resolving_to_private_address_is_refused(proxy, https_upstream):
 @pytest.mark.parametrize("spelling", ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "[::ffff:127.0.0.1]"])
 def test_ip_literal_spellings_are_normalised_and_never_match_names(proxy_factory, http_upstream, spelling):
     proxy = proxy_factory('allow = ["allowed.test"]\ndeny = ["127.0.0.0/8"]\n')
-    response = requests_session(proxy).get(f"http://{spelling}:{http_upstream.port}/small", timeout=20)
+    response = proxied_session(proxy).get(f"http://{spelling}:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 403
     assert response.headers["X-Egress-Blocked"] == "127.0.0.1; reason=denied"
     assert http_upstream.connections == 0
@@ -148,11 +139,11 @@ def test_ip_literal_spellings_are_normalised_and_never_match_names(proxy_factory
 
 def test_ip_allowed_by_policy_still_needs_allow_private(proxy_factory, http_upstream):
     proxy = proxy_factory('allow = ["127.0.0.1"]\n')
-    response = requests_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
+    response = proxied_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 403
     assert "reason=private-address" in response.headers["X-Egress-Blocked"]
     proxy = proxy_factory('allow = ["127.0.0.1"]\nallow_private = ["127.0.0.0/8"]\n')
-    response = requests_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
+    response = proxied_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 200
 
 
@@ -176,7 +167,7 @@ def test_host_header_naming_another_host_is_misdirected(proxy, https_upstream):
 
 
 def test_plain_http_host_header_must_match_the_url(proxy, http_upstream):
-    response = requests_session(proxy).get(http_upstream.url("allowed.test"), headers={"Host": "other.test"},
+    response = proxied_session(proxy).get(http_upstream.url("allowed.test"), headers={"Host": "other.test"},
                                            timeout=20)
     assert response.status_code == 403
     assert response.headers["X-Egress-Blocked"] == "allowed.test; reason=misdirected"
@@ -209,7 +200,7 @@ def test_passthrough_host_is_tunnelled_untouched(proxy, https_upstream, test_ca_
 
 
 def test_upstream_reset_gives_502_and_the_proxy_keeps_serving(proxy, http_upstream):
-    session = requests_session(proxy)
+    session = proxied_session(proxy)
     response = session.get(http_upstream.url("allowed.test", "/reset"), timeout=20)
     assert response.status_code == 502
     assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
@@ -221,14 +212,14 @@ def test_garbage_from_a_client_gets_400_and_others_are_served(proxy, http_upstre
     answer = sock.recv(4096)
     sock.close()
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
-    assert requests_session(proxy).get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
+    assert proxied_session(proxy).get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
 
 
 # ------------------------------------------------------- events & metrics
 
 
 def test_audit_log_is_json_lines_with_the_documented_fields(proxy, http_upstream):
-    session = requests_session(proxy)
+    session = proxied_session(proxy)
     session.get(http_upstream.url("allowed.test"), timeout=20)
     session.get(http_upstream.url("blocked.test"), timeout=20)
     events = proxy.wait_for_audit(lambda e: e["host"] == "allowed.test")
@@ -240,7 +231,7 @@ def test_audit_log_is_json_lines_with_the_documented_fields(proxy, http_upstream
 
 
 def test_metrics_count_decisions_and_blocks(proxy, http_upstream):
-    session = requests_session(proxy)
+    session = proxied_session(proxy)
     for _ in range(3):
         session.get(http_upstream.url("blocked.test"), timeout=20)
     session.get(http_upstream.url("allowed.test"), timeout=20)
@@ -268,7 +259,7 @@ def test_upstream_that_hangs_gets_504_naming_the_reason(proxy_factory, http_upst
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
-    session = requests_session(proxy)
+    session = proxied_session(proxy)
     response = session.get(http_upstream.url("allowed.test", "/hang"), timeout=30)
     assert response.status_code == 504
     assert response.headers["X-Egress-Error"] == "allowed.test; reason=upstream-timeout"
@@ -282,7 +273,7 @@ def test_upstream_that_hangs_inside_tls_is_dropped_with_502(proxy_factory, https
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
-    response = requests_session(proxy).get(https_upstream.url("allowed.test", "/hang"), timeout=30)
+    response = proxied_session(proxy).get(https_upstream.url("allowed.test", "/hang"), timeout=30)
     assert response.status_code == 502
     events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
     assert any(e["decision"] == "error" and e["host"] == "allowed.test" for e in events
@@ -293,6 +284,6 @@ def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY)
-    response = requests_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
+    response = proxied_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
     assert response.status_code == 502
     assert re.search(r"^egress_open_connections [01]\.0$", proxy.metrics(), re.M)
