@@ -10,7 +10,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 # prctl options (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 
 def _check(ret: int, what: str) -> int:
@@ -30,10 +33,12 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None), f"mount {target}")
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
-def prctl(option: int, arg2: int = 0) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)), "prctl")
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> int:
+    """prctl(2); pointers are passed as integers (ctypes.addressof)."""
+    return _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
+                              ctypes.c_ulong(0)), "prctl")

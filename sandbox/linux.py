@@ -56,7 +56,8 @@ Failures before exec raise SandboxError with `.code` (shell conventions, as `env
 EXIT_SANDBOX (125) the sandbox could not be made, or the directory could not be entered;
 EXIT_CANNOT_EXECUTE (126) the program was found but cannot be executed;
 EXIT_NOT_FOUND (127) the program was not found. `wait()` returns EXIT_TIMEOUT (124) on timeout.
-`.kind` names the failing step: "namespaces", "network", "landlock", "cwd", "exec", "internal".
+`.kind` names the failing step: "namespaces", "network", "mounts", "landlock", "privileges", "cwd",
+"exec", "internal".
 
 Caveats: start() forks the caller, so call it from a long-lived thread (the helper gets
 SIGKILL when the thread that forked it exits: PR_SET_PDEATHSIG), preferably before other
@@ -76,7 +77,7 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from sandbox import _libc, landlock, namespaces
+from sandbox import _libc, landlock, mounts, namespaces, seccomp
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX = 125
@@ -112,15 +113,18 @@ class SandboxSpec:
 
     argv: the command; argv[0] is looked up on env["PATH"] (after entering cwd) unless it has a "/".
     env: the command's whole environment (nothing is inherited).
-    writable: trees the command may modify (must exist); /dev/null, ttys, /dev/shm are added.
+    writable: trees the command may modify (must exist); /dev/null, ttys, a private /dev/shm are added.
+    hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
+    replaced: files the command sees with other contents (secret files -> their placeholders).
     network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
         command still gets a fresh network namespace with only `lo`.
-    fs_confinement: apply Landlock; if False the command may write wherever its uid may.
+    fs_confinement: apply Landlock and show the host read-only with /tmp, /var/tmp masked; if
+        False the command may write wherever its uid may (/run and host sockets stay masked).
     stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
     """
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
-                 "stdin", "stdout", "stderr")
+                 "hidden", "replaced", "stdin", "stdout", "stderr")
 
     def __init__(
         self,
@@ -131,6 +135,8 @@ class SandboxSpec:
         network: bool = True,
         proxy_port: int = 3128,
         fs_confinement: bool = True,
+        hidden: Sequence[str] = (),
+        replaced: Mapping[str, bytes] | None = None,
         stdin: int | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
@@ -146,11 +152,13 @@ class SandboxSpec:
         self.network = bool(network)
         self.proxy_port = int(proxy_port)
         self.fs_confinement = bool(fs_confinement)
+        self.hidden = [os.path.abspath(p) for p in hidden]
+        self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k != "env")
-        return f"SandboxSpec({fields}, env=<{len(self.env)} variables>)"
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k not in ("env", "replaced"))
+        return f"SandboxSpec({fields}, env=<{len(self.env)} variables>, replaced=<{len(self.replaced)} files>)"
 
 
 class Sandbox:
@@ -342,6 +350,7 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
         return EXIT_SANDBOX
     _install_stdio(spec)
     _close_fds_except({0, 1, 2, chan.fileno()})
+    sockets = mounts.unix_socket_paths()  # the host's, read before our own network namespace hides them
     try:
         namespaces.enter(os.geteuid(), os.getegid())
     except OSError as e:
@@ -359,20 +368,25 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
                        f"{namespaces.refusal_reason(e)}")
     init = os.fork()
     if init == 0:
-        _run_init(spec, chan)  # never returns
+        _run_init(spec, chan, sockets)  # never returns
     _send_pidfd(chan, b"B", init)
     chan.close()
     return _exit_code(os.waitpid(init, 0)[1])
 
 
 @_child
-def _run_init(spec: SandboxSpec, chan: socket.socket) -> int:
+def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int:
     """PID 1: confine itself (its children inherit it), spawn the command, reap, relay its status."""
     _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)  # the helper gone -> the namespace goes
     # Init keeps the namespace's capabilities (it never execs): a command without them must
     # not be able to ptrace it or open its descriptors through /proc/1/fd.
     _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
     host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # to tell the caller our pids
+    try:
+        mounts.build_view(spec.writable, read_only_host=spec.fs_confinement, mask_tmp=spec.fs_confinement,
+                          readable=[spec.cwd], hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "mounts", f"cannot make the command's view of the filesystem: {e.strerror}")
     namespaces.mount_proc()
     try:
         os.chdir(spec.cwd)
@@ -386,6 +400,11 @@ def _run_init(spec: SandboxSpec, chan: socket.socket) -> int:
             raise _Failure(EXIT_SANDBOX, "landlock", f"cannot confine writes: {e.strerror}")
     else:
         _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
+    try:
+        seccomp.refuse_terminal_injection()
+        namespaces.drop_capabilities()
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "privileges", f"cannot drop the command's privileges: {e.strerror}")
     try:
         # vfork+exec: no copy of the caller's memory for a process that only execs.
         command = os.posix_spawn(path, spec.argv, spec.env, setsigdef=_ALL_SIGNALS, setsigmask=())

@@ -68,6 +68,22 @@ def mount_proc() -> bool:
         return False
 
 
+def drop_capabilities() -> None:
+    """Empty the bounding and ambient sets: what the caller execs next starts with no capabilities.
+
+    Inside its user namespace a root caller's command is uid 0, and the kernel gives uid 0
+    every capability in the bounding set at exec. Those reach host files whose owner is
+    mapped (root's, for a root caller): CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_CHOWN over /etc.
+    With the bounding set empty it stays uid 0 (tools that check for root still run) and
+    holds nothing. An unprivileged caller's command had none already; dropping is harmless.
+    """
+    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _libc.prctl(_libc.PR_CAPBSET_DROP, cap)
+    _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
+
+
 def refusal_reason(err: OSError) -> str:
     """One line: why user namespaces were refused here and how to allow them."""
     if _sysctl("kernel/unprivileged_userns_clone") == "0" and os.geteuid() != 0:

@@ -36,6 +36,43 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+# Folders egress run shows empty inside its sandbox (sandbox/mounts.py MASKED).
+MASKED_BY_THE_SANDBOX = ("/tmp", "/var/tmp", "/run", "/var/run")
+
+
+def _unmasked_base(for_everyone: bool) -> Path:
+    """A folder outside what the sandbox masks, writable here (and with `for_everyone`, every
+    ancestor searchable by other users): where 'elsewhere on the host' lives in tests."""
+    candidates = [Path(__file__).resolve().parents[1], Path.home(), Path.cwd()]
+    for base in candidates:
+        real = os.path.realpath(base)
+        masked = any(real == m or real.startswith(m + "/") for m in MASKED_BY_THE_SANDBOX)
+        searchable = all(os.stat(p).st_mode & 0o001 for p in [real, *map(str, Path(real).parents)])
+        if not masked and os.access(real, os.W_OK) and (searchable or not for_everyone):
+            return Path(real)
+    pytest.skip(f"no writable folder{' that every user can reach' if for_everyone else ''} outside "
+                f"{', '.join(MASKED_BY_THE_SANDBOX)} among {', '.join(map(str, candidates))}")
+
+
+def make_host_dir(for_everyone: bool = False) -> Path:
+    """A fresh folder the sandbox shows read-only: a stand-in for the user's files outside the project.
+    The caller removes it."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix=".egress-test-host-", dir=_unmasked_base(for_everyone)))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def host_dir():
+    path = make_host_dir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 # ------------------------------------------------------------------ upstreams
 
 

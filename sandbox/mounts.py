@@ -1,0 +1,235 @@
+"""The command's view of the filesystem: the host read-only, its own trees writable, doors closed.
+
+Landlock confines writes to file *contents* and names; it does not mediate chmod, chown,
+utime or extended attributes, nor connect() to a Unix socket file. Both were ways out:
+`os.chmod("../victim", 0o4777)` succeeded outside the project (as root, /etc/shadow too),
+and a host socket that relays to TCP, the docker daemon or an ssh-agent reached past the
+network namespace. The mount namespace the sandbox already has closes both:
+
+1. every writable tree is cloned (open_tree) before anything changes, so it can be put back
+   where it was even when a mask below hides its parent;
+2. the whole host tree is made read-only (one recursive mount_setattr): chmod, chown, utime,
+   xattrs, writes and creations anywhere fail with EROFS, whatever the caller's uid;
+3. the folders where sockets and shared scratch live are replaced by empty, read-only tmpfs
+   mounts: /tmp, /var/tmp, /run (and /var/run when it is not a link to /run); the writable
+   trees that lay inside them are attached again at the same paths;
+4. /dev/shm becomes a private tmpfs (what the command leaves there dies with it);
+5. `hidden` folders (egress's state: the run's control socket, the CA's private key) show as
+   empty; `replaced` files (secrets bound to hosts) show other contents (their placeholder);
+6. every pathname socket bound in the caller's network namespace when the run starts
+   (/proc/net/unix, read before the namespaces are made) and still visible gets an empty
+   read-only file mounted over it: connect() then fails with EACCES.
+
+Why mounts rather than seccomp for sockets: a classic-BPF filter cannot read the address
+passed to connect(), and refusing socket(AF_UNIX) would break every program that runs a
+server of its own (databases in tests, multiprocessing managers). What remains reachable:
+a socket that a host program binds *after* the run started, outside the masked folders
+(for example in the home folder). A Landlock right for socket lookups
+(LANDLOCK_ACCESS_FS_RESOLVE_UNIX, merged in 2026) would close that; this kernel generation
+lacks it.
+
+The new mounts are owned by the sandbox's user namespace; copied into any namespace the
+command makes, the kernel locks them (MNT_LOCKED, MNT_LOCK_READONLY): it can neither unmount
+a mask nor make the host writable again.
+
+Costs (this VM, 20 mounts, 3 sockets): measured in the launcher benchmark, see bench/README.md.
+Only stdlib and ctypes: this runs in the sandbox's init, a forked copy of the caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from collections.abc import Iterable, Mapping
+
+from sandbox import _libc
+
+# Syscall numbers of the mount API (Linux 5.2+, mount_setattr 5.12+): the same on every
+# architecture using the unified table (x86_64, aarch64, riscv64).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_FSOPEN = 430
+_SYS_FSCONFIG = 431
+_SYS_FSMOUNT = 432
+_SYS_MOUNT_SETATTR = 442
+
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_CMD_CREATE = 6
+_FSOPEN_CLOEXEC = 1
+_FSMOUNT_CLOEXEC = 1
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+
+# Where host programs keep their sockets (ssh-agent, tmux, X11, docker, podman, dbus,
+# systemd, user runtime folders) and shared scratch: shown empty inside.
+MASKED = ("/tmp", "/var/tmp", "/run", "/var/run")
+PRIVATE_SHM = "/dev/shm"
+_SHM_SIZE = "size=50%"  # tmpfs' own default, said explicitly
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
+    """Absolute paths of the pathname sockets bound in the reader's network namespace."""
+    try:
+        with open(table, "rb") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    paths = []
+    for line in lines:
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[7].startswith(b"/"):  # "@name" is abstract (per network namespace)
+            paths.append(os.fsdecode(fields[7]))
+    return paths
+
+
+def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool, readable: Iterable[str] = (),
+               hidden: Iterable[str] = (), replaced: Mapping[str, bytes] | None = None,
+               sockets: Iterable[str] = ()) -> None:
+    """Make the calling process's (private) mount namespace the command's view. Raises OSError.
+
+    `writable` trees stay writable, and visible even inside masked folders; `readable` trees
+    (the working directory) stay visible, read-only; with `read_only_host` everything else is
+    read-only; `mask_tmp` masks /tmp and /var/tmp too (without it, as with
+    --no-fs-confinement, where writes may go anywhere, only /run is masked).
+    """
+    trees = sorted({os.path.realpath(p) for p in writable}, key=len)
+    for path in trees:
+        if not os.path.isdir(path):
+            raise OSError(errno.ENOENT, f"writable path {path}: no such folder")
+    masks = [m for m in _existing_dirs(MASKED if mask_tmp else ("/run", "/var/run"))
+             if not any(_within(m, t) for t in trees)]
+    shown = [p for p in {os.path.realpath(p) for p in readable} if os.path.isdir(p)
+             and any(_within(p, m) for m in masks) and not any(_within(p, t) for t in trees)]
+    # Cloned before anything changes: a tree under a mask is put back from its clone.
+    clones = [(path, _clone(path), True) for path in trees] + [(path, _clone(path), False) for path in shown]
+    clones.sort(key=lambda c: len(c[0]))
+    try:
+        if read_only_host:
+            _setattr(_AT_FDCWD, "/", _MOUNT_ATTR_RDONLY, 0, _AT_RECURSIVE)
+        for folder in masks:
+            _libc.mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for path, clone, rw in clones:
+            if not rw:
+                _setattr(clone, "", _MOUNT_ATTR_RDONLY, 0, _AT_EMPTY_PATH | _AT_RECURSIVE)
+            if not os.path.isdir(path):  # it lay under a mask: make its mount point
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            _move(clone, path)
+        for folder in masks:
+            _setattr(_AT_FDCWD, folder, _MOUNT_ATTR_RDONLY, 0, 0)
+    finally:
+        for _, clone, _ in clones:
+            os.close(clone)
+    if os.path.isdir(PRIVATE_SHM):
+        _libc.mount("tmpfs", PRIVATE_SHM, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
+    _cover(hidden, replaced or {}, sockets)
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _cover(hidden: Iterable[str], replaced: Mapping[str, bytes], sockets: Iterable[str]) -> None:
+    """Mount an empty folder over each hidden one, other contents over each replaced file,
+    an empty file over each socket; all from one detached read-only tmpfs."""
+    # Mount targets are named by their real paths: a mount over a link would not cover its target.
+    hidden = [os.path.realpath(p) for p in hidden if os.path.isdir(p)]
+    replaced = {os.path.realpath(p): data for p, data in replaced.items() if os.path.isfile(p)}
+    sockets = [os.path.realpath(p) for p in sockets if _is_socket(p)]
+    if not (hidden or replaced or sockets):
+        return
+    staging = _tmpfs_detached()
+    try:
+        os.mkdir("empty", 0o555, dir_fd=staging)
+        _write(staging, "nothing", b"")
+        for index, data in enumerate(replaced.values()):
+            _write(staging, f"file{index}", data)
+        _setattr(staging, "", _MOUNT_ATTR_RDONLY, 0, _AT_EMPTY_PATH)
+        for path in hidden:
+            _attach(staging, "empty", path)
+        for index, path in enumerate(replaced):
+            _attach(staging, f"file{index}", path)
+        for path in sockets:
+            _attach(staging, "nothing", path)
+    finally:
+        os.close(staging)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False  # hidden by a mask already, or gone
+
+
+def _existing_dirs(paths: Iterable[str]) -> list[str]:
+    """The real folders among `paths`, each once (/var/run is usually a link to /run)."""
+    found: list[str] = []
+    for path in paths:
+        if not os.path.islink(path) and os.path.isdir(path) and path not in found:
+            found.append(path)
+    return found
+
+
+def _write(dir_fd: int, name: str, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+# --- the mount API, through raw syscalls (Python 3.11's os module has none of it) ----------
+
+
+def _clone(path: str) -> int:
+    """A detached copy of the mount tree at `path` (recursive: locked submounts come along)."""
+    return _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, path.encode(),
+                         _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE)
+
+
+def _move(tree: int, target: str) -> None:
+    _libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH)
+
+
+def _attach(staging: int, name: str, target: str) -> None:
+    """Bind staging/name onto target."""
+    tree = _libc.syscall(_SYS_OPEN_TREE, staging, name.encode(), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+    try:
+        _move(tree, target)
+    finally:
+        os.close(tree)
+
+
+def _setattr(dir_fd: int, path: str, set_: int, clear: int, flags: int) -> None:
+    attr = _MountAttr(set_, clear, 0, 0)
+    _libc.syscall(_SYS_MOUNT_SETATTR, dir_fd, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+def _tmpfs_detached() -> int:
+    """A small tmpfs attached nowhere; its root as a descriptor."""
+    fs = _libc.syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC)
+    try:
+        _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, b"size", b"1m", 0)
+        _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, b"mode", b"0755", 0)
+        _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0)
+        return _libc.syscall(_SYS_FSMOUNT, fs, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
+    finally:
+        os.close(fs)
+
