@@ -165,6 +165,7 @@ class StoredSecret:
     hosts: tuple[str, ...] = ()  # empty: may go nowhere
     placeholder: str | None = None  # set when brokered: what the command sees instead
     env: str | None = None
+    file: str | None = None  # the file it was read from (absolute)
 
 
 @dataclass
@@ -182,6 +183,18 @@ class Credentials:
     def placeholder_environment(self) -> dict[str, str]:
         """Variables whose value the command sees as a placeholder."""
         return {s.env: s.placeholder for s in self.secrets if s.placeholder and s.env}
+
+    def placeholder_files(self) -> dict[str, bytes]:
+        """Files the command sees with the placeholder where the secret was (the rest kept as written)."""
+        shown = {}
+        for secret in self.secrets:
+            if secret.placeholder and secret.file:
+                try:
+                    text = Path(secret.file).read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    text = secret.value + "\n"  # it was readable a moment ago; show the placeholder anyway
+                shown[secret.file] = text.replace(secret.value, secret.placeholder).encode()
+        return shown
 
 
 def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, broker: bool,
@@ -211,7 +224,8 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
                 problems.append((spec.path, "hosts", f"credentials.secret {spec.label}: bound to {host!r}, "
                                                      f"which the policy does not allow; allow it or unbind it"))
         placeholder = make_placeholder(value) if broker and spec.brokered else None
-        stored.append(StoredSecret(spec.label, value, spec.hosts, placeholder, spec.env))
+        file = str(Path(os.path.expanduser(spec.file)).absolute()) if spec.file else None
+        stored.append(StoredSecret(spec.label, value, spec.hosts, placeholder, spec.env, file))
         if spec.env:
             named_envs.add(spec.env)
     if settings.scan_env:

@@ -190,6 +190,10 @@ def run(options: RunOptions) -> int:
                            writable=[str(project), str(tmpdir), *map(str, options.add_dirs)],
                            network=networked, proxy_port=PROXY_PORT,
                            fs_confinement=options.fs_confinement,
+                           # The command never sees egress's state (control sockets, the CA's key)
+                           # nor a secret file bound to hosts (it reads the placeholder instead).
+                           hidden=[str(_state_dir(options))],
+                           replaced=credentials.placeholder_files() if credentials is not None else None,
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
         try:
@@ -238,6 +242,12 @@ def run(options: RunOptions) -> int:
         if box is not None:
             box.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _state_dir(options: RunOptions) -> Path:
+    from egress.state import state_dir
+
+    return options.state_dir or state_dir()
 
 
 def _asker(options: RunOptions, state):

@@ -1,0 +1,197 @@
+"""`egress run` attacked from inside, as a prompt-injected agent would (issue 8), end to end.
+
+Each test is one escape a review carried out with the real launcher; each now fails. The
+sandbox-level matrix (also as `nobody`) is tests/sandbox/test_escapes.py; the control
+socket, the policy file and the terminal's display attributes have tests of their own.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import fcntl
+import os
+import pty
+import shutil
+import socket
+import subprocess
+import sys
+import termios
+import textwrap
+
+import pytest
+
+from conftest import TEST_NAMES, clean_env, egress_command
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+
+POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
+SECRET = "egress-test-secret-4d1f2e9ab07c5e3186f2"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces_available():
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user+network namespaces are not available here: {probe.stderr.decode().strip()}")
+
+
+def run_args(tmp_path, project, *command, policy=POLICY, extra=()):
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(policy)
+    args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state"),
+            "--project", str(project)]
+    for name in TEST_NAMES:
+        args += ["--resolve", f"{name}:127.0.0.1"]
+    return [*args, *extra, "--", *command]
+
+
+def egress_run(tmp_path, project, *command, policy=POLICY, extra=(), **kw):
+    project.mkdir(exist_ok=True)
+    return subprocess.run(run_args(tmp_path, project, *command, policy=policy, extra=extra), capture_output=True,
+                          text=True, timeout=120, cwd=project, env=clean_env(tmp_path, PYTHONPATH=os.getcwd()), **kw)
+
+
+def test_the_command_cannot_type_into_the_callers_terminal(tmp_path):
+    # The attack: TIOCSTI on the shared terminal queues a command line that the caller's shell
+    # would read and run after egress exits, outside every namespace.
+    master, slave = pty.openpty()
+    project = tmp_path / "project"
+    project.mkdir()
+    script = textwrap.dedent("""
+        import fcntl, termios
+        try:
+            for c in b"touch ../PWNED\\n":
+                fcntl.ioctl(0, termios.TIOCSTI, bytes([c]))
+            print("injected")
+        except OSError as e:
+            print("refused", e.errno)
+    """)
+    try:
+        process = subprocess.Popen(run_args(tmp_path, project, sys.executable, "-c", script),
+                                   stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
+                                   env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
+                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        seen = b""
+        while process.poll() is None or _readable(master):
+            if _readable(master, 0.2):
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        process.wait(timeout=60)
+        pending = array.array("i", [0])
+        fcntl.ioctl(slave, termios.FIONREAD, pending)  # bytes waiting in the terminal's input queue
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert f"refused {errno.EPERM}".encode() in seen, seen
+    assert pending[0] == 0  # nothing for the caller's shell to run
+    assert not (tmp_path / "PWNED").exists()
+
+
+def _readable(fd, timeout=0.0):
+    import select
+
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def test_host_files_keep_their_metadata(tmp_path, host_dir):
+    victim = host_dir / "victim.txt"
+    victim.write_text("keep")
+    victim.chmod(0o644)
+    before = victim.stat()
+    script = textwrap.dedent("""
+        import os
+        for name, change in [("chmod", lambda: os.chmod("../victim.txt", 0o4777)),
+                             ("chown", lambda: os.chown("../victim.txt", os.getuid(), os.getgid())),
+                             ("utime", lambda: os.utime("../victim.txt", (0, 0))),
+                             ("xattr", lambda: os.setxattr("../victim.txt", "user.egress", b"1"))]:
+            try:
+                change()
+                print(name, "changed")
+            except OSError as e:
+                print(name, e.errno)
+    """)
+    result = egress_run(tmp_path, host_dir / "project", sys.executable, "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:4] == [f"{n} {errno.EROFS}" for n in ("chmod", "chown", "utime", "xattr")]
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_mtime_ns) == (before.st_mode, before.st_uid, before.st_mtime_ns)
+
+
+@pytest.mark.parametrize("network", ["off", "allowlist"])
+def test_host_unix_sockets_are_no_way_out(tmp_path, host_dir, network):
+    # A relay on the host (socat UNIX-LISTEN:relay.sock,fork TCP:...) would carry anything out.
+    listeners, paths = [], [str(host_dir / "relay.sock"), str(tmp_path / "relay.sock")]
+    for path in paths:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen()
+        server.setblocking(False)
+        listeners.append(server)
+    script = textwrap.dedent(f"""
+        import socket
+        for path in {paths!r}:
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                print("connected")
+            except OSError as e:
+                print(e.errno)
+    """)
+    try:
+        result = egress_run(tmp_path, host_dir / "project", sys.executable, "-c", script,
+                            extra=["--network", network])
+        # Covered where the folder is visible; gone where the folder (/tmp) is masked.
+        assert result.stdout.split() == [str(errno.EACCES), str(errno.ENOENT)], result.stderr
+        for server in listeners:
+            with pytest.raises(BlockingIOError):
+                server.accept()
+    finally:
+        for server in listeners:
+            server.close()
+
+
+def test_egress_state_is_hidden(tmp_path, host_dir):
+    state = host_dir / "state"  # visible on the host side, outside every masked folder
+    project = host_dir / "project"
+    project.mkdir()
+    args = run_args(tmp_path, project, "sh", "-c",
+                    f"ls -A {state}; cat {state}/ca/mitmproxy-ca.pem 2>/dev/null || echo no-key")
+    args[args.index("--state-dir") + 1] = str(state)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=project,
+                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    assert result.returncode == 0, result.stderr
+    assert (state / "ca" / "mitmproxy-ca.pem").is_file()  # the CA exists; the command just cannot see it
+    assert result.stdout == "no-key\n"
+
+
+def test_a_secret_file_bound_to_a_host_shows_its_placeholder(tmp_path, host_dir, https_upstream, test_ca_file,
+                                                              curl_path):
+    token = host_dir / "token"
+    token.write_text(SECRET + "\n")
+    policy = POLICY + f'[[credentials.secret]]\nfile = "{token}"\nhosts = ["allowed.test"]\n'
+    url = https_upstream.url("allowed.test", "/small")
+    result = egress_run(tmp_path, host_dir / "project", "sh", "-c",
+                        f'cat {token}; curl -sS -H "Authorization: Bearer $(cat {token})" {url}',
+                        policy=policy, extra=["--upstream-ca", str(test_ca_file)])
+    assert result.returncode == 0, result.stderr
+    shown, body = result.stdout.split("\n", 1)
+    assert SECRET not in result.stdout and len(shown) == len(SECRET) and shown != SECRET
+    assert body == "hello from upstream\n"
+    # The bound host received the real value, swapped in by egress.
+    assert https_upstream.requests[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert token.read_text() == SECRET + "\n"
+
+
+def test_shared_memory_is_private(tmp_path):
+    marker = f"egress-run-shm-{os.getpid()}"
+    try:
+        result = egress_run(tmp_path, tmp_path / "project", "sh", "-c", f"ls /dev/shm; touch /dev/shm/{marker}")
+        assert result.returncode == 0, result.stderr
+        assert not os.path.exists(f"/dev/shm/{marker}")
+    finally:
+        if os.path.exists(f"/dev/shm/{marker}"):
+            os.unlink(f"/dev/shm/{marker}")
+    assert shutil.which("sh")
