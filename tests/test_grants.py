@@ -183,3 +183,47 @@ def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_pa
         if follower is not None:
             follower.kill()
             follower.wait()
+
+
+# ------------------------------------------------------------------ the command cannot answer for the person
+
+
+# The sandboxed command looks for the run's control socket and asks it to allow the host it
+# was refused. Whether it cannot see the socket or the socket refuses it, the host stays blocked.
+SELF_GRANT = """
+import glob, json, socket, sys, urllib.error, urllib.request
+
+def fetch():
+    try:
+        return urllib.request.urlopen(sys.argv[1]).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+print("before", fetch(), flush=True)
+answers = []
+for path in glob.glob(sys.argv[2] + "/runs/*.sock"):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            sock.sendall(json.dumps({"op": "allow", "host": "other.test"}).encode() + b"\\n")
+            answers.append(sock.makefile().readline().strip())
+    except OSError as e:
+        answers.append(type(e).__name__)
+print("control", answers or "no socket", flush=True)
+print("after", fetch(), flush=True)
+"""
+
+
+def test_the_sandboxed_command_cannot_grant_itself(tmp_path, http_upstream):
+    project = tmp_path / "project"
+    project.mkdir()
+    result = subprocess.run(run_args(tmp_path, sys.executable, "-c", SELF_GRANT, http_upstream.url("other.test"),
+                                     str(tmp_path / "state"), extra=["--headless"]),
+                            capture_output=True, text=True, timeout=120, cwd=project, env=env_for(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "before 403", result.stderr
+    assert lines[2] == "after 403", result.stdout + result.stderr
+    assert '"ok"' not in lines[1]  # not found, or refused by the peer check
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert http_upstream.connections == 0
