@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import select
-import sys
 import threading
 from typing import Callable
+
+from . import terminal
 
 # asyncio is imported where it is used: the launcher makes an asker before the command
 # starts, and importing asyncio there cost 20 ms on every `egress run`.
@@ -72,20 +73,23 @@ class TerminalAsker:
                 self._loop.call_soon_threadsafe(self._settle, host, False)
                 return
             try:
-                os.write(fd, (f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
-                              f"  [a] Allow for this run   [k] Keep blocked   "
-                              f"(held {self.hold:g} s) > ").encode())
+                self._write(fd, f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
+                                f"  [a] Allow for this run   [k] Keep blocked   (held {self.hold:g} s) > ")
                 answer = self._read_answer(fd, future)
                 if answer is None:
                     os.write(fd, b"\n")
                     return
                 allowed = answer.strip().lower() in ("a", "y", "yes", "allow")
-                os.write(fd, (f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n").encode())
+                self._write(fd, f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n")
                 if allowed:
                     self.state.grant(host)
                 self._loop.call_soon_threadsafe(self._settle, host, allowed)
             finally:
                 os.close(fd)
+
+    @staticmethod
+    def _write(fd: int, text: str) -> None:
+        os.write(fd, terminal.for_person(text, terminal.is_terminal(fd)).encode())
 
     def _read_answer(self, fd: int, future) -> str | None:
         """A line from the terminal, or None once the question was settled elsewhere."""
@@ -108,7 +112,7 @@ class NeverAsk:
 
     def __init__(self, state, say: Callable[[str], None] | None = None):
         self.state = state
-        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.say = say or terminal.say
         self._said = False
 
     async def ask(self, host: str) -> bool:

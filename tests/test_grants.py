@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import clean_env, egress_command
+from egress.terminal import RESET
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -186,6 +187,35 @@ def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_pa
 
 
 # ------------------------------------------------------------------ the command cannot answer for the person
+
+
+CONCEAL = "printf '\\033[8m' >&2; "  # the command leaves the terminal concealing text
+
+
+def test_egress_lines_on_a_terminal_come_behind_a_display_reset(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("blocked.test")
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", CONCEAL + f"curl -s -o /dev/null {url}",
+                                 extra=["--deny", "blocked.test"]), tmp_path)
+    terminal.finish()
+    report = RESET + "EGRESS_BLOCKED blocked.test (on the deny list)"
+    assert "\x1b[8m" in terminal.seen and report in terminal.seen
+    assert terminal.seen.index("\x1b[8m") < terminal.seen.index(report)
+
+
+def test_egress_lines_in_a_pipe_stay_plain_text(tmp_path, http_upstream, curl_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    url = http_upstream.url("other.test")
+    result = subprocess.run(run_args(tmp_path, "sh", "-c", "printf '\\033[8m\\n' >&2; " + f"curl -s -o /dev/null {url}",
+                                     extra=["--headless"]),
+                            capture_output=True, text=True, timeout=120, cwd=project, env=env_for(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    lines = result.stderr.splitlines()
+    assert lines[0] == "\x1b[8m"  # the command's own bytes pass untouched
+    ours = [line for line in lines[1:] if "EGRESS_BLOCKED" in line or "no terminal to ask on" in line]
+    assert len(ours) == 2, result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in ours
+    assert not any(c in line for line in ours for c in "\x1b\x0f")
 
 
 # The sandboxed command looks for the run's control socket and asks it to allow the host it
