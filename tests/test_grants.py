@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -10,11 +11,14 @@ import select
 import subprocess
 import sys
 import termios
+import threading
 import time
 
 import pytest
 
 from conftest import clean_env, egress_command
+from egress.ask import TerminalAsker
+from egress.control import RunState
 from egress.terminal import RESET
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
@@ -187,6 +191,74 @@ def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_pa
 
 
 # ------------------------------------------------------------------ the command cannot answer for the person
+
+
+def ask_on_pty(typed_before: str, answer: str) -> tuple[bool, str]:
+    """A real TerminalAsker on a pseudo-terminal: what was typed before the question, then the answer."""
+    master, slave = pty.openpty()
+    seen = ""
+
+    def read_until(text: str) -> None:
+        nonlocal seen
+        while text not in seen:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, f"never saw {text!r}; saw {seen!r}"
+            seen += os.read(master, 4096).decode(errors="replace")
+
+    try:
+        if typed_before:
+            os.write(master, typed_before.encode())
+            read_until(typed_before.rstrip("\n"))  # echoed: the line discipline holds it, unread
+        state = RunState("ptytest", ["cmd"])
+        asker = TerminalAsker(state, "cmd", tty=os.ttyname(slave))
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(asyncio.run(asker.ask("other.test"))))
+        thread.start()
+        read_until("(held 60 s) > ")
+        os.write(master, answer.encode())
+        thread.join(60)
+        read_until("egress: other.test ")
+        assert result[0] == ("other.test" in state.grants)
+        return result[0], seen
+    finally:
+        os.close(slave)
+        os.close(master)
+
+
+@pytest.mark.parametrize("typed_before, answer, allowed", [
+    ("", "a\n", True),
+    ("", "  yes \n", True),
+    ("", "ALLOW\n", True),
+    ("", "y\r", True),
+    ("", "k\n", False),
+    ("", "\n", False),
+    ("", "ab\n", False),
+    ("", "\x1b[Aa\n", False),  # an escape sequence (cursor up) before the a
+    ("", "\u0430\n", False),  # Cyrillic a
+    ("a\n", "k\n", False),  # typed ahead of the question: discarded, so the k answers
+    ("y\n", "\n", False),
+], ids=repr)
+def test_only_an_exact_answer_typed_after_the_question_allows(typed_before, answer, allowed):
+    got, seen = ask_on_pty(typed_before, answer)
+    assert got is allowed
+    assert ("allowed for this run" in seen) is allowed
+    assert RESET + "\r\negress: `cmd` wants to reach other.test" in seen  # asked on a reset display
+    assert RESET + "egress: other.test " in seen
+
+
+def test_input_queued_before_the_question_does_not_grant(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("other.test")
+    script = f'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", script), tmp_path)
+    terminal.type("a\n")
+    terminal.read_until("a\r\n")  # echoed, so queued on the terminal before any question
+    (tmp_path / "project" / "go").touch()
+    terminal.read_until("wants to reach other.test")
+    terminal.type("k\n")
+    terminal.finish()
+    assert "kept blocked" in terminal.seen and "allowed for this run" not in terminal.seen
+    assert "code=403" in terminal.seen
+    assert http_upstream.connections == 0
 
 
 CONCEAL = "printf '\\033[8m' >&2; "  # the command leaves the terminal concealing text
