@@ -6,20 +6,34 @@ the question is open the request is held (up to :data:`HOLD_SECONDS`, then
 refused), so a yes lets the waiting request through. A yes covers that exact name,
 not its subdomains, for this run only. A grant from another terminal
 (``egress allow HOST --run ID``) answers a pending question too.
+
+The command shares the terminal, so the question is hardened against it: input
+already queued when the question is asked (typed ahead, or pushed by the command) is
+discarded first, and only an exact answer allows (:data:`ALLOW_ANSWERS`, whitespace
+aside); anything else, escape sequences included, keeps the host blocked.
 """
 
 from __future__ import annotations
 
 import os
 import select
-import sys
+import termios
 import threading
 from typing import Callable
+
+from . import terminal
 
 # asyncio is imported where it is used: the launcher makes an asker before the command
 # starts, and importing asyncio there cost 20 ms on every `egress run`.
 
 HOLD_SECONDS = 60.0
+ALLOW_ANSWERS = ("a", "y", "yes", "allow")
+
+
+def allows(answer: str) -> bool:
+    """True only for an exact yes; ASCII only, so no look-alike letter case-folds into one."""
+    text = answer.strip()
+    return text.isascii() and text.lower() in ALLOW_ANSWERS
 
 
 class TerminalAsker:
@@ -72,20 +86,28 @@ class TerminalAsker:
                 self._loop.call_soon_threadsafe(self._settle, host, False)
                 return
             try:
-                os.write(fd, (f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
-                              f"  [a] Allow for this run   [k] Keep blocked   "
-                              f"(held {self.hold:g} s) > ").encode())
+                # Whatever is queued now was not typed in answer to this question: drop it.
+                # A terminal that cannot be flushed is not asked (kept blocked).
+                termios.tcflush(fd, termios.TCIFLUSH)
+                self._write(fd, f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
+                                f"  [a] Allow for this run   [k] Keep blocked   (held {self.hold:g} s) > ")
                 answer = self._read_answer(fd, future)
                 if answer is None:
                     os.write(fd, b"\n")
                     return
-                allowed = answer.strip().lower() in ("a", "y", "yes", "allow")
-                os.write(fd, (f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n").encode())
+                allowed = allows(answer)
+                self._write(fd, f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n")
                 if allowed:
                     self.state.grant(host)
                 self._loop.call_soon_threadsafe(self._settle, host, allowed)
+            except (OSError, termios.error):
+                self._loop.call_soon_threadsafe(self._settle, host, False)
             finally:
                 os.close(fd)
+
+    @staticmethod
+    def _write(fd: int, text: str) -> None:
+        os.write(fd, terminal.for_person(text, terminal.is_terminal(fd)).encode())
 
     def _read_answer(self, fd: int, future) -> str | None:
         """A line from the terminal, or None once the question was settled elsewhere."""
@@ -108,7 +130,7 @@ class NeverAsk:
 
     def __init__(self, state, say: Callable[[str], None] | None = None):
         self.state = state
-        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.say = say or terminal.say
         self._said = False
 
     async def ask(self, host: str) -> bool:

@@ -431,6 +431,9 @@ def events(follow: bool, run: str | None, as_json: bool, state_dir: Path | None)
 
     try:
         for event in request(_run_socket(run, state_dir), {"op": "events"}):
+            if "error" in event:
+                click.echo(f"egress: {event['error']}", err=True)
+                sys.exit(EXIT_REFUSED)
             if as_json:
                 click.echo(json.dumps(event))
             else:

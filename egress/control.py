@@ -10,17 +10,32 @@ lines:
     {"op": "reload"}                    -> {"ok": true}   (re-read the policy files now)
     {"op": "events"}                    -> one event per line, as they happen, until the client leaves
 
+Who may talk: file permissions stop other users, but not the sandboxed command, which runs
+as the same user (and Landlock does not mediate connect() on Unix sockets). So each peer is
+checked before its request is read: it must live in the control server's own user
+namespace. Every `egress run` command lives in a user namespace of its own, so this refuses
+any sandboxed process, of this run or another. The peer is pinned with SO_PEERPIDFD (Linux
+6.5+), its /proc/<pid>/ns/user compared with ours, then the pidfd's process confirmed alive
+(so the pid we looked at was not reused meanwhile). On older kernels the pid comes from
+SO_PEERCRED and is pinned with pidfd_open at accept time, which leaves the (short) window
+between connect() and accept open to pid reuse. A peer we cannot establish (exited, not
+visible in our pid namespace, /proc unreadable) is refused like a sandboxed one: one line
+``{"error": ...}`` and the connection closed, nothing it sent acted on.
+
 It runs in a thread of its own, so it answers before the (lazily started) proxy exists.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
 import select
+import signal
 import socket
 import socketserver
+import struct
 import threading
 import time
 from pathlib import Path
@@ -78,6 +93,51 @@ class RunState:
     def info(self) -> dict:
         return {"run": self.run_id, "command": self.command, "pid": os.getpid(),
                 "grants": sorted(self.grants), "started": self.started, **self.extra}
+
+
+# Python 3.11's socket module predates the name; the number is the kernel's (asm-generic/socket.h).
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+REFUSED = ("this control socket answers only processes outside egress sandboxes "
+           "(run `egress allow` or `egress runs` from your own terminal, not from the sandboxed command)")
+
+
+def peer_pidfd(conn: socket.socket) -> int:
+    """A pidfd for the process that connected ``conn`` (SO_PEERPIDFD, else SO_PEERCRED's pid)."""
+    try:
+        return conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError as e:
+        if e.errno != errno.ENOPROTOOPT:  # only "the kernel predates it" falls back; anything else refuses
+            raise
+    return peercred_pidfd(conn)
+
+
+def peercred_pidfd(conn: socket.socket) -> int:
+    """Before Linux 6.5: the peer's pid from SO_PEERCRED, pinned from now on by a pidfd."""
+    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if pid <= 0:  # 0: the peer is in a pid namespace we cannot see
+        raise ProcessLookupError(f"SO_PEERCRED gave pid {pid}")
+    return os.pidfd_open(pid)
+
+
+def _namespace(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def pidfd_user_namespace(pidfd: int) -> tuple[int, int]:
+    """The user namespace (st_dev, st_ino) of the pidfd's process; raises if it cannot be known for sure."""
+    pid = -1
+    with open(f"/proc/self/fdinfo/{pidfd}") as info:  # the pid as our /proc numbers it
+        for line in info:
+            if line.startswith("Pid:"):
+                pid = int(line.split()[1])
+    if pid <= 0:  # -1: it exited; 0: not in our pid namespace
+        raise ProcessLookupError(f"the peer has no pid here ({pid})")
+    namespace = _namespace(f"/proc/{pid}/ns/user")
+    # Still alive after we looked, so that pid was still this process (pids are reused only once freed).
+    signal.pidfd_send_signal(pidfd, 0)
+    return namespace
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -149,6 +209,10 @@ class ControlServer:
         os.chmod(directory, 0o700)
         self.path = directory / f"{state.run_id}.sock"
         self.state = state
+        try:
+            self._user_namespace = _namespace("/proc/self/ns/user")
+        except OSError:
+            self._user_namespace = None  # no /proc: every peer is refused
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
         try:
@@ -173,7 +237,25 @@ class ControlServer:
 
     def _handle(self, conn: socket.socket, address) -> None:
         with conn:
+            if not self.peer_allowed(conn):
+                try:
+                    conn.sendall(json.dumps({"error": REFUSED}).encode() + b"\n")
+                except OSError:
+                    pass
+                return
             _Handler(conn, address, self)
+
+    def peer_allowed(self, conn: socket.socket) -> bool:
+        """True only if the peer is known to live in our own user namespace (so outside any sandbox)."""
+        try:
+            pidfd = peer_pidfd(conn)
+            try:
+                peer = pidfd_user_namespace(pidfd)
+            finally:
+                os.close(pidfd)
+        except Exception:  # whatever we could not establish refuses
+            return False
+        return self._user_namespace is not None and peer == self._user_namespace
 
     def close(self) -> None:
         self._wake_w.send(b"x")
@@ -195,8 +277,13 @@ def request(path: Path, payload: dict, timeout: float = 5.0):
         if payload.get("op") == "events":
             sock.settimeout(None)
         with sock.makefile("rb") as answers:
-            for line in answers:
-                yield json.loads(line)
+            try:
+                for line in answers:
+                    yield json.loads(line)
+            except ConnectionResetError:
+                # A server that refuses closes with our request unread, which resets the
+                # connection once its answer has been read: that answer was the last.
+                return
 
 
 def list_runs(state_dir: Path | None) -> list[dict]:
@@ -205,7 +292,8 @@ def list_runs(state_dir: Path | None) -> list[dict]:
     directory = runs_dir(state_dir)
     for path in sorted(directory.glob("*.sock")) if directory.is_dir() else []:
         try:
-            runs.extend(request(path, {"op": "info"}, timeout=2.0))
+            answers = request(path, {"op": "info"}, timeout=2.0)
+            runs.extend(a for a in answers if "error" not in a)  # a refused caller is shown no runs
         except (ConnectionRefusedError, FileNotFoundError):
             path.unlink(missing_ok=True)
         except OSError:

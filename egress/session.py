@@ -100,12 +100,10 @@ class ProxySession:
         await proxy.serve_socket(sock)
         self._proxy = proxy
         if self.reload is not None:
-            import sys
-
             from .live import PolicyWatcher
+            from .terminal import say
 
-            watcher = PolicyWatcher(engine, self.reload,
-                                    report=lambda line: print(f"egress: {line}", file=sys.stderr, flush=True),
+            watcher = PolicyWatcher(engine, self.reload, report=lambda line: say(f"egress: {line}"),
                                     paths=self.watch)
             watcher.start()
             if self.state is not None:

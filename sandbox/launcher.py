@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from egress.terminal import say
+
 from . import environment
 
 EXIT_TIMEOUT = 124
@@ -134,8 +136,7 @@ class BlockReporter:
             if (event.host, event.reason) in self.seen:
                 return
             self.seen.add((event.host, event.reason))
-        self.stream.write(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})\n")
-        self.stream.flush()
+        say(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})", self.stream)
 
 
 def run(options: RunOptions) -> int:
@@ -229,10 +230,10 @@ def run(options: RunOptions) -> int:
             if outputs is not None:
                 outputs.finish()
         if status == EXIT_TIMEOUT and options.timeout is not None:
-            print(f"egress: timed out after {options.timeout:g} s; the command and everything it "
-                  f"started were killed", file=sys.stderr)
+            say(f"egress: timed out after {options.timeout:g} s; the command and everything it "
+                f"started were killed")
         if session is not None and session.error is not None:
-            print(f"egress: the proxy failed: {session.error}", file=sys.stderr)
+            say(f"egress: the proxy failed: {session.error}")
         return status
     finally:
         if session is not None:

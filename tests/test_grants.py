@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -10,11 +11,15 @@ import select
 import subprocess
 import sys
 import termios
+import threading
 import time
 
 import pytest
 
 from conftest import clean_env, egress_command
+from egress.ask import TerminalAsker
+from egress.control import RunState
+from egress.terminal import RESET
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -183,3 +188,144 @@ def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_pa
         if follower is not None:
             follower.kill()
             follower.wait()
+
+
+# ------------------------------------------------------------------ the command cannot answer for the person
+
+
+def ask_on_pty(typed_before: str, answer: str) -> tuple[bool, str]:
+    """A real TerminalAsker on a pseudo-terminal: what was typed before the question, then the answer."""
+    master, slave = pty.openpty()
+    seen = ""
+
+    def read_until(text: str) -> None:
+        nonlocal seen
+        while text not in seen:
+            ready, _, _ = select.select([master], [], [], 30)
+            assert ready, f"never saw {text!r}; saw {seen!r}"
+            seen += os.read(master, 4096).decode(errors="replace")
+
+    try:
+        if typed_before:
+            os.write(master, typed_before.encode())
+            read_until(typed_before.rstrip("\n"))  # echoed: the line discipline holds it, unread
+        state = RunState("ptytest", ["cmd"])
+        asker = TerminalAsker(state, "cmd", tty=os.ttyname(slave))
+        result: list[bool] = []
+        thread = threading.Thread(target=lambda: result.append(asyncio.run(asker.ask("other.test"))))
+        thread.start()
+        read_until("(held 60 s) > ")
+        os.write(master, answer.encode())
+        thread.join(60)
+        read_until("egress: other.test ")
+        assert result[0] == ("other.test" in state.grants)
+        return result[0], seen
+    finally:
+        os.close(slave)
+        os.close(master)
+
+
+@pytest.mark.parametrize("typed_before, answer, allowed", [
+    ("", "a\n", True),
+    ("", "  yes \n", True),
+    ("", "ALLOW\n", True),
+    ("", "y\r", True),
+    ("", "k\n", False),
+    ("", "\n", False),
+    ("", "ab\n", False),
+    ("", "\x1b[Aa\n", False),  # an escape sequence (cursor up) before the a
+    ("", "\u0430\n", False),  # Cyrillic a
+    ("a\n", "k\n", False),  # typed ahead of the question: discarded, so the k answers
+    ("y\n", "\n", False),
+], ids=repr)
+def test_only_an_exact_answer_typed_after_the_question_allows(typed_before, answer, allowed):
+    got, seen = ask_on_pty(typed_before, answer)
+    assert got is allowed
+    assert ("allowed for this run" in seen) is allowed
+    assert RESET + "\r\negress: `cmd` wants to reach other.test" in seen  # asked on a reset display
+    assert RESET + "egress: other.test " in seen
+
+
+def test_input_queued_before_the_question_does_not_grant(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("other.test")
+    script = f'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", script), tmp_path)
+    terminal.type("a\n")
+    terminal.read_until("a\r\n")  # echoed, so queued on the terminal before any question
+    (tmp_path / "project" / "go").touch()
+    terminal.read_until("wants to reach other.test")
+    terminal.type("k\n")
+    terminal.finish()
+    assert "kept blocked" in terminal.seen and "allowed for this run" not in terminal.seen
+    assert "code=403" in terminal.seen
+    assert http_upstream.connections == 0
+
+
+CONCEAL = "printf '\\033[8m' >&2; "  # the command leaves the terminal concealing text
+
+
+def test_egress_lines_on_a_terminal_come_behind_a_display_reset(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("blocked.test")
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", CONCEAL + f"curl -s -o /dev/null {url}",
+                                 extra=["--deny", "blocked.test"]), tmp_path)
+    terminal.finish()
+    report = RESET + "EGRESS_BLOCKED blocked.test (on the deny list)"
+    assert "\x1b[8m" in terminal.seen and report in terminal.seen
+    assert terminal.seen.index("\x1b[8m") < terminal.seen.index(report)
+
+
+def test_egress_lines_in_a_pipe_stay_plain_text(tmp_path, http_upstream, curl_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    url = http_upstream.url("other.test")
+    result = subprocess.run(run_args(tmp_path, "sh", "-c", "printf '\\033[8m\\n' >&2; " + f"curl -s -o /dev/null {url}",
+                                     extra=["--headless"]),
+                            capture_output=True, text=True, timeout=120, cwd=project, env=env_for(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    lines = result.stderr.splitlines()
+    assert lines[0] == "\x1b[8m"  # the command's own bytes pass untouched
+    ours = [line for line in lines[1:] if "EGRESS_BLOCKED" in line or "no terminal to ask on" in line]
+    assert len(ours) == 2, result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in ours
+    assert not any(c in line for line in ours for c in "\x1b\x0f")
+
+
+# The sandboxed command looks for the run's control socket and asks it to allow the host it
+# was refused. Whether it cannot see the socket or the socket refuses it, the host stays blocked.
+SELF_GRANT = """
+import glob, json, socket, sys, urllib.error, urllib.request
+
+def fetch():
+    try:
+        return urllib.request.urlopen(sys.argv[1]).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+print("before", fetch(), flush=True)
+answers = []
+for path in glob.glob(sys.argv[2] + "/runs/*.sock"):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            sock.sendall(json.dumps({"op": "allow", "host": "other.test"}).encode() + b"\\n")
+            answers.append(sock.makefile().readline().strip())
+    except OSError as e:
+        answers.append(type(e).__name__)
+print("control", answers or "no socket", flush=True)
+print("after", fetch(), flush=True)
+"""
+
+
+def test_the_sandboxed_command_cannot_grant_itself(tmp_path, http_upstream):
+    project = tmp_path / "project"
+    project.mkdir()
+    result = subprocess.run(run_args(tmp_path, sys.executable, "-c", SELF_GRANT, http_upstream.url("other.test"),
+                                     str(tmp_path / "state"), extra=["--headless"]),
+                            capture_output=True, text=True, timeout=120, cwd=project, env=env_for(tmp_path),
+                            stdin=subprocess.DEVNULL)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "before 403", result.stderr
+    assert lines[2] == "after 403", result.stdout + result.stderr
+    assert '"ok"' not in lines[1]  # not found, or refused by the peer check
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert http_upstream.connections == 0
