@@ -17,10 +17,11 @@ launcher reads policy files through a :class:`PolicySnapshot`:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from .policy import ReadRefused, pin_text, read_file
+# egress.policy is imported only when needed: every `egress run` makes a PolicySnapshot,
+# most never load a policy file, and that import costs ~20 ms.
 
 REFUSED = "inside a folder the command can write; only files read when the run started are used"
 
@@ -39,12 +40,14 @@ class PolicySnapshot:
             return self._texts[key][1]
         if self._frozen is None:  # the run is starting: read and remember
             resolved = path.resolve()
-            text = read_file(path)
+            text = path.read_text(encoding="utf-8")
             self._texts[key] = (resolved, text)
             return text
         if self._can_write(key):
+            from .policy import ReadRefused
+
             raise ReadRefused(REFUSED)
-        return read_file(path)
+        return path.read_text(encoding="utf-8")
 
     def resolve(self, path: Path) -> Path:
         """Where the loader should take ``path`` to lead: where it led when recorded."""
@@ -55,8 +58,11 @@ class PolicySnapshot:
         """The run has started: keep only the files ``frozen(path)`` says the command can write."""
         self._frozen = frozen
         self._texts = {key: kept for key, kept in self._texts.items() if self._can_write(key)}
-        for resolved, text in self._texts.values():
-            pin_text(str(resolved), text)  # file:line in events names the text in force
+        if self._texts:
+            from .policy import pin_text
+
+            for resolved, text in self._texts.values():
+                pin_text(str(resolved), text)  # file:line in events names the text in force
 
     def _can_write(self, path: str) -> bool:
         try:
