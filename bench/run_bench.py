@@ -208,7 +208,7 @@ if "lean" in flags:
     substitute("typing", Callable=object)
 if "nopolicy" in flags:
     import sandbox.launcher as L
-    L.build_policy = lambda options, mode: None
+    L.build_policy = lambda options, mode, read=None: None
 if "noclick" in flags:  # `-- COMMAND...` only: no egress options
     from pathlib import Path
     from sandbox.launcher import LaunchError, RunOptions, run

@@ -6,12 +6,17 @@ size, modification time), so an editor's write-and-rename and a Kubernetes
 ConfigMap update (an atomic swap of the ``..data`` symlink) are both noticed.
 SIGHUP reloads at once. A policy that fails to load is reported and counted in
 ``egress_policy_load_errors_total``; the last good policy stays in force.
+
+Under ``egress run``, files the command can write are frozen (egress.snapshot):
+their edits reload nothing and are reported once each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Collection
+from pathlib import Path
 from typing import Callable
 
 POLL_SECONDS = 1.0
@@ -31,16 +36,20 @@ def _fingerprint(files: list[str]) -> tuple:
 class PolicyWatcher:
     """Reloads the policy when its files change (or on :meth:`reload_now`)."""
 
-    def __init__(self, engine, load: Callable, report: Callable[[str], None], paths: list[str] = ()):
+    def __init__(self, engine, load: Callable, report: Callable[[str], None], paths: list[str] = (),
+                 frozen: Collection[str] = ()):
         """``load()`` returns a new Policy or raises PolicyError; ``report`` gets one line per message.
 
         ``paths``: the policy paths as the user gave them. The policy itself records the
         files it read with symlinks resolved; a symlink swap changes only the given path.
+        ``frozen``: absolute paths of files whose changes must not reload (the command can write them).
         """
         self.engine = engine
         self.load = load
         self.report = report
         self.paths = [p for p in paths if os.path.exists(p)]
+        self.frozen = frozenset(frozen)
+        self._told: set[str] = set()
         self._seen = self._marks()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -70,10 +79,27 @@ class PolicyWatcher:
             except asyncio.TimeoutError:
                 forced = False
             self._wake.clear()
-            seen = self._marks()
-            if forced or seen != self._seen:
-                self._seen = seen
-                await self._reload()
+            await self.check(forced)
+
+    async def check(self, forced: bool = False) -> None:
+        """Reload if a file that is not frozen changed (or ``forced``); report frozen ones."""
+        seen = self._marks()
+        changed = {mark[0] for mark in set(seen) ^ set(self._seen)}
+        self._seen = seen
+        live = {path for path in changed if not self._tell_if_frozen(path)}
+        if forced or live:
+            await self._reload()
+
+    def _tell_if_frozen(self, path: str) -> bool:
+        """True if ``path`` is frozen; its first change is reported, and never reloads."""
+        where = str(Path(path).absolute())
+        if where not in self.frozen:
+            return False
+        if where not in self._told:
+            self._told.add(where)
+            self.report(f"{where} changed, but the command can write it: this run keeps the policy "
+                        f"it started with (the edit applies to the next run)")
+        return True
 
     async def _reload(self) -> None:
         from .policy import PolicyError

@@ -22,12 +22,14 @@ import functools
 import gc
 import importlib.util
 import ipaddress
+import itertools
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 from . import reasons
 from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host, split_host_port
@@ -55,6 +57,10 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else self.path
         return f"{where}: {self.message}"
+
+
+class ReadRefused(Exception):
+    """A read hook will not read a file; the message says why (it becomes a Problem)."""
 
 
 class PolicyError(Exception):
@@ -95,11 +101,25 @@ def _find_line(path: str, text: str | None, key: str | None = None) -> int | Non
     Answers are cached per file version: the proxy names the deciding rule in every
     event, and re-reading the file each time cost up to 100 ms per request.
     """
+    pinned = _pinned.get(path)
+    if pinned is not None:
+        return _find_line_cached(path, pinned[0], text, key)
     try:
         version = os.stat(path).st_mtime_ns
     except OSError:
         return None
     return _find_line_cached(path, version, text, key)
+
+
+# path -> (version < 0, lines): files whose rules come from a text read earlier (see
+# pin_text), so that file:line names that text, not what the file holds now.
+_pinned: dict[str, tuple[int, list[str]]] = {}
+_pin_versions = itertools.count(-1, -1)  # a new version per pin: cached answers never outlive it
+
+
+def pin_text(path: str, text: str) -> None:
+    """Name lines of ``path`` from ``text`` from now on (a snapshot reader's recorded copy)."""
+    _pinned[path] = (next(_pin_versions), text.splitlines())
 
 
 @functools.lru_cache(maxsize=8192)
@@ -124,6 +144,9 @@ def _find_line_cached(path: str, version: int, text: str | None, key: str | None
 
 @functools.lru_cache(maxsize=8)
 def _file_lines(path: str, version: int) -> list[str] | None:
+    if version < 0:
+        pinned = _pinned.get(path)
+        return pinned[1] if pinned is not None and pinned[0] == version else None
     try:
         return Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
@@ -491,12 +514,15 @@ class Policy:
     # -- loading
 
     @classmethod
-    def from_mapping(cls, data: dict, path: str = "<policy>") -> "Policy":
-        """A policy from an already-parsed mapping (``include`` resolved relative to cwd)."""
+    def from_mapping(cls, data: dict, path: str = "<policy>", read: Reader | None = None) -> "Policy":
+        """A policy from an already-parsed mapping (``include`` resolved relative to cwd).
+
+        ``read``: how the included files are read (see :func:`load_policy`).
+        """
         policy = cls()
         problems: list[Problem] = []
         with _gc_paused():
-            _Loader(policy, problems).load_mapping(data, path, text=None, stack=())
+            _Loader(policy, problems, read).load_mapping(data, path, text=None, stack=())
         _check_credentials(policy, problems)
         if problems:
             raise PolicyError(problems)
@@ -519,14 +545,29 @@ def builtin_path(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def read_file(path: Path) -> str:
+    """The default read hook: the file as it is now."""
+    return path.read_text(encoding="utf-8")
+
+
+Reader = Callable[[Path], str]
+
+
 class _Loader:
-    def __init__(self, policy: Policy, problems: list[Problem]):
+    def __init__(self, policy: Policy, problems: list[Problem], read: Reader | None = None):
         self.policy = policy
         self.problems = problems
         self.loaded: set[Path] = set()
+        self.read = read or read_file
+        # A reader that serves recorded texts also says where each path led when it
+        # read it: names, include folders and cycles then follow that, not a symlink
+        # changed since.
+        self.resolve = getattr(read, "resolve", None) or Path.resolve
 
-    def load_file(self, path: Path, stack: tuple[Path, ...], included_as: str | None = None) -> None:
-        path = path.resolve()
+    def load_file(self, given: Path, stack: tuple[Path, ...], included_as: str | None = None,
+                  missing: Callable[[], None] | None = None) -> None:
+        """Load ``given``; ``missing()`` reports it if there is no such file (default: here)."""
+        path = self.resolve(given)
         if path in stack:
             chain = " -> ".join(str(p) for p in stack + (path,))
             line = _find_line(str(stack[-1]), included_as, "include") if included_as else None
@@ -536,9 +577,16 @@ class _Loader:
             return  # a diamond include: the same rules once
         self.loaded.add(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = self.read(given.absolute())
+        except ReadRefused as e:
+            self.problems.append(Problem(str(given.absolute()), None, str(e)))
+            return
         except FileNotFoundError:
-            self.problems.append(Problem(str(path), None, "no such file"))
+            self.loaded.discard(path)  # each include of a missing file is reported where it is
+            if missing is not None:
+                missing()
+            else:
+                self.problems.append(Problem(str(path), None, "no such file"))
             return
         except (OSError, UnicodeDecodeError) as e:
             self.problems.append(Problem(str(path), None, f"cannot read: {e}"))
@@ -591,18 +639,21 @@ class _Loader:
             if not isinstance(name, str):
                 problem(f"include: entries must be strings, not {name!r}", key="include")
                 continue
-            target = builtin_path(name) if "/" not in name and not name.endswith(".toml") else None
+            bare = "/" not in name and not name.endswith(".toml")
+            target = builtin_path(name) if bare else None
+            missing = None
             if target is None:
                 target = base / name
-                if not target.exists() and "/" not in name and not name.endswith(".toml"):
+                # Reported where it can be fixed: the including file, at the include. Whether
+                # the file exists is the reader's answer (a recorded file may be gone since).
+                if bare:
                     known = ", ".join(sorted(BUILTIN_SETS))
-                    problem(f"include: {name!r} is neither a file nor a built-in set ({known})", name)
-                    continue
-                if not target.exists():
-                    # Reported where it can be fixed: the including file, at the include.
-                    problem(f"include: {name!r}: no such file ({target})", name, "include")
-                    continue
-            self.load_file(target, stack, name)
+                    missing = functools.partial(
+                        problem, f"include: {name!r} is neither a file nor a built-in set ({known})", name)
+                else:
+                    missing = functools.partial(
+                        problem, f"include: {name!r}: no such file ({target})", name, "include")
+            self.load_file(target, stack, name, missing)
 
         for key in LIST_KEYS:
             entries = data.get(key, [])
@@ -657,16 +708,18 @@ def _toml_problem(path: str, error: tomllib.TOMLDecodeError, text: str) -> Probl
     return Problem(path, line, f"not valid TOML: {message}")
 
 
-def load_policy(sources: list[str] | tuple[str, ...] | str) -> Policy:
+def load_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None = None) -> Policy:
     """Load one or more policy files (or built-in set names) into one policy.
 
-    Raises :class:`PolicyError` listing every problem found.
+    ``read(path) -> str`` reads each file (default :func:`read_file`); it may raise
+    OSError, or :class:`ReadRefused` to keep a file out. Raises :class:`PolicyError`
+    listing every problem found.
     """
     if isinstance(sources, str):
         sources = [sources]
     policy = Policy()
     problems: list[Problem] = []
-    loader = _Loader(policy, problems)
+    loader = _Loader(policy, problems, read)
     with _gc_paused():
         for source in sources:
             path = Path(source)

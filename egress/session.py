@@ -27,14 +27,16 @@ class ProxySession:
     def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
                  state_dir: Path | None = None, resolve: dict | None = None,
                  upstream_ca: Path | None = None, reload: Callable | None = None,
-                 watch: list[str] = (), asker=None, state=None):
+                 watch: list[str] = (), asker=None, state=None, frozen=frozenset()):
         """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts.
 
-        ``reload()`` returns a fresh policy (or raises PolicyError) when its files change.
+        ``reload()`` returns a fresh policy (or raises PolicyError) when its files change;
+        ``frozen``: files the command can write, whose edits must not reload (egress.live).
         """
         self.prepare = prepare
         self.reload = reload
         self.watch = list(watch)
+        self.frozen = frozenset(frozen)
         self.asker = asker
         self.state = state  # egress.control.RunState: reload requests arrive there
         self.session_id = session_id
@@ -104,7 +106,7 @@ class ProxySession:
             from .terminal import say
 
             watcher = PolicyWatcher(engine, self.reload, report=lambda line: say(f"egress: {line}"),
-                                    paths=self.watch)
+                                    paths=self.watch, frozen=self.frozen)
             watcher.start()
             if self.state is not None:
                 self.state.on_reload.append(watcher.reload_now)

@@ -59,11 +59,33 @@ class RunOptions:
     ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
 
 
-def user_policy(options: RunOptions):
-    """The user's own policy files and flags, loaded (so checked) before anything runs; None if none."""
+def user_policy(options: RunOptions, read=None):
+    """The user's own policy files and flags, loaded (so checked) before anything runs; None if none.
+
+    ``read``: the run's PolicySnapshot, so that the files read now are the ones used later.
+    """
     if not (options.policies or options.allow or options.deny):
         return None
-    return _load(list(options.policies), options.allow, options.deny)
+    return _load(list(options.policies), options.allow, options.deny, read)
+
+
+def policy_reader():
+    """The run's policy reader, holding what the policy files say as the run starts.
+
+    Every load of the run goes through it (see egress.snapshot): the user's files
+    now, the full policy when the proxy starts, each live reload.
+    """
+    from egress.snapshot import PolicySnapshot
+
+    return PolicySnapshot()
+
+
+def seal_policy(reader, writable: list[str]) -> None:
+    """The command runs from now on: files it can write are no longer read (only their text of now)."""
+    from sandbox.paths import command_writable
+
+    trees = [os.path.join(os.getcwd(), tree) for tree in writable]  # as the sandbox took them
+    reader.seal(lambda path: command_writable(path, trees))
 
 
 def network_mode(options: RunOptions, user=None) -> str:
@@ -73,12 +95,12 @@ def network_mode(options: RunOptions, user=None) -> str:
     return (user.network if user is not None else None) or "allowlist"
 
 
-def build_policy(options: RunOptions, mode: str):
+def build_policy(options: RunOptions, mode: str, read=None):
     """The run's policy: built-in 'dev' (allowlist mode), the user's files, then --allow/--deny."""
     from egress.policy import PolicyError
 
     try:
-        return fresh_policy(options, mode)
+        return fresh_policy(options, mode, read)
     except PolicyError as e:
         raise _policy_failure(e) from None
 
@@ -95,22 +117,23 @@ def load_credentials(policy, environ: dict[str, str]):
                           "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
 
 
-def fresh_policy(options: RunOptions, mode: str):
+def fresh_policy(options: RunOptions, mode: str, read=None):
     """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
     from egress.policy import Policy
 
     include = (["dev"] if mode == "allowlist" else []) + list(options.policies)
     policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
-                                 path="<command line>")
+                                 path="<command line>", read=read)
     policy.allow_all = mode == "all"
     return policy
 
 
-def _load(include: list[str], allow: list[str], deny: list[str]):
+def _load(include: list[str], allow: list[str], deny: list[str], read=None):
     from egress.policy import Policy, PolicyError
 
     try:
-        return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>")
+        return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
+                                   read=read)
     except PolicyError as e:
         raise _policy_failure(e) from None
 
@@ -149,7 +172,8 @@ def run(options: RunOptions) -> int:
     for directory in options.add_dirs:
         if not directory.is_dir():
             raise LaunchError(f"--add-dir {directory} does not exist")
-    user = user_policy(options)
+    reader = policy_reader()
+    user = user_policy(options, reader)
     mode = network_mode(options, user)
     networked = mode != "off"
     caller_env = dict(os.environ)
@@ -158,11 +182,11 @@ def run(options: RunOptions) -> int:
     # redacted; otherwise they are built when the proxy starts, so a command that opens
     # no connection never pays for them (the user's own files were checked just above).
     eager = options.redact or (user is not None and bool(user.credential_tables))
-    policy = build_policy(options, mode) if networked and eager else None
+    policy = build_policy(options, mode, reader) if networked and eager else None
     credentials = load_credentials(policy, caller_env) if eager else None
 
     def prepare():
-        ready = policy or build_policy(options, mode)
+        ready = policy or build_policy(options, mode, reader)
         return ready, credentials or load_credentials(ready, caller_env)
 
     from sandbox.linux import SandboxError, SandboxSpec, start
@@ -210,6 +234,7 @@ def run(options: RunOptions) -> int:
             state = RunState(run_id, options.argv)
             control = ControlServer(state, options.state_dir)
             reporter = BlockReporter()
+            seal_policy(reader, spec.writable)  # before the proxy can start and read anything
 
             def on_event(event) -> None:
                 reporter(event)
@@ -217,7 +242,8 @@ def run(options: RunOptions) -> int:
 
             session = ProxySession(prepare, run_id, on_event=on_event, state_dir=options.state_dir,
                                    resolve=options.resolve, upstream_ca=options.upstream_ca,
-                                   reload=lambda: fresh_policy(options, mode), watch=list(options.policies),
+                                   reload=lambda: fresh_policy(options, mode, reader),
+                                   watch=list(options.policies), frozen=reader.frozen_files,
                                    asker=_asker(options, state), state=state)
             session.serve_lazily(box.listen_socket)
         if outputs is not None:

@@ -75,25 +75,66 @@ def test_sighup_reloads_at_once(proxy_factory, http_upstream):
 
 
 def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path, http_upstream, curl_path):
+    # The policy lives outside the project, where the command cannot write: the user's edit is live.
     import subprocess
 
     from conftest import clean_env, egress_command
 
     project = tmp_path / "project"
     project.mkdir()
-    policy = project / "policy.toml"
+    policy = tmp_path / "policy.toml"
     policy.write_text('allow_private = ["other.test"]\n')
-    (project / "open.toml").write_text('allow = ["other.test"]\nallow_private = ["other.test"]\n')
     url = http_upstream.url("other.test")
-    script = (f'curl -s -o /dev/null -w "%{{http_code}}\\n" {url}; cp open.toml policy.toml; '
-              f'for i in $(seq 100); do code=$(curl -s -o /dev/null -w "%{{http_code}}" {url}); '
+    script = (f'curl -s -o /dev/null -w "%{{http_code}}\\n" {url}; '
+              f'for i in $(seq 300); do code=$(curl -s -o /dev/null -w "%{{http_code}}" {url}); '
               f'[ "$code" = 200 ] && break; sleep 0.1; done; echo $code')
-    result = subprocess.run([*egress_command(), "run", "--policy", str(policy), "--resolve", "other.test:127.0.0.1",
-                             "--state-dir", str(tmp_path / "state"), "--", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=120, cwd=project,
-                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
-    assert result.stdout.split() == ["403", "200"], result.stderr
-    assert "egress: policy reloaded" in result.stderr
+    process = subprocess.Popen([*egress_command(), "run", "--policy", str(policy), "--resolve", "other.test:127.0.0.1",
+                                "--state-dir", str(tmp_path / "state"), "--", "sh", "-c", script],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=project,
+                               env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    try:
+        first = process.stdout.readline()
+        policy.write_text('allow = ["other.test"]\nallow_private = ["other.test"]\n')  # the user's edit
+    finally:
+        rest, stderr = process.communicate(timeout=120)
+    assert [first.strip(), *rest.split()] == ["403", "200"], stderr
+    assert "egress: policy reloaded" in stderr
+
+
+def test_the_watcher_reloads_for_live_files_and_reports_frozen_ones_once(tmp_path):
+    import asyncio
+
+    from egress.engine import Engine
+    from egress.events import Recorder
+    from egress.live import PolicyWatcher
+    from egress.metrics import Metrics
+    from egress.policy import load_policy
+    from egress.resolver import Resolver
+
+    frozen, live = tmp_path / "frozen.toml", tmp_path / "live.toml"
+    frozen.write_text('allow = ["frozen.example.com"]\n')
+    live.write_text('allow = ["live.example.com"]\n')
+    sources = [str(frozen), str(live)]
+    engine = Engine(load_policy(sources), Resolver(), Recorder(Metrics()))
+    lines, loads = [], []
+
+    def load():
+        loads.append(1)
+        return load_policy(sources)
+
+    async def scenario():
+        watcher = PolicyWatcher(engine, load, lines.append, paths=sources, frozen={str(frozen)})
+        frozen.write_text('allow = ["frozen.example.com", "evil.example.com"]\n')
+        await watcher.check()
+        frozen.write_text('allow = ["evil.example.com"]\n')
+        await watcher.check()
+        assert (lines, loads) == ([f"{frozen} changed, but the command can write it: this run keeps the policy "
+                                   f"it started with (the edit applies to the next run)"], [])
+        live.write_text('allow = ["live.example.com", "more.example.com"]\n')
+        await watcher.check()
+        assert loads == [1] and lines[-1].startswith("policy reloaded")
+
+    asyncio.run(scenario())
 
 
 def test_reload_by_control_command_and_doctor_sees_the_proxy(proxy_factory):

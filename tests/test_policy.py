@@ -633,6 +633,61 @@ def test_problems_in_included_files_name_those_files(tmp_path):
     assert [(Path(p.path).name, p.line) for p in problems] == [("bad.toml", 2), ("main.toml", 2)]
 
 
+def test_each_include_of_a_missing_file_is_reported_at_its_include(tmp_path):
+    write(tmp_path, "left.toml", 'include = ["gone.toml"]\n')
+    write(tmp_path, "right.toml", '# right\ninclude = ["gone.toml"]\n')
+    main = write(tmp_path, "main.toml", 'include = ["left.toml", "right.toml"]\n')
+    problems = problems_of(main)
+    assert [(Path(p.path).name, p.line) for p in problems] == [("left.toml", 1), ("right.toml", 2)]
+
+
+# ------------------------------------------------------------------ read hook
+
+
+def test_the_read_hook_supplies_every_text_and_says_what_exists(tmp_path):
+    tmp_path = tmp_path.resolve()  # the loader names files by their real path
+    # Files that exist nowhere on disk: the hook alone decides, includes and all.
+    texts = {tmp_path / "main.toml": 'include = ["team.toml"]\nallow = ["main.example.com"]\n',
+             tmp_path / "team.toml": 'include = ["gone.toml"]\nallow = ["team.example.com"]\n'}
+
+    def read(path: Path) -> str:
+        if path not in texts:
+            raise FileNotFoundError(path)
+        return texts[path]
+
+    with pytest.raises(PolicyError) as info:
+        load_policy([str(tmp_path / "main.toml")], read=read)
+    [problem] = info.value.problems
+    assert problem.message == f"include: 'gone.toml': no such file ({tmp_path / 'gone.toml'})"
+    texts[tmp_path / "team.toml"] = 'allow = ["team.example.com"]\n'
+    policy = load_policy([str(tmp_path / "main.toml")], read=read)
+    assert policy.decide("team.example.com", 443).allowed and policy.decide("main.example.com", 443).allowed
+    from_mapping = Policy.from_mapping({"include": [str(tmp_path / "team.toml")]}, read=read)
+    assert from_mapping.decide("team.example.com", 443).allowed
+
+
+def test_a_refused_read_is_a_problem_naming_the_file(tmp_path):
+    tmp_path = tmp_path.resolve()  # the loader names files by their real path
+    from egress.policy import ReadRefused
+
+    main = write(tmp_path, "main.toml", 'include = ["other.toml"]\n')
+    write(tmp_path, "other.toml", 'allow = ["other.example.com"]\n')
+
+    def read(path: Path) -> str:
+        if path.name == "other.toml":
+            raise ReadRefused("not this one")
+        return path.read_text()
+
+    [problem] = problems_of_read(main, read)
+    assert str(problem) == f"{tmp_path / 'other.toml'}: not this one"
+
+
+def problems_of_read(path: Path, read) -> list[Problem]:
+    with pytest.raises(PolicyError) as info:
+        load_policy([str(path)], read=read)
+    return info.value.problems
+
+
 # ------------------------------------------------------------ built-in dev set
 
 DEV_ALLOWED = [

@@ -321,6 +321,47 @@ def test_network_all_allows_unlisted_names_but_not_the_deny_list(tmp_path, http_
     assert "EGRESS_BLOCKED blocked.test (on the deny list)" in refused.stderr
 
 
+# ------------------------------------------- a policy file the command can write
+
+
+PROJECT_POLICY = 'allow_private = ["other.test"]\n'  # other.test may be private (127.0.0.1), not allowed
+OPENED = 'allow = ["other.test"]\nallow_private = ["other.test"]\n'
+STATUS = 'curl -s -o /dev/null -w "%{http_code}\\n"'
+
+
+def test_the_command_rewriting_the_project_policy_does_not_reload_it(tmp_path, http_upstream, curl_path):
+    from egress.live import POLL_SECONDS
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "egress.toml").write_text(PROJECT_POLICY)
+    script = (f"{STATUS} {http_upstream.url('blocked.test')}; "  # the first connection: the proxy and its watcher start
+              f"printf '{OPENED}' > egress.toml; sleep {2 * POLL_SECONDS + 0.5}; "  # past the watcher's next look
+              f"{STATUS} {http_upstream.url('other.test')}")
+    result = egress_run(tmp_path, "sh", "-c", script, extra=["--policy", "./egress.toml"])
+    assert result.stdout.split() == ["403", "403"], result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert http_upstream.connections == 0
+    assert (project / "egress.toml").read_text() == OPENED  # the command could write it
+    assert result.stderr.count(f"egress: {project / 'egress.toml'} changed, but the command can write it: "
+                               f"this run keeps the policy it started with (the edit applies to the next "
+                               f"run)") == 1, result.stderr
+
+
+def test_the_command_rewriting_the_project_policy_before_it_connects_changes_nothing(tmp_path, http_upstream,
+                                                                                     curl_path):
+    # The proxy's policy is built at the first connection: it must not read the rewritten file.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "egress.toml").write_text(PROJECT_POLICY)
+    script = f"printf '{OPENED}' > egress.toml; {STATUS} {http_upstream.url('other.test')}"
+    result = egress_run(tmp_path, "sh", "-c", script, extra=["--policy", "./egress.toml"])
+    assert result.stdout.split() == ["403"], result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert http_upstream.connections == 0
+    assert (project / "egress.toml").read_text() == OPENED
+
+
 # ----------------------------------------------------------- as an ordinary user
 
 

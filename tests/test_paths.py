@@ -1,0 +1,73 @@
+"""sandbox.paths.command_writable on real files and symlinks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox.paths import MAX_LINK_HOPS, command_writable
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """project/ (the command's) and outside/ (not), with links between them."""
+    project, outside = tmp_path / "project", tmp_path / "outside"
+    (project / "sub").mkdir(parents=True)
+    (outside / "sub").mkdir(parents=True)
+    (project / "egress.toml").write_text("")
+    (outside / "policy.toml").write_text("")
+    os.symlink(outside / "policy.toml", project / "out-link")      # lives in the project, points out
+    os.symlink(project / "egress.toml", outside / "in-link")       # lives outside, points in
+    os.symlink("../project/middle", outside / "first")             # outside -> project -> outside
+    os.symlink(outside / "policy.toml", project / "middle")
+    os.symlink("outside/policy.toml", tmp_path / "plain-link")     # outside -> outside
+    os.symlink(project, tmp_path / "project-link")                 # a tree given as a symlink
+    os.symlink("loop-b", outside / "loop-a")
+    os.symlink("loop-a", outside / "loop-b")
+    return tmp_path
+
+
+WRITABLE = [
+    # (path, writable trees, the command can change what the path reads)
+    ("project/egress.toml", ["project"], True),
+    ("outside/policy.toml", ["project"], False),
+    ("project/out-link", ["project"], True),                 # the command can repoint the link
+    ("outside/in-link", ["project"], True),                  # lands in the project
+    ("outside/first", ["project"], True),                    # only the middle link is the command's
+    ("plain-link", ["project"], False),
+    ("project/../outside/policy.toml", ["project"], True),   # written through the project
+    ("outside/../project/egress.toml", ["project"], True),
+    ("outside/sub/../policy.toml", ["project"], False),
+    ("project/sub/../../outside/policy.toml", ["project"], True),  # sub could become a link
+    ("project/not-yet.toml", ["project"], True),             # missing files count by where they would be
+    ("outside/not-yet.toml", ["project"], False),
+    ("project/egress.toml", ["project-link"], True),         # the tree by its realpath
+    ("project-link/egress.toml", ["project-link"], True),    # and as given
+    ("project-link/egress.toml", ["project"], True),         # the link leads into the tree
+    ("outside/policy.toml", ["project-link"], False),
+    ("outside/policy.toml", ["project", "outside"], True),   # any tree counts (--add-dir)
+    ("outside/policy.toml", [], False),
+    ("outside/loop-a", ["project"], True),                   # cannot be followed: fails closed
+]
+
+
+@pytest.mark.parametrize("path, trees, expected", WRITABLE)
+def test_command_writable(layout, path, trees, expected):
+    assert command_writable(f"{layout}/{path}", [layout / tree for tree in trees]) is expected
+
+
+def test_relative_paths_are_taken_from_the_current_folder(layout, monkeypatch):
+    monkeypatch.chdir(layout / "outside")
+    assert command_writable("in-link", ["../project"]) is True
+    assert command_writable("policy.toml", ["../project"]) is False
+
+
+def test_a_chain_longer_than_the_kernel_follows_fails_closed(tmp_path):
+    (tmp_path / "policy.toml").write_text("")
+    previous = "policy.toml"
+    for number in range(MAX_LINK_HOPS + 1):
+        os.symlink(previous, tmp_path / f"link{number}")
+        previous = f"link{number}"
+    assert command_writable(tmp_path / f"link{MAX_LINK_HOPS - 1}", [tmp_path / "project"]) is False
+    assert command_writable(tmp_path / f"link{MAX_LINK_HOPS}", [tmp_path / "project"]) is True
