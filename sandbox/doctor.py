@@ -11,6 +11,7 @@ makes mechanisms look unavailable: ``no-userns``, ``no-landlock``, ``not-linux``
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -84,6 +85,120 @@ def check_landlock() -> Check:
                              f"temporary folder (Landlock ABI {abi})")
 
 
+# Run inside a real sandbox by check_protections: each attempt a hostile command would make.
+_PROBE = r"""
+import errno, fcntl, json, os, pty, sys, termios
+hidden = sys.argv[1]
+
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return e.errno
+
+def inject():
+    master, slave = pty.openpty()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        code = attempt(lambda: fcntl.ioctl(slave, termios.TIOCSTI, b" "))
+        os._exit(0 if code == "ok" else code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) or "ok"
+
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+print(json.dumps({
+    "tiocsti": inject(),
+    "chmod": attempt(lambda: os.chmod("/", os.stat("/").st_mode & 0o7777)),  # the same mode: harmless if it passed
+    "masked": {d: sorted(os.listdir(d)) for d in ("/tmp", "/var/tmp", "/run") if os.path.isdir(d)},
+    "hidden": sorted(os.listdir(hidden)),
+    "shm": os.stat("/dev/shm").st_dev if os.path.isdir("/dev/shm") else None,
+    "capabilities": status.get("CapBnd", "").strip() + status.get("CapEff", "").strip(),
+}))
+"""
+
+
+def check_protections() -> list[Check]:
+    """Each wall issue 8's review tested, tried from inside a real sandbox on this machine."""
+    import json
+    import shutil
+    import tempfile
+
+    from sandbox import mounts
+    from sandbox.linux import SandboxError, SandboxSpec, start
+
+    names = ("tty injection", "host files", "unix sockets", "egress state", "shared memory", "capabilities")
+    work = tempfile.mkdtemp(prefix="egress-doctor-")
+    try:
+        hidden = os.path.join(work, "state")
+        os.makedirs(os.path.join(hidden, "runs"))
+        read, write = os.pipe()
+        try:
+            box = start(SandboxSpec([sys.executable, "-I", "-S", "-c", _PROBE, hidden], {"PATH": "/usr/bin:/bin"},
+                                    work, writable=[work], network=False, hidden=[hidden], stdout=write))
+        except SandboxError as e:
+            return [Check(name, "unavailable", f"a probe sandbox could not start: {e}") for name in names]
+        finally:
+            os.close(write)
+        with box, os.fdopen(read) as out:
+            status = box.wait(30)
+            text = out.read()
+        try:
+            seen = json.loads(text)
+        except ValueError:
+            return [Check(name, "unavailable", f"the probe failed (status {status})") for name in names]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    legacy = _read("/proc/sys/dev/tty/legacy_tiocsti")
+    kernel = {"1": "the kernel lets a process type into its controlling terminal (dev.tty.legacy_tiocsti = 1)",
+              "0": "the kernel refuses it too (dev.tty.legacy_tiocsti = 0)"}.get(legacy, "dev.tty.legacy_tiocsti unknown")
+    checks = [
+        _wall("tty injection", seen["tiocsti"] == errno.EPERM,
+              f"TIOCSTI and TIOCLINUX refused by egress's seccomp filter; {kernel}",
+              f"TIOCSTI was not refused ({seen['tiocsti']}); {kernel}"),
+        _wall("host files", seen["chmod"] == errno.EROFS,
+              "the host is read-only inside: no write, chmod, chown, utime or xattr outside the writable folders",
+              f"chmod on the host was not refused with EROFS ({seen['chmod']})"),
+    ]
+    # The probe's own (writable) folder is put back inside the masks; anything else is a leak.
+    real_work = os.path.realpath(work)
+    leftovers = {d: [n for n in entries if not real_work.startswith(os.path.join(d, n) + "/")
+                     and real_work != os.path.join(d, n)]
+                 for d, entries in seen["masked"].items()}
+    leftovers = {d: entries for d, entries in leftovers.items() if entries}
+    sockets = [p for p in mounts.unix_socket_paths()
+               if not any(p == m or p.startswith(m + "/") for m in mounts.MASKED)]
+    checks.append(_wall("unix sockets", not leftovers,
+                        f"{', '.join(seen['masked'])} shown empty; {len(sockets)} other host socket(s) bound now "
+                        "covered at each run's start; a socket bound later outside those folders stays reachable",
+                        f"masked folders show {leftovers}"))
+    checks.append(_wall("egress state", seen["hidden"] == [],
+                        "egress's state folder (each run's socket, the CA's key) is hidden from commands, "
+                        "and those sockets refuse peers inside sandboxes",
+                        f"the state folder shows {seen['hidden']}"))
+    host_shm = os.stat("/dev/shm").st_dev if os.path.isdir("/dev/shm") else None
+    checks.append(_wall("shared memory", seen["shm"] is None or seen["shm"] != host_shm,
+                        "each command gets a private /dev/shm", "/dev/shm is the host's"))
+    checks.append(_wall("capabilities", set(seen["capabilities"]) <= {"0"},
+                        "commands hold no capability, even when the caller is root",
+                        f"capabilities remain ({seen['capabilities']})"))
+    return checks
+
+
+def _wall(name: str, holds: bool, detail: str, failure: str) -> Check:
+    return Check(name, "ok", detail) if holds else Check(name, "unavailable", failure)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def check_seatbelt() -> Check:
     if sys.platform != "darwin":
         return Check("macos seatbelt", "not-applicable", "not macOS")
@@ -129,7 +244,9 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
 def run_checks(policies: list[str], state_dir, fs_confinement: bool = True) -> tuple[list[Check], bool]:
     """Every check, and whether `egress run` (with these settings) can be honoured here."""
     namespaces, fs = check_namespaces(), check_landlock()
-    checks = [namespaces, fs, check_seatbelt(), check_local(), *check_proxy(policies, state_dir)]
+    walls = check_protections() if namespaces.status == "ok" and fs.status == "ok" else []
+    checks = [namespaces, fs, *walls, check_seatbelt(), check_local(), *check_proxy(policies, state_dir)]
     honoured = namespaces.status == "ok" and (fs.status == "ok" or not fs_confinement)
+    honoured = honoured and all(c.status == "ok" for c in walls)
     honoured = honoured and all(c.status != "unavailable" for c in checks if c.name == "policy")
     return checks, honoured

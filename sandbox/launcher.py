@@ -80,12 +80,36 @@ def policy_reader():
     return PolicySnapshot()
 
 
-def seal_policy(reader, writable: list[str]) -> None:
+def seal_policy(reader, writable: list[str], read_only: list[str] = ()) -> None:
     """The command runs from now on: files it can write are no longer read (only their text of now)."""
     from sandbox.paths import command_writable
 
     trees = [os.path.join(os.getcwd(), tree) for tree in writable]  # as the sandbox took them
-    reader.seal(lambda path: command_writable(path, trees))
+    reader.seal(lambda path: command_writable(path, trees, read_only))
+
+
+def protect_own_code(writable: list[str]) -> list[str]:
+    """Folders of egress's own code inside writable trees, to be shown read-only to the command;
+    sys.path entries that are (or hold) a writable tree are dropped (see sandbox.paths.own_code)."""
+    import importlib.util
+
+    import egress
+    import sandbox
+    from sandbox.paths import own_code
+
+    package = os.path.dirname(egress.__file__)
+    # The built-in policies: egress/policies when installed, a mapped folder when editable, or
+    # policies/ beside the package in a source tree (egress.policy.builtin_dir's fallback).
+    code = [package, os.path.dirname(sandbox.__file__), os.path.join(os.path.dirname(package), "policies")]
+    shipped = importlib.util.find_spec("egress.policies")
+    if shipped is not None and shipped.submodule_search_locations:
+        code += list(shipped.submodule_search_locations)
+    protect, drop = own_code(code, sys.path, writable)
+    sys.path[:] = [entry for entry in sys.path if entry not in drop]
+    if protect:
+        say(f"egress: egress's own code lies in a folder the command can write; it stays read-only for "
+            f"the command ({', '.join(protect)}). Install egress outside the project to lift this.")
+    return protect
 
 
 def network_mode(options: RunOptions, user=None) -> str:
@@ -211,8 +235,10 @@ def run(options: RunOptions) -> int:
             ca_bundle=ca_bundle, tmpdir=tmpdir)
         (tmpdir / "cache").mkdir()
         outputs = _Redaction(credentials) if options.redact else None
+        writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
+        own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
-                           writable=[str(project), str(tmpdir), *map(str, options.add_dirs)],
+                           writable=writable, read_only=own_code,
                            network=networked, proxy_port=PROXY_PORT,
                            fs_confinement=options.fs_confinement,
                            # The command never sees egress's state (control sockets, the CA's key)
@@ -234,7 +260,7 @@ def run(options: RunOptions) -> int:
             state = RunState(run_id, options.argv)
             control = ControlServer(state, options.state_dir)
             reporter = BlockReporter()
-            seal_policy(reader, spec.writable)  # before the proxy can start and read anything
+            seal_policy(reader, spec.writable, own_code)  # before the proxy can start and read anything
 
             def on_event(event) -> None:
                 reporter(event)

@@ -114,6 +114,7 @@ class SandboxSpec:
     argv: the command; argv[0] is looked up on env["PATH"] (after entering cwd) unless it has a "/".
     env: the command's whole environment (nothing is inherited).
     writable: trees the command may modify (must exist); /dev/null, ttys, a private /dev/shm are added.
+    read_only: folders inside the writable trees that the command may not change (egress's own code).
     hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
     replaced: files the command sees with other contents (secret files -> their placeholders).
     network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
@@ -124,7 +125,7 @@ class SandboxSpec:
     """
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
-                 "hidden", "replaced", "stdin", "stdout", "stderr")
+                 "read_only", "hidden", "replaced", "stdin", "stdout", "stderr")
 
     def __init__(
         self,
@@ -135,6 +136,7 @@ class SandboxSpec:
         network: bool = True,
         proxy_port: int = 3128,
         fs_confinement: bool = True,
+        read_only: Sequence[str] = (),
         hidden: Sequence[str] = (),
         replaced: Mapping[str, bytes] | None = None,
         stdin: int | None = None,
@@ -152,6 +154,7 @@ class SandboxSpec:
         self.network = bool(network)
         self.proxy_port = int(proxy_port)
         self.fs_confinement = bool(fs_confinement)
+        self.read_only = [os.path.abspath(p) for p in read_only]
         self.hidden = [os.path.abspath(p) for p in hidden]
         self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
@@ -384,7 +387,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
     host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # to tell the caller our pids
     try:
         mounts.build_view(spec.writable, read_only_host=spec.fs_confinement, mask_tmp=spec.fs_confinement,
-                          readable=[spec.cwd], hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
+                          readable=[spec.cwd], read_only=spec.read_only, hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "mounts", f"cannot make the command's view of the filesystem: {e.strerror}")
     namespaces.mount_proc()

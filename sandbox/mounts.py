@@ -45,6 +45,7 @@ import stat
 from collections.abc import Iterable, Mapping
 
 from sandbox import _libc
+from sandbox.paths import pinned_chain
 
 # Syscall numbers of the mount API (Linux 5.2+, mount_setattr 5.12+): the same on every
 # architecture using the unified table (x86_64, aarch64, riscv64).
@@ -100,12 +101,13 @@ def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
 
 
 def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool, readable: Iterable[str] = (),
-               hidden: Iterable[str] = (), replaced: Mapping[str, bytes] | None = None,
+               read_only: Iterable[str] = (), hidden: Iterable[str] = (), replaced: Mapping[str, bytes] | None = None,
                sockets: Iterable[str] = ()) -> None:
     """Make the calling process's (private) mount namespace the command's view. Raises OSError.
 
     `writable` trees stay writable, and visible even inside masked folders; `readable` trees
-    (the working directory) stay visible, read-only; with `read_only_host` everything else is
+    (the working directory) stay visible, read-only; `read_only` folders inside writable
+    trees are shown read-only (egress's own code, which its proxy imports later); with `read_only_host` everything else is
     read-only; `mask_tmp` masks /tmp and /var/tmp too (without it, as with
     --no-fs-confinement, where writes may go anywhere, only /run is masked).
     """
@@ -131,6 +133,15 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
             if not os.path.isdir(path):  # it lay under a mask: make its mount point
                 os.makedirs(path, mode=0o755, exist_ok=True)
             _move(clone, path)
+        islands = sorted({os.path.realpath(p) for p in read_only if os.path.isdir(p)}, key=len)
+        # Each folder between a writable tree and an island becomes a mount point of its own
+        # (a bind onto itself, still writable): a mount point cannot be renamed or removed
+        # (EBUSY), so the command cannot move the island away and put its own folder at the
+        # path the proxy imports from. Then the island itself is put on read-only.
+        for folder in pinned_chain(islands, trees):
+            _rebind(folder, read_only=False)
+        for folder in islands:
+            _rebind(folder, read_only=True)
         for folder in masks:
             _setattr(_AT_FDCWD, folder, _MOUNT_ATTR_RDONLY, 0, 0)
     finally:
@@ -139,6 +150,17 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
     if os.path.isdir(PRIVATE_SHM):
         _libc.mount("tmpfs", PRIVATE_SHM, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
     _cover(hidden, replaced or {}, sockets)
+
+
+def _rebind(folder: str, read_only: bool) -> None:
+    """Mount `folder` (with what is mounted below it) onto itself, read-only or not."""
+    tree = _clone(folder)
+    try:
+        if read_only:
+            _setattr(tree, "", _MOUNT_ATTR_RDONLY, 0, _AT_EMPTY_PATH | _AT_RECURSIVE)
+        _move(tree, folder)
+    finally:
+        os.close(tree)
 
 
 def _within(path: str, tree: str) -> bool:

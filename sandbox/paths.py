@@ -25,6 +25,20 @@ def _within(path: str, tree: str) -> bool:
     return parts[:len(root)] == root
 
 
+def pinned_chain(islands: Iterable[str], trees: Iterable[str]) -> list[str]:
+    """The folders strictly between a writable tree and each island inside it, outermost first."""
+    chain: list[str] = []
+    for island in islands:
+        for tree in trees:
+            if island != tree and _within(island, tree):
+                parts = island[len(tree.rstrip("/")) + 1:].split("/")[:-1]
+                for depth in range(1, len(parts) + 1):
+                    folder = os.path.join(tree, *parts[:depth])
+                    if folder not in chain:
+                        chain.append(folder)
+    return sorted(chain, key=len)
+
+
 def resolution_steps(path: str) -> list[str] | None:
     """Every location resolving absolute ``path`` steps on, in order, ending with where it lands.
 
@@ -67,10 +81,12 @@ def resolution_steps(path: str) -> list[str] | None:
     return steps
 
 
-def command_writable(path: str | os.PathLike, trees: Iterable[str | os.PathLike]) -> bool:
+def command_writable(path: str | os.PathLike, trees: Iterable[str | os.PathLike],
+                     read_only: Iterable[str | os.PathLike] = ()) -> bool:
     """True if the command, able to write below ``trees``, can change what ``path`` reads.
 
     The trees count as given and by their realpath (a tree may itself be a symlink).
+    ``read_only``: real folders inside the trees that the sandbox mounts read-only.
     Relative paths are taken from the current folder. Anything that cannot be
     followed counts as writable: the answer fails closed.
     """
@@ -80,11 +96,45 @@ def command_writable(path: str | os.PathLike, trees: Iterable[str | os.PathLike]
     for tree in trees:
         tree = os.path.join(here, os.fspath(tree))
         roots.update((tree, os.path.realpath(tree)))
+    islands = [os.path.realpath(os.path.join(here, os.fspath(p))) for p in read_only]
+    # Mount points inside the sandbox (sandbox.mounts): the folders leading to an island and
+    # the trees holding one cannot be renamed or replaced by the command.
+    real_roots = [r for r in roots if any(_within(i, r) for i in islands)]
+    pinned = set(pinned_chain(islands, real_roots)) | set(real_roots)
 
     def inside(location: str) -> bool:
-        return any(_within(location, root) for root in roots)
+        return (any(_within(location, root) for root in roots) and location not in pinned
+                and not any(_within(location, island) for island in islands))
 
     if inside(path):
         return True
     steps = resolution_steps(path)
     return steps is None or any(map(inside, steps))
+
+
+def own_code(code_dirs: Iterable[str], import_path: Iterable[str], trees: Iterable[str]) -> tuple[list[str], list[str]]:
+    """What of egress's own code the command could rewrite, and what to do about it.
+
+    The proxy of `egress run` imports most of its code (mitmproxy, egress's addons, the
+    built-in policies) only when the command first connects: code inside a writable tree
+    (an editable install of the project, a virtual environment in it) would be the
+    command's to replace, and would then run outside the sandbox. Returns
+    (folders to mount read-only inside the sandbox: ``code_dirs`` and ``import_path``
+    entries lying below a writable tree, as real paths;
+    ``import_path`` entries to drop from sys.path: those that *are* or contain a writable
+    tree, which cannot be made read-only without taking the project away).
+    """
+    real_trees = [os.path.realpath(t) for t in trees]
+    protect: list[str] = []
+    drop: list[str] = []
+    for entry in import_path:
+        real = os.path.realpath(entry or ".")
+        if any(real == t or _within(t, real) for t in real_trees):
+            drop.append(entry)
+        elif any(_within(real, t) for t in real_trees) and os.path.isdir(real) and real not in protect:
+            protect.append(real)
+    for folder in code_dirs:
+        real = os.path.realpath(folder)
+        if any(_within(real, t) for t in real_trees) and os.path.isdir(real) and real not in protect:
+            protect.append(real)
+    return protect, drop

@@ -34,6 +34,10 @@ def test_this_machine_confines_commands(tmp_path):
     assert rows["network namespace"]["status"] == "ok"
     assert "only lo" in rows["network namespace"]["detail"]
     assert rows["landlock"]["status"] == "ok" and "Landlock ABI" in rows["landlock"]["detail"]
+    # Each wall of issue 8 is tried from inside a real sandbox, not inferred from versions.
+    for wall in ("tty injection", "host files", "unix sockets", "egress state", "shared memory", "capabilities"):
+        assert rows[wall]["status"] == "ok", rows[wall]
+    assert "dev.tty.legacy_tiocsti" in rows["tty injection"]["detail"]
     assert rows["local"]["status"] == "warning" and "not a sandbox" in rows["local"]["detail"]
     assert rows["proxy CA"]["status"] == "warning"  # a fresh state directory: no CA yet
     assert rows["policy"]["status"] == "ok"

@@ -71,3 +71,39 @@ def test_a_chain_longer_than_the_kernel_follows_fails_closed(tmp_path):
         previous = f"link{number}"
     assert command_writable(tmp_path / f"link{MAX_LINK_HOPS - 1}", [tmp_path / "project"]) is False
     assert command_writable(tmp_path / f"link{MAX_LINK_HOPS}", [tmp_path / "project"]) is True
+
+
+def test_read_only_islands_are_not_the_commands(layout):
+    (layout / "project" / "venv").mkdir()
+    (layout / "project" / "venv" / "code.py").write_text("")
+    trees, islands = [layout / "project"], [layout / "project" / "venv"]
+    assert command_writable(f"{layout}/project/venv/code.py", trees, islands) is False
+    assert command_writable(f"{layout}/project/egress.toml", trees, islands) is True
+    # A link the command owns still leads wherever it likes, island or not.
+    os.symlink(layout / "project" / "venv" / "code.py", layout / "project" / "to-venv")
+    assert command_writable(f"{layout}/project/to-venv", trees, islands) is True
+
+
+OWN_CODE = [
+    # (code folders, import path, writable trees) -> (read-only inside, dropped from sys.path)
+    (["site/egress"], ["site"], ["project"], [], []),                                   # installed elsewhere
+    (["project/.venv/site/egress"], ["project/.venv/site"], ["project"],
+     ["project/.venv/site", "project/.venv/site/egress"], []),                         # a venv in the project
+    (["checkout/egress", "checkout/policies"], [""], ["checkout"], ["checkout/egress", "checkout/policies"], [""]),
+    (["site/egress"], ["project", "site"], ["project"], [], ["project"]),               # python -m from the project
+    (["site/egress"], ["work"], ["work/project"], [], ["work"]),                        # an entry holding the project
+]
+
+
+@pytest.mark.parametrize("code, import_path, trees, protected, dropped", OWN_CODE)
+def test_own_code(tmp_path, monkeypatch, code, import_path, trees, protected, dropped):
+    from sandbox.paths import own_code
+
+    for folder in code + [p for p in import_path if p] + trees:
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(tmp_path / trees[0])  # "" on sys.path is the current folder
+    got_protected, got_dropped = own_code([str(tmp_path / c) for c in code],
+                                          [str(tmp_path / p) if p else "" for p in import_path],
+                                          [str(tmp_path / t) for t in trees])
+    assert got_protected == [str(tmp_path / p) for p in protected]
+    assert got_dropped == [str(tmp_path / p) if p else "" for p in dropped]

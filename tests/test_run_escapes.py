@@ -195,3 +195,28 @@ def test_shared_memory_is_private(tmp_path):
         if os.path.exists(f"/dev/shm/{marker}"):
             os.unlink(f"/dev/shm/{marker}")
     assert shutil.which("sh")
+
+
+def test_egress_code_inside_the_project_stays_out_of_the_commands_reach(tmp_path, http_upstream):
+    # egress installed inside the project (a venv in it, an editable checkout): its proxy imports
+    # most of its code only when the command first connects, so rewriting that code first would
+    # run the command's code outside the sandbox. A copy of egress inside the project stands in.
+    project = tmp_path / "project"
+    lib = project / "lib"
+    lib.mkdir(parents=True)
+    for part in ("egress", "sandbox", "policies"):
+        shutil.copytree(os.path.join(os.getcwd(), part), lib / part, ignore=shutil.ignore_patterns("__pycache__"))
+    guard = lib / "egress" / "addons" / "policy_guard.py"
+    before = guard.read_text()
+    (project / "policy.toml").write_text('allow_private = ["allowed.test"]\nallow = ["allowed.test"]\n')
+    script = (f'mv lib lib-moved 2>/dev/null || echo kept; echo "raise SystemExit" >> {guard} || echo refused; '
+              f'curl -sS {http_upstream.url("allowed.test")}')
+    result = subprocess.run([sys.executable, "-m", "egress.cli", "run", "--policy", "policy.toml",
+                             "--state-dir", str(tmp_path / "state"), "--resolve", "allowed.test:127.0.0.1",
+                             "--", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=120, cwd=project,
+                            env=clean_env(tmp_path, PYTHONPATH=str(lib)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "kept\nrefused\nhello from upstream\n"  # the proxy still starts, from untouched code
+    assert guard.read_text() == before
+    assert "egress's own code lies in a folder the command can write" in result.stderr

@@ -291,6 +291,18 @@ def test_writes_succeed_only_beneath_writable_paths(areas):
     assert not Path("/etc", etc_name).exists()
 
 
+def test_read_only_folders_inside_the_project_can_be_neither_changed_nor_moved_away(tmp_path):
+    # egress's own code in a venv inside the project: moving an ancestor away and putting a
+    # folder of the command's at the same path would be as good as writing the code.
+    site = tmp_path / ".venv" / "lib" / "site-packages"
+    (site / "egress").mkdir(parents=True)
+    script = ("mv .venv elsewhere || echo pinned; mv .venv/lib .venv/lib2 || echo pinned; "
+              "touch .venv/lib/site-packages/egress/x || echo read-only; touch .venv/other && echo writable")
+    status, out = run(["sh", "-c", script + " 2>/dev/null"], tmp_path, writable=[tmp_path], read_only=[str(site)])
+    assert (status, out.split()) == (0, ["pinned", "pinned", "read-only", "writable"])
+    assert sorted(os.listdir(tmp_path / ".venv")) == ["lib", "other"] and os.listdir(site) == ["egress"]
+
+
 def test_without_fs_confinement_writes_go_wherever_the_uid_may(areas):
     w, other, etc_name = areas
     status, _ = run(["sh", "-c", f"echo x > {other}/free"], w, writable=[w], fs_confinement=False)
