@@ -1,0 +1,80 @@
+"""`egress run -- true` of the working tree against a commit, side by side in one run.
+
+Run:  .venv/bin/python bench/launcher_compare.py [--ref 985ba3d] [--rounds 40]
+
+Both versions run from this interpreter through the same small entry point (the source
+tree first on sys.path, then `egress.cli.main`), so neither pays for a console script or
+an editable finder the other does not. Rounds are interleaved and the starting variant
+rotates each round; medians and the new/old ratio are printed. Each command gets the same
+clean environment (PATH, HOME, EGRESS_STATE_DIR, TMPDIR in a temporary folder, removed at
+the end) and runs `true`: what a command that opens no connection costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def entry(source: Path, *args: str) -> list[str]:
+    code = (f"import sys; sys.path.insert(0, {str(source)!r}); from egress.cli import main; "
+            f"sys.argv[0] = 'egress'; main()")
+    return [sys.executable, "-c", code, *args]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default="HEAD", help="the commit to compare against (default HEAD)")
+    parser.add_argument("--rounds", type=int, default=40)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="egress-launcher-compare-"))
+    try:
+        old = tmp / "old"
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.ref], capture_output=True, check=True)
+        old.mkdir()
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        project, scratch = tmp / "project", tmp / "tmp"
+        project.mkdir()
+        scratch.mkdir()
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "EGRESS_STATE_DIR": str(tmp / "state"),
+               "TMPDIR": str(scratch)}
+        subprocess.run(entry(REPO, "ca", "path"), env=env, cwd=project, capture_output=True, check=True)
+        variants = {
+            f"{args.ref}: egress run -- true": entry(old, "run", "--", "true"),
+            "working tree: egress run -- true": entry(REPO, "run", "--", "true"),
+            f"{args.ref}: egress run --network off -- true": entry(old, "run", "--network", "off", "--", "true"),
+            "working tree: egress run --network off -- true": entry(REPO, "run", "--network", "off", "--", "true"),
+        }
+        times: dict[str, list[float]] = {label: [] for label in variants}
+        order = list(variants.items())
+        for round_ in range(args.rounds + 2):  # two warm-up rounds
+            for label, argv in order[round_ % len(order):] + order[:round_ % len(order)]:
+                started = time.perf_counter()
+                done = subprocess.run(argv, env=env, cwd=project, capture_output=True, timeout=30)
+                elapsed = time.perf_counter() - started
+                if done.returncode != 0:
+                    raise SystemExit(f"{label} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
+                if round_ >= 2:
+                    times[label].append(elapsed)
+        medians = {label: statistics.median(values) for label, values in times.items()}
+        for label, value in medians.items():
+            print(f"{label:<55} {value * 1000:7.1f} ms")
+        for mode in ("egress run -- true", "egress run --network off -- true"):
+            ratio = medians[f"working tree: {mode}"] / medians[f"{args.ref}: {mode}"]
+            print(f"ratio working tree / {args.ref}, {mode}: {ratio:.3f}")
+        print(f"{args.rounds} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
