@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from conftest import TEST_NAMES, clean_env, egress_command
+from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -425,3 +425,42 @@ def test_npm_uses_the_proxy_and_its_trust(tmp_path, https_upstream, test_ca_file
     # The local upstream is no registry (404), but the request must have arrived through egress,
     # over TLS intercepted with egress's CA, which npm had to trust.
     assert any(r["path"].startswith("/left-pad") for r in https_upstream.requests), result.stderr
+
+
+def test_escapes_fail_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
+    # Issue 8's attacks through the real launcher, as nobody: the run's own control socket and
+    # CA key, its own policy file, host file metadata. (Terminal injection, sockets and shared
+    # memory as nobody: tests/sandbox/test_escapes.py.)
+    venv, nobody = user_venv
+    home = str(make_host_dir(for_everyone=True))  # outside /tmp: hidden by egress, not just masked
+    try:
+        project, state = os.path.join(home, "project"), os.path.join(home, "state")
+        os.mkdir(project)
+        victim = os.path.join(home, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("keep")
+        os.chmod(victim, 0o644)
+        policy = os.path.join(project, "egress.toml")
+        with open(policy, "w") as f:
+            f.write('allow_private = ["other.test"]\n')
+        for path in (home, project, victim, policy):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        url = http_upstream.url("other.test")
+        curl = f"curl -s -o /dev/null -w '%{{http_code}}\\n' {url}"
+        script = (f"ls {state}/runs {state}/ca 2>/dev/null || echo state-hidden; {curl}; "
+                  f"printf 'allow = [\"other.test\"]\\nallow_private = [\"other.test\"]\\n' > egress.toml; sleep 2; "
+                  f"{curl}; "
+                  f"chmod 4777 ../victim.txt 2>/dev/null || echo chmod-refused")
+        command = [f"{venv}/bin/egress", "run", "--policy", "egress.toml", "--state-dir", state,
+                   "--resolve", "other.test:127.0.0.1", "--", "sh", "-c", script]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=project,
+                                user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                                env={"PATH": "/usr/bin:/bin", "HOME": home})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["state-hidden", "403", "403", "chmod-refused"], result.stderr
+        assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+        assert "changed, but the command can write it" in result.stderr
+        assert http_upstream.connections == 0
+        assert os.stat(victim).st_mode & 0o7777 == 0o644
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
