@@ -43,7 +43,8 @@ MASKED_BY_THE_SANDBOX = ("/tmp", "/var/tmp", "/run", "/var/run")
 def _unmasked_base(for_everyone: bool) -> Path:
     """A folder outside what the sandbox masks, writable here (and with `for_everyone`, every
     ancestor searchable by other users): where 'elsewhere on the host' lives in tests."""
-    candidates = [Path(__file__).resolve().parents[1], Path.home(), Path.cwd()]
+    # The checkout, home, the current folder; as root, /var/lib (a clone under /tmp, home 0700).
+    candidates = [Path(__file__).resolve().parents[1], Path.home(), Path.cwd(), Path("/var/lib")]
     for base in candidates:
         real = os.path.realpath(base)
         masked = any(real == m or real.startswith(m + "/") for m in MASKED_BY_THE_SANDBOX)
