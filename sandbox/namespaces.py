@@ -47,11 +47,19 @@ def enter(uid: int, gid: int) -> None:
 
 
 def loopback_up() -> None:
-    """Set `lo` up in the current network namespace (SIOCSIFFLAGS; see linux.py for why not pyroute2)."""
+    """Set `lo` up in the current network namespace (SIOCSIFFLAGS; see linux.py for why not pyroute2).
+
+    Also let every uid bind low ports there: the command holds no capability (even a root
+    caller's), and a test server on port 80 of its own private loopback harms no one.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifreq = struct.pack("16sh", b"lo", 0)
         flags = struct.unpack("16sh", fcntl.ioctl(s, _SIOCGIFFLAGS, ifreq))[1]
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
+    try:
+        _write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")  # this network namespace's own
+    except OSError:
+        pass  # an older kernel without the knob: low ports stay privileged, nothing else changes
 
 
 def mount_proc() -> bool:

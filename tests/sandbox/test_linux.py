@@ -195,6 +195,20 @@ def test_server_started_inside_is_reachable_from_inside(tmp_path):
     assert (status, out.strip()) == (0, "hello")
 
 
+def test_low_ports_of_its_own_loopback_need_no_capability(tmp_path):
+    # The command holds no capability (even a root caller's): port 80 of its private loopback
+    # is still its own to use, while the machine's setting stays as it was.
+    host_setting = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text()
+    status, out = run(py("""
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 80))
+        print(s.getsockname()[1])
+    """), tmp_path)
+    assert (status, out.strip()) == (0, "80")
+    assert Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text() == host_setting
+
+
 def test_without_network_there_is_no_socket_and_the_proxy_port_refuses(tmp_path):
     code = py("""
         import socket
