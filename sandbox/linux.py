@@ -405,6 +405,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
         _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
     try:
         seccomp.refuse_terminal_injection()
+        namespaces.new_session_keyring()
         namespaces.drop_capabilities()
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "privileges", f"cannot drop the command's privileges: {e.strerror}")

@@ -92,6 +92,28 @@ def drop_capabilities() -> None:
     _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
 
 
+# keyctl(2)'s number by architecture (x86_64; the generic table of aarch64 and riscv64).
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def new_session_keyring() -> None:
+    """Leave the caller's session keyring for a new, empty, anonymous one.
+
+    Keyrings are not in any namespace the sandbox makes: a command that inherits the
+    caller's session keyring (pam_keyinit, `keyctl session`) could read its keys (Kerberos
+    caches, cached passwords), plant or revoke them, and the changes outlive the run. A
+    named keyring of the caller cannot be joined back: lookups by name stay within the
+    sandbox's user namespace.
+    """
+    import platform
+
+    number = _SYS_KEYCTL.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"no keyctl number for {platform.machine()}")
+    _libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
 def refusal_reason(err: OSError) -> str:
     """One line: why user namespaces were refused here and how to allow them."""
     if _sysctl("kernel/unprivileged_userns_clone") == "0" and os.geteuid() != 0:

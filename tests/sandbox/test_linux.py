@@ -195,6 +195,59 @@ def test_server_started_inside_is_reachable_from_inside(tmp_path):
     assert (status, out.strip()) == (0, "hello")
 
 
+KEYRING_INSIDE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl, add_key, mine = map(int, sys.argv[1:4])
+def call(nr, *args):
+    return libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+buf = ctypes.create_string_buffer(256)
+n = call(keyctl, 6, -3, buf, 256)  # KEYCTL_DESCRIBE the session keyring
+print(buf.raw[:max(n, 0)].rstrip(b"\\0").decode().rsplit(";", 1)[-1])
+print(call(keyctl, 3, mine))  # KEYCTL_REVOKE the caller's key
+call(add_key, b"user", b"planted", b"x", 1, -3)
+"""
+
+KEYRING = """
+    # The caller has a session keyring holding a key (pam_keyinit and `keyctl session` make one).
+    import ctypes, json, os, platform, struct, sys
+    sys.path.insert(0, sys.argv[1])
+    from sandbox.linux import SandboxSpec, start
+    libc = ctypes.CDLL(None, use_errno=True)
+    KEYCTL, ADD_KEY = {"x86_64": (250, 248), "aarch64": (219, 217), "riscv64": (219, 217)}[platform.machine()]
+    def call(nr, *args):
+        return libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    call(KEYCTL, 1, b"egress-test-session")  # KEYCTL_JOIN_SESSION_KEYRING
+    mine = call(ADD_KEY, b"user", b"caller-secret", b"s3cret", 6, -3)  # into @s
+    r, w = os.pipe()
+    box = start(SandboxSpec([sys.executable, "-I", "-S", "-c", sys.argv[2], str(KEYCTL), str(ADD_KEY), str(mine)],
+                            {"PATH": "/usr/bin:/bin"}, "/", stdout=w))
+    os.close(w)
+    status = box.wait(30)
+    box.close()
+    buf = ctypes.create_string_buffer(4096)
+    n = call(KEYCTL, 11, -3, buf, 4096)  # KEYCTL_READ: the keys in our session keyring now
+    print(json.dumps({"status": status, "inside": os.fdopen(r).read().split(),
+                      "keys_after": list(struct.unpack(f"{n // 4}i", buf.raw[:n])), "mine": mine}))
+"""
+
+
+def test_the_callers_session_keyring_is_out_of_reach():
+    # Keyrings are in no namespace: an inherited session keyring would let the command read,
+    # plant or revoke the caller's keys (Kerberos caches, cached passwords), for after the run.
+    done = subprocess.run([*PY, textwrap.dedent(KEYRING), str(REPO), KEYRING_INSIDE],
+                          capture_output=True, text=True, timeout=WAIT)
+    if done.returncode != 0 and "KeyError" in done.stderr:
+        pytest.skip(f"no keyctl numbers for this architecture: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == 0
+    described, revoked = result["inside"]
+    assert described == "_ses"  # a new anonymous session keyring, not "egress-test-session"
+    assert int(revoked) == -1  # the caller's key is out of reach
+    assert result["keys_after"] == [result["mine"]]  # nothing planted, nothing revoked
+
+
 def test_low_ports_of_its_own_loopback_need_no_capability(tmp_path):
     # The command holds no capability (even a root caller's): port 80 of its private loopback
     # is still its own to use, while the machine's setting stays as it was.
