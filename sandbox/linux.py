@@ -404,7 +404,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
     else:
         _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
     try:
-        seccomp.refuse_terminal_injection()
+        seccomp.install(refuse_setid=os.geteuid() == 0)
         namespaces.new_session_keyring()
         namespaces.drop_capabilities()
     except OSError as e:

@@ -1,4 +1,4 @@
-"""A seccomp filter that keeps the command from typing into a terminal it shares.
+"""The command's seccomp filter: no typing into a terminal it shares; for a root caller, no setuid files.
 
 `ioctl(fd, TIOCSTI, &c)` pushes a byte into a terminal's *input*: a command that keeps the
 caller's terminal can queue `touch ../PWNED\\n` for the caller's shell to run after the
@@ -18,6 +18,9 @@ Details that matter (each a past escape in another sandbox):
 * every architecture the CPU can run is covered: on x86-64 a 32-bit program enters through
   the i386 table (ioctl is 54 there) and x32 through numbers with bit 30 set (refused
   outright: no distribution ships x32 programs); any other architecture value fails.
+
+For a root caller the filter also refuses file modes with S_ISUID/S_ISGID (see install()):
+the red-team review left a setuid-root shell in the project with `chmod 4755`.
 
 The filter is inherited by everything the command starts and cannot be removed. It needs
 no_new_privs (set by Landlock, or by the caller) when the process lacks CAP_SYS_ADMIN.
@@ -43,70 +46,143 @@ _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
 _RET_ERRNO = 0x00050000
 
-# audit architecture values (linux/audit.h) and each one's ioctl number
+# audit architecture values (linux/audit.h)
 _ARCH_X86_64, _ARCH_I386, _X32_BIT = 0xC000003E, 0x40000003, 0x40000000
 _ARCH_AARCH64, _ARCH_ARM = 0xC00000B7, 0x40000028
 _ARCH_RISCV64 = 0xC00000F3
-# native architecture -> [(audit arch, ioctl number)] for every table a process may enter through
+
+
+class _Table:
+    """One syscall table: its ioctl, and each call that sets a file mode as (nr, mode arg, flags arg)."""
+
+    def __init__(self, arch: int, ioctl: int, modes: list[tuple[int, int, int | None]], openat2: int = 437):
+        self.arch, self.ioctl, self.modes, self.openat2 = arch, ioctl, modes, openat2
+
+
+# chmod, fchmod, fchmodat, fchmodat2, creat, open, openat, mknod, mknodat: (nr, mode arg, flags arg)
+_GENERIC = [(52, 1, None), (53, 2, None), (452, 2, None), (56, 3, 2), (33, 2, None)]  # aarch64, riscv64
 _TABLES = {
-    "x86_64": [(_ARCH_X86_64, 16), (_ARCH_I386, 54)],
-    "aarch64": [(_ARCH_AARCH64, 29), (_ARCH_ARM, 54)],
-    "riscv64": [(_ARCH_RISCV64, 29)],
+    "x86_64": [
+        _Table(_ARCH_X86_64, 16, [(90, 1, None), (91, 1, None), (268, 2, None), (452, 2, None), (85, 1, None),
+                                  (2, 2, 1), (257, 3, 2), (133, 1, None), (259, 2, None)]),
+        _Table(_ARCH_I386, 54, [(15, 1, None), (94, 1, None), (306, 2, None), (452, 2, None), (8, 1, None),
+                                (5, 2, 1), (295, 3, 2), (14, 1, None), (297, 2, None)]),
+    ],
+    "aarch64": [
+        _Table(_ARCH_AARCH64, 29, _GENERIC),
+        _Table(_ARCH_ARM, 54, [(15, 1, None), (94, 1, None), (333, 2, None), (452, 2, None), (8, 1, None),
+                               (5, 2, 1), (322, 3, 2), (14, 1, None), (324, 2, None)]),
+    ],
+    "riscv64": [_Table(_ARCH_RISCV64, 29, _GENERIC)],
 }
+SETID_BITS = 0o6000  # S_ISUID | S_ISGID
+_CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE: the open flags that make a file with `mode`
 
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
 _OFF_NR, _OFF_ARCH = 0, 4
-_OFF_ARG1_LOW = 24 if sys.byteorder == "little" else 28
+
+
+def _arg_low(index: int) -> int:
+    """Offset of the low 32 bits of args[index] (the kernel reads modes, flags, requests as ints)."""
+    return 16 + 8 * index + (0 if sys.byteorder == "little" else 4)
+
 
 # classic BPF opcodes
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15
 _JGE_K = 0x35
+_JSET_K = 0x45
 _RET_K = 0x06
+_ALLOW = ("ret", _RET_ALLOW)
+_EPERM = ("ret", _RET_ERRNO | errno.EPERM)
+_ENOSYS = ("ret", _RET_ERRNO | errno.ENOSYS)
 
 
 def supported() -> bool:
     return platform.machine() in _TABLES
 
 
-def _program(machine: str) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jt, jf, k) instructions; jt/jf count the instructions skipped.
+def _program(machine: str, refuse_setid: bool = False) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) instructions.
 
-        load arch; for each table: arch == T -> T's block; unknown arch -> ENOSYS
-        T's block: load nr; [x86-64: nr >= x32 bit -> ENOSYS]; nr != ioctl -> ALLOW;
-                   load request (low 32 bits); request in REFUSED_IOCTLS -> EPERM; ALLOW
+    load arch -> the table's block, or ENOSYS for an architecture this machine cannot enter;
+    in a block: ioctl with a refused request -> EPERM; with `refuse_setid`, a call that would
+    set S_ISUID/S_ISGID (chmod family, or open/creat/mknod creating a file) -> EPERM, and
+    openat2, whose flags sit behind a pointer the filter cannot read, -> ENOSYS (glibc then
+    falls back to openat); x86-64's x32 numbers -> ENOSYS; everything else allowed.
     """
-    blocks = []
-    for arch, ioctl in _TABLES[machine]:
-        block = [(_LD_W_ABS, 0, 0, _OFF_NR)]
-        if arch == _ARCH_X86_64:
-            block += [(_JGE_K, 0, 1, _X32_BIT), (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
-        block += [(_JEQ_K, 1, 0, ioctl), (_RET_K, 0, 0, _RET_ALLOW), (_LD_W_ABS, 0, 0, _OFF_ARG1_LOW)]
-        for i, request in enumerate(REFUSED_IOCTLS):
-            block.append((_JEQ_K, len(REFUSED_IOCTLS) - i, 0, request))  # -> past the rest and ALLOW
-        block += [(_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
-        blocks.append((arch, block))
-    program = [(_LD_W_ABS, 0, 0, _OFF_ARCH)]
-    dispatch_end = 1 + len(blocks) + 1  # the arch load, one compare per table, the unknown-arch return
-    start = dispatch_end
-    for arch, block in blocks:
-        program.append((_JEQ_K, start - (len(program) + 1), 0, arch))
-        start += len(block)
-    program.append((_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS))
-    for _, block in blocks:
-        program.extend(block)
+    code: list[tuple] = [("ld", _OFF_ARCH)]
+    tables = _TABLES[machine]
+    for i, table in enumerate(tables):
+        code.append(("jeq", table.arch, f"table{i}", None))
+    code.append(_ENOSYS)
+    for i, table in enumerate(tables):
+        code += [("label", f"table{i}"), ("ld", _OFF_NR)]
+        if table.arch == _ARCH_X86_64:
+            code += [("jge", _X32_BIT, f"x32-{i}", None)]
+        code.append(("jeq", table.ioctl, f"ioctl{i}", None))
+        if refuse_setid:
+            for nr, mode_arg, flags_arg in table.modes:
+                code.append(("jeq", nr, f"mode{i}-{nr}", None))
+            code.append(("jeq", table.openat2, f"nosys{i}", None))
+        code.append(_ALLOW)
+        if table.arch == _ARCH_X86_64:
+            code += [("label", f"x32-{i}"), _ENOSYS]
+        code += [("label", f"ioctl{i}"), ("ld", _arg_low(1))]
+        code += [("jeq", request, f"eperm{i}", None) for request in REFUSED_IOCTLS]
+        code.append(_ALLOW)
+        if refuse_setid:
+            for nr, mode_arg, flags_arg in table.modes:
+                code.append(("label", f"mode{i}-{nr}"))
+                if flags_arg is not None:  # open/openat: only a creating open takes a mode
+                    code += [("ld", _arg_low(flags_arg)), ("jset", _CREATES, None, f"allow{i}")]
+                code += [("ld", _arg_low(mode_arg)), ("jset", SETID_BITS, f"eperm{i}", f"allow{i}")]
+            code += [("label", f"nosys{i}"), _ENOSYS, ("label", f"allow{i}"), _ALLOW]
+        code += [("label", f"eperm{i}"), _EPERM]
+    return _assemble(code)
+
+
+def _assemble(code: list[tuple]) -> list[tuple[int, int, int, int]]:
+    """Resolve labels into relative jumps (None: the next instruction)."""
+    at: dict[str, int] = {}
+    count = 0
+    for item in code:
+        if item[0] == "label":
+            at[item[1]] = count
+        else:
+            count += 1
+    program = []
+    for item in code:
+        kind = item[0]
+        if kind == "label":
+            continue
+        here = len(program) + 1  # jumps count from the next instruction
+        if kind == "ld":
+            program.append((_LD_W_ABS, 0, 0, item[1]))
+        elif kind == "ret":
+            program.append((_RET_K, 0, 0, item[1]))
+        else:
+            op = {"jeq": _JEQ_K, "jge": _JGE_K, "jset": _JSET_K}[kind]
+            jt = 0 if item[2] is None else at[item[2]] - here
+            jf = 0 if item[3] is None else at[item[3]] - here
+            if not (0 <= jt < 256 and 0 <= jf < 256):
+                raise ValueError("seccomp jump out of range")
+            program.append((op, jt, jf, item[1]))
     return program
 
 
-def refuse_terminal_injection() -> None:
+def install(refuse_setid: bool) -> None:
     """Install the filter on the calling thread (and so on everything it later runs).
 
+    `refuse_setid`: also refuse setting S_ISUID/S_ISGID on files. For a root caller: the
+    command is uid 0 over the project, and `chmod 4755` there would leave a setuid-root
+    program on the host after the run (an unprivileged caller's setuid file is only itself).
     Raises OSError if the kernel refuses it or the machine's architecture is not known.
     """
     machine = platform.machine()
     if machine not in _TABLES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for the {machine} architecture")
-    program = _program(machine)
+    program = _program(machine, refuse_setid)
     raw = b"".join(struct.pack("HBBI", *ins) for ins in program)
     buffer = ctypes.create_string_buffer(raw, len(raw))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }

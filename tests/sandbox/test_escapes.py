@@ -86,7 +86,7 @@ results = {
     "tiocsti": inject(termios.TIOCSTI),
     "tiocsti with high bits": inject(termios.TIOCSTI | (1 << 32)),
     "tioclinux": inject(0x541C),
-    "chmod": attempt(lambda: os.chmod(victim, 0o4777)),
+    "chmod": attempt(lambda: os.chmod(victim, 0o777)),
     "chown": attempt(lambda: os.chown(victim, os.getuid(), os.getgid())),
     "utime": attempt(lambda: os.utime(victim, (0, 0))),
     "setxattr": attempt(lambda: os.setxattr(victim, "user.egress", b"1")),
@@ -98,6 +98,10 @@ results = {
     "host shm visible": os.path.exists("/dev/shm/" + args["shm_marker"]),
     "shm write": attempt(lambda: open("/dev/shm/" + args["shm_marker"] + "-inside", "w").write("x")),
     "own unix server": attempt(own_server),
+    "setuid by chmod": attempt(lambda: (open(os.path.join(args["project"], "su"), "w").close(),
+                                        os.chmod(os.path.join(args["project"], "su"), 0o4755))),
+    "setuid by open": attempt(lambda: os.close(os.open(os.path.join(args["project"], "su2"),
+                                                       os.O_CREAT | os.O_WRONLY, 0o4755))),
     "pty": attempt(lambda: pty.openpty()),
     "capabilities": {k: status[k].strip() for k in ("CapPrm", "CapEff", "CapBnd", "CapAmb")},
 }
@@ -231,5 +235,14 @@ def test_every_known_escape_is_closed(scene):
     assert not Path("/dev/shm", scene["args"]["shm_marker"] + "-inside").exists()
     # Root's powers do not follow a root caller in: no capability at all, in any set.
     assert set(seen["capabilities"].values()) == {"0000000000000000"}, seen["capabilities"]
+    # A root caller's command cannot leave a setuid-root program in the project for after the
+    # run; for anyone else a setuid file is only themselves, and stays allowed.
+    if scene["uid"] == 0:
+        assert (seen["setuid by chmod"], seen["setuid by open"]) == (errno.EPERM, errno.EPERM)
+    else:
+        assert (seen["setuid by chmod"], seen["setuid by open"]) == ("ok", "ok")
+    for name in ("su", "su2"):
+        path = Path(scene["args"]["project"], name)
+        assert not (path.exists() and path.stat().st_mode & 0o4000 and path.stat().st_uid == 0)
     # What a normal program needs still works.
     assert seen["pty"] == "ok"

@@ -20,9 +20,10 @@ ARCH = {"x86_64": 0xC000003E, "i386": 0x40000003, "aarch64": 0xC00000B7, "arm": 
         "riscv64": 0xC00000F3}
 
 
-def run(program, arch: int, nr: int, arg1: int) -> int:
+def run(program, arch: int, nr: int, *args: int) -> int:
     """Interpret the filter for one call (seccomp_data laid out little-endian)."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, 3, arg1, 0, 0, 0, 0)
+    args = [a & 0xFFFFFFFFFFFFFFFF for a in (list(args) + [0] * 6)[:6]]  # as the kernel passes them
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *args)
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = program[pc]
@@ -32,6 +33,8 @@ def run(program, arch: int, nr: int, arg1: int) -> int:
             pc += jt if acc == k else jf
         elif code == 0x35:  # jge k
             pc += jt if acc >= k else jf
+        elif code == 0x45:  # jset k
+            pc += jt if acc & k else jf
         elif code == 0x06:  # ret k
             return k
         else:
@@ -65,4 +68,42 @@ CASES = [
 @pytest.mark.skipif(sys.byteorder != "little", reason="the interpreter lays seccomp_data out little-endian")
 @pytest.mark.parametrize(("machine", "entry", "nr", "ioctl_request", "expected"), CASES)
 def test_filter_program(machine, entry, nr, ioctl_request, expected):
-    assert run(seccomp._program(machine), ARCH[entry], nr, ioctl_request) == expected
+    # the ioctl checks hold with or without the setuid checks
+    for refuse_setid in (False, True):
+        assert run(seccomp._program(machine, refuse_setid), ARCH[entry], nr, 3, ioctl_request) == expected
+
+
+SUID, SGID, O_CREAT, O_TMPFILE, O_RDWR = 0o4000, 0o2000, 0o100, 0o20200000, 0o2
+SETID_CASES = [
+    # machine, entry, nr, args, expected with refuse_setid
+    ("x86_64", "x86_64", 90, ("path", 0o4755), EPERM),           # chmod u+s
+    ("x86_64", "x86_64", 90, ("path", 0o755), ALLOW),            # chmod without it
+    ("x86_64", "x86_64", 91, (3, 0o2755), EPERM),                # fchmod g+s
+    ("x86_64", "x86_64", 268, (-100, "path", 0o6777), EPERM),    # fchmodat
+    ("x86_64", "x86_64", 452, (-100, "path", 0o4700, 0), EPERM),  # fchmodat2
+    ("x86_64", "x86_64", 268, (-100, "path", 0o644 | 1 << 32), ALLOW),  # high bits are not mode bits
+    ("x86_64", "x86_64", 85, ("path", 0o4755), EPERM),           # creat
+    ("x86_64", "x86_64", 2, ("path", O_CREAT | O_RDWR, 0o4755), EPERM),   # open(O_CREAT, 04755)
+    ("x86_64", "x86_64", 2, ("path", O_RDWR, 0o4755), ALLOW),    # no O_CREAT: the mode is ignored
+    ("x86_64", "x86_64", 257, (-100, "path", O_CREAT, 0o2755), EPERM),    # openat
+    ("x86_64", "x86_64", 257, (-100, "path", O_TMPFILE | O_RDWR, 0o4700), EPERM),
+    ("x86_64", "x86_64", 257, (-100, "path", O_CREAT, 0o644), ALLOW),
+    ("x86_64", "x86_64", 133, ("path", 0o104755, 0), EPERM),     # mknod of a setuid regular file
+    ("x86_64", "x86_64", 259, (-100, "path", 0o104755, 0), EPERM),
+    ("x86_64", "x86_64", 437, (-100, "path", 0, 24), ENOSYS),    # openat2: flags behind a pointer
+    ("x86_64", "i386", 15, ("path", 0o4755), EPERM),             # 32-bit chmod
+    ("x86_64", "i386", 5, ("path", O_CREAT, 0o4755), EPERM),     # 32-bit open
+    ("x86_64", "i386", 90, ("path", 0o4755), ALLOW),             # i386's 90 is mmap
+    ("aarch64", "aarch64", 53, (-100, "path", 0o4755), EPERM),
+    ("aarch64", "aarch64", 56, (-100, "path", O_CREAT, 0o4755), EPERM),
+    ("aarch64", "arm", 15, ("path", 0o4755), EPERM),
+    ("riscv64", "riscv64", 52, (3, 0o6000), EPERM),
+]
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the interpreter lays seccomp_data out little-endian")
+@pytest.mark.parametrize(("machine", "entry", "nr", "args", "expected"), SETID_CASES)
+def test_setid_modes_refused_for_a_root_caller(machine, entry, nr, args, expected):
+    numbers = [a if isinstance(a, int) else 0x7FFF0000 for a in args]  # pointers: any address
+    assert run(seccomp._program(machine, refuse_setid=True), ARCH[entry], nr, *numbers) == expected
+    assert run(seccomp._program(machine, refuse_setid=False), ARCH[entry], nr, *numbers) == ALLOW
