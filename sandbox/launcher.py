@@ -100,7 +100,9 @@ def protect_own_code(writable: list[str]) -> list[str]:
     package = os.path.dirname(egress.__file__)
     # The built-in policies: egress/policies when installed, a mapped folder when editable, or
     # policies/ beside the package in a source tree (egress.policy.builtin_dir's fallback).
-    code = [package, os.path.dirname(sandbox.__file__), os.path.join(os.path.dirname(package), "policies")]
+    code = [package, os.path.dirname(sandbox.__file__), os.path.join(os.path.dirname(package), "policies"),
+            # the interpreter's own trees: a venv's pyvenv.cfg names the Python the next egress runs
+            sys.prefix, sys.exec_prefix, sys.base_prefix]
     shipped = importlib.util.find_spec("egress.policies")
     if shipped is not None and shipped.submodule_search_locations:
         code += list(shipped.submodule_search_locations)

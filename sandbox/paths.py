@@ -135,6 +135,9 @@ def own_code(code_dirs: Iterable[str], import_path: Iterable[str], trees: Iterab
             protect.append(real)
     for folder in code_dirs:
         real = os.path.realpath(folder)
-        if any(_within(real, t) for t in real_trees) and os.path.isdir(real) and real not in protect:
+        # strictly below a tree: a code folder that is (or holds) the project cannot be made read-only
+        if any(_within(real, t) and real != t for t in real_trees) and os.path.isdir(real) and real not in protect:
             protect.append(real)
+    # one mount covers what lies below it (a venv's root covers its site-packages)
+    protect = [p for p in protect if not any(p != q and _within(p, q) for q in protect)]
     return protect, drop

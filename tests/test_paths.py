@@ -88,10 +88,13 @@ OWN_CODE = [
     # (code folders, import path, writable trees) -> (read-only inside, dropped from sys.path)
     (["site/egress"], ["site"], ["project"], [], []),                                   # installed elsewhere
     (["project/.venv/site/egress"], ["project/.venv/site"], ["project"],
-     ["project/.venv/site", "project/.venv/site/egress"], []),                         # a venv in the project
+     ["project/.venv/site"], []),                                                       # a venv in the project
     (["checkout/egress", "checkout/policies"], [""], ["checkout"], ["checkout/egress", "checkout/policies"], [""]),
     (["site/egress"], ["project", "site"], ["project"], [], ["project"]),               # python -m from the project
     (["site/egress"], ["work"], ["work/project"], [], ["work"]),                        # an entry holding the project
+    (["project/.venv/lib/site/egress", "project/.venv"], ["project/.venv/lib/site"], ["project"],
+     ["project/.venv"], []),                                                             # the venv's root covers all
+    (["project"], [], ["project"], [], []),                                              # never the project itself
 ]
 
 

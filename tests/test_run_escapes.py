@@ -223,3 +223,26 @@ def test_egress_code_inside_the_project_stays_out_of_the_commands_reach(tmp_path
     assert result.stdout == "kept\nrefused\nhello from upstream\n"  # the proxy still starts, from untouched code
     assert guard.read_text() == before
     assert "egress's own code lies in a folder the command can write" in result.stderr
+
+
+def test_a_venv_in_the_project_that_runs_egress_stays_as_it_was(tmp_path, http_upstream):
+    # The review edited the venv's pyvenv.cfg (`home = <project>/evil/bin`): the user's next
+    # `egress` ran the command's Python outside any sandbox. The interpreter's own tree is
+    # read-only inside when egress runs from it.
+    import sysconfig
+
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")], check=True,
+                   capture_output=True)
+    python = project / ".venv" / "bin" / "python"
+    cfg = project / ".venv" / "pyvenv.cfg"
+    before = cfg.read_text()
+    site = sysconfig.get_paths()["purelib"]  # where this suite's mitmproxy lives
+    script = f"echo 'home = {project}/evil/bin' >> .venv/pyvenv.cfg || echo refused; touch .venv/x || echo refused"
+    result = subprocess.run([str(python), "-m", "egress.cli", "run", "--state-dir", str(tmp_path / "state"),
+                             "--", "sh", "-c", script], capture_output=True, text=True, timeout=120, cwd=project,
+                            env=clean_env(tmp_path, PYTHONPATH=f"{os.getcwd()}:{site}"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "refused\nrefused\n"
+    assert cfg.read_text() == before
