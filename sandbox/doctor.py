@@ -168,7 +168,7 @@ def check_protections() -> list[Check]:
                      and real_work != os.path.join(d, n)]
                  for d, entries in seen["masked"].items()}
     leftovers = {d: entries for d, entries in leftovers.items() if entries}
-    sockets = [p for p in mounts.unix_socket_paths()
+    sockets = [p for p in mounts.host_sockets(home=os.environ.get("HOME"), skip=mounts.MASKED)
                if not any(p == m or p.startswith(m + "/") for m in mounts.MASKED)]
     checks.append(_wall("unix sockets", not leftovers,
                         f"{', '.join(seen['masked'])} shown empty; {len(sockets)} other host socket(s) bound now "

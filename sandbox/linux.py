@@ -353,7 +353,9 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
         return EXIT_SANDBOX
     _install_stdio(spec)
     _close_fds_except({0, 1, 2, chan.fileno()})
-    sockets = mounts.unix_socket_paths()  # the host's, read before our own network namespace hides them
+    # The host's sockets, read before our own network namespace hides them from /proc/net/unix.
+    masked = mounts.MASKED if spec.fs_confinement else ("/run", "/var/run")
+    sockets = mounts.host_sockets(home=spec.env.get("HOME"), skip=masked)
     try:
         namespaces.enter(os.geteuid(), os.getegid())
     except OSError as e:

@@ -16,8 +16,9 @@ network namespace. The mount namespace the sandbox already has closes both:
 4. /dev/shm becomes a private tmpfs (what the command leaves there dies with it);
 5. `hidden` folders (egress's state: the run's control socket, the CA's private key) show as
    empty; `replaced` files (secrets bound to hosts) show other contents (their placeholder);
-6. every pathname socket bound in the caller's network namespace when the run starts
-   (/proc/net/unix, read before the namespaces are made) and still visible gets an empty
+6. every pathname socket of the host found when the run starts (see host_sockets: the ones
+   /proc/net/unix lists, read before the namespaces are made, and every socket file in the
+   folders they lie in and in ~/.ssh, ~/.gnupg, ~/.docker) and still visible gets an empty
    read-only file mounted over it: connect() then fails with EACCES.
 
 Why mounts rather than seccomp for sockets: a classic-BPF filter cannot read the address
@@ -85,18 +86,75 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
 
 
-def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
-    """Absolute paths of the pathname sockets bound in the reader's network namespace."""
+def host_sockets(home: str | None = None, skip: Iterable[str] = (), table: str = "/proc/net/unix") -> list[str]:
+    """Paths of the host's pathname sockets to cover, read in the caller's network namespace.
+
+    /proc/net/unix names each socket as it was *bound*, which is not always where it is now:
+    OpenSSH's ControlMaster binds a temporary name, links it to the ControlPath and unlinks
+    the first (the red-team review reached remote hosts through one in ~/.ssh), and a name
+    bound relative to the binder's working folder is listed relative. So the answer is:
+    every listed absolute name; relative names joined to the working folder of a process
+    holding that socket; and every socket file found in the folders those names lie in and
+    in the home folder's usual socket folders (.ssh, .gnupg, .docker). Folders in `skip`
+    (masked anyway) are not searched.
+    """
     try:
         with open(table, "rb") as f:
             lines = f.read().splitlines()[1:]
     except OSError:
         return []
-    paths = []
+    named, relative = [], {}
     for line in lines:
         fields = line.split(None, 7)
-        if len(fields) == 8 and fields[7].startswith(b"/"):  # "@name" is abstract (per network namespace)
-            paths.append(os.fsdecode(fields[7]))
+        if len(fields) < 8 or fields[7].startswith(b"@"):  # unnamed, or abstract (per network namespace)
+            continue
+        name = os.fsdecode(fields[7])
+        if name.startswith("/"):
+            named.append(name)
+        else:
+            relative[fields[6].decode()] = name  # socket inode -> name as bound
+    if relative:
+        named += _resolve_relative(relative)
+    folders = {os.path.dirname(p) for p in named}
+    if home:
+        folders.update(os.path.join(home, d) for d in (".ssh", ".gnupg", ".docker", ".docker/run"))
+    found = set(named)
+    for folder in folders:
+        if any(_within(folder, m) for m in skip):
+            continue
+        try:
+            with os.scandir(folder) as entries:
+                found.update(e.path for e in entries if _entry_is_socket(e))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _entry_is_socket(entry: os.DirEntry) -> bool:
+    try:
+        return stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _resolve_relative(relative: dict[str, str]) -> list[str]:
+    """Join each relatively bound socket's name to the working folder of a process holding it.
+
+    Walks /proc/PID/fd only when such a socket exists (rare: a name bound after chdir to
+    fit the 108-byte limit); processes we may not inspect are skipped.
+    """
+    wanted = {f"socket:[{inode}]": name for inode, name in relative.items()}
+    paths = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                name = wanted.get(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if name is not None:
+                    paths.append(os.path.join(os.readlink(f"/proc/{pid}/cwd"), name))
+        except OSError:
+            continue
     return paths
 
 

@@ -92,6 +92,8 @@ results = {
     "setxattr": attempt(lambda: os.setxattr(victim, "user.egress", b"1")),
     "write": attempt(lambda: open(victim, "a").write("x")),
     "host socket": connect(args["host_socket"]),
+    "renamed socket": connect(args["renamed_socket"]),
+    "relative socket": connect(args["relative_socket"]),
     "socket in /tmp": connect(args["tmp_socket"]),
     "hidden listing": sorted(os.listdir(args["hidden"])),
     "replaced reads": open(args["replaced"]).read(),
@@ -186,12 +188,49 @@ def scene(runner):
             server.listen()
             server.setblocking(False)
             servers.append(server)
+        # OpenSSH's ControlMaster: bind a temporary name, link it to the ControlPath, unlink the
+        # first. /proc/net/unix keeps the name as bound, which no longer exists.
+        (base / "ssh").mkdir()
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(base / "ssh" / "cm.tmp"))
+        os.link(base / "ssh" / "cm.tmp", base / "ssh" / "cm")
+        os.unlink(base / "ssh" / "cm.tmp")
+        os.chmod(base / "ssh" / "cm", 0o777)
+        server.listen()
+        server.setblocking(False)
+        servers.append(server)
+        # A name bound relative to the binder's working folder is listed relative.
+        (base / "rel").mkdir()
+        os.chown(base / "rel", uid, gid)
+        # Bound by the runner's own process (an unprivileged caller cannot look into others').
+        binder = subprocess.Popen([python, "-I", "-S", "-c", textwrap.dedent("""
+            import os, socket, sys, time
+            os.chdir(sys.argv[1])
+            s = socket.socket(socket.AF_UNIX)
+            s.bind("rel.sock")
+            os.chmod("rel.sock", 0o777)
+            s.listen()
+            print("ready", flush=True)
+            s.settimeout(60)
+            try:
+                s.accept()
+                print("REACHED", flush=True)
+            except OSError:
+                pass
+        """), str(base / "rel")], stdout=subprocess.PIPE, text=True, user=uid, group=gid,
+                                  extra_groups=[] if os.geteuid() == 0 else None)
+        assert binder.stdout.readline().strip() == "ready"
         Path("/dev/shm", shm_marker).write_text("host")
         yield {"python": python, "lib": str(lib), "uid": uid, "gid": gid, "servers": servers, "victim": victim,
+               "binder": binder,
                "args": {"project": str(project), "victim": str(victim), "host_socket": str(base / "relay.sock"),
+                        "renamed_socket": str(base / "ssh" / "cm"), "relative_socket": str(base / "rel" / "rel.sock"),
                         "tmp_socket": tmp_socket, "hidden": str(hidden), "replaced": str(replaced),
                         "shm_marker": shm_marker}}
     finally:
+        if "binder" in locals():
+            binder.kill()
+            binder.wait()
         for server in servers:
             server.close()
         for path in (tmp_socket, f"/dev/shm/{shm_marker}", f"/dev/shm/{shm_marker}-inside"):
@@ -221,6 +260,8 @@ def test_every_known_escape_is_closed(scene):
     assert stat.S_IMODE(after.st_mode) == 0o644 and scene["victim"].read_text() == "keep"
     # 4. Host sockets: covered where visible, absent under /tmp; nothing reached either listener.
     assert seen["host socket"] == errno.EACCES  # a read-only empty file lies over it
+    assert seen["renamed socket"] == errno.EACCES  # found beside the name it was bound with
+    assert seen["relative socket"] == errno.EACCES  # found through its owner's working folder
     assert seen["socket in /tmp"] == errno.ENOENT
     for server in scene["servers"]:
         with pytest.raises(BlockingIOError):
