@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -219,7 +220,7 @@ def run(options: RunOptions) -> int:
 
     run_id = uuid.uuid4().hex[:12]
     tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
-    session = box = control = None
+    session = box = control = terminal = None
     try:
         ca_bundle = None
         if networked:
@@ -236,7 +237,7 @@ def run(options: RunOptions) -> int:
             command_env, proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
             ca_bundle=ca_bundle, tmpdir=tmpdir)
         (tmpdir / "cache").mkdir()
-        outputs = _Redaction(credentials) if options.redact else None
+        outputs = _Relay.for_run(options.redact, credentials)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
         own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
@@ -249,6 +250,7 @@ def run(options: RunOptions) -> int:
                            replaced=credentials.placeholder_files() if credentials is not None else None,
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
+        terminal = _TerminalGuard()  # before the command can take the terminal's foreground
         try:
             box = start(spec)
         except SandboxError as e:
@@ -296,6 +298,8 @@ def run(options: RunOptions) -> int:
             control.close()
         if box is not None:
             box.close()
+        if terminal is not None:
+            terminal.restore()
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -315,42 +319,117 @@ def _asker(options: RunOptions, state):
     return NeverAsk(state)
 
 
-class _Redaction:
-    """Pipes for the command's stdout and stderr, copied out with secrets redacted as they stream."""
+class _Relay:
+    """Pipes for the command's stdout and/or stderr, copied out by egress as they stream.
 
-    def __init__(self, credentials):
-        from egress.detect import Detector
+    For --redact (both streams, secrets redacted), and whenever egress's stderr is a regular
+    file: sharing that file's open description would let the command truncate or overwrite
+    egress's own report lines (the red-team review erased them with `ftruncate(2, 0)`);
+    through a pipe it can only add to them.
+    """
 
-        secrets = [(s.label, s.value) for s in credentials.secrets] if credentials else []
-        secrets += [(s.label, s.placeholder) for s in credentials.brokered] if credentials else []
-        self.detector = Detector(secrets)
-        self._pipes = [os.pipe(), os.pipe()]
-        self.stdout, self.stderr = self._pipes[0][1], self._pipes[1][1]
+    def __init__(self, streams: tuple[bool, bool], detector=None):
+        self.detector = detector
+        self._pipes = [os.pipe() if wanted else None for wanted in streams]
+        self.stdout, self.stderr = (pipe[1] if pipe else None for pipe in self._pipes)
         self._threads: list[threading.Thread] = []
+
+    @classmethod
+    def for_run(cls, redact: bool, credentials) -> _Relay | None:
+        if redact:
+            from egress.detect import Detector
+
+            secrets = [(s.label, s.value) for s in credentials.secrets] if credentials else []
+            secrets += [(s.label, s.placeholder) for s in credentials.brokered] if credentials else []
+            return cls((True, True), Detector(secrets))
+        try:
+            err = os.fstat(2)
+        except OSError:
+            return None
+        if not stat.S_ISREG(err.st_mode):
+            return None
+        try:
+            out = os.fstat(1)
+            same = (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+        except OSError:
+            same = False
+        return cls((same, True))  # stdout too when it is that same file (2>&1 > log)
 
     def start(self) -> None:
         # Our copies of the write ends go: the pipes end when the command's side closes.
-        for (read, write), sink in zip(self._pipes, (sys.stdout, sys.stderr)):
-            os.close(write)
-            thread = threading.Thread(target=self._copy, args=(read, sink), daemon=True)
+        for pipe, sink in zip(self._pipes, (sys.stdout, sys.stderr)):
+            if pipe is None:
+                continue
+            os.close(pipe[1])
+            thread = threading.Thread(target=self._copy, args=(pipe[0], sink), daemon=True)
             thread.start()
             self._threads.append(thread)
 
     def _copy(self, fd: int, sink) -> None:
         from egress.detect import StreamRedactor
 
-        redactor = StreamRedactor(self.detector)
+        redactor = StreamRedactor(self.detector) if self.detector is not None else None
+        sink.flush()
         out = sink.buffer
         with os.fdopen(fd, "rb", buffering=0) as source:
             while chunk := source.read(65536):
-                out.write(redactor.feed(chunk))
+                out.write(redactor.feed(chunk) if redactor else chunk)
                 out.flush()
-        out.write(redactor.finish())
+        if redactor:
+            out.write(redactor.finish())
         out.flush()
 
     def finish(self) -> None:
         for thread in self._threads:
             thread.join(30)
+
+
+class _TerminalGuard:
+    """egress's terminal for the run: its own lines always get out, and it is put back after.
+
+    The command shares the terminal: with TOSTOP set it can make its own process group the
+    foreground one (setpgid, tcsetpgrp), and egress, now in the background, would be stopped
+    by SIGTTOU on its next report line (the red-team review hid every EGRESS_BLOCKED line this
+    way, and hung a run). egress ignores SIGTTOU for the run (a background write then goes
+    through), and afterwards puts back the foreground group and the terminal's modes.
+    """
+
+    def __init__(self) -> None:
+        self.fd = next((fd for fd in (2, 0, 1) if _isatty(fd)), None)
+        self.state = None
+        self.previous = None
+        if self.fd is None:
+            return
+        import termios
+
+        try:
+            self.state = (os.tcgetpgrp(self.fd), termios.tcgetattr(self.fd))
+        except (OSError, termios.error):
+            self.state = None
+        try:
+            self.previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        except ValueError:  # not the main thread: cannot change dispositions
+            self.previous = None
+
+    def restore(self) -> None:
+        if self.state is not None:
+            import termios
+
+            group, modes = self.state
+            try:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, modes)
+                os.tcsetpgrp(self.fd, group)
+            except (OSError, termios.error):
+                pass  # the terminal is gone, or was handed on: nothing of ours to put back
+        if self.previous is not None:
+            signal.signal(signal.SIGTTOU, self.previous)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def _forward_signals(box) -> dict:

@@ -246,3 +246,74 @@ def test_a_venv_in_the_project_that_runs_egress_stays_as_it_was(tmp_path, http_u
     assert result.returncode == 0, result.stderr
     assert result.stdout == "refused\nrefused\n"
     assert cfg.read_text() == before
+
+
+def test_report_lines_reach_a_terminal_the_command_took_over(tmp_path, http_upstream):
+    # The command takes the terminal's foreground with TOSTOP set: egress, now in the
+    # background, used to be stopped by SIGTTOU on its report line (hidden; the run hung).
+    master, slave = pty.openpty()
+    project = tmp_path / "project"
+    project.mkdir()
+    script = textwrap.dedent(f"""
+        import os, signal, termios, urllib.request
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        attrs = termios.tcgetattr(0)
+        attrs[3] |= termios.TOSTOP
+        termios.tcsetattr(0, termios.TCSANOW, attrs)
+        os.setpgid(0, 0)
+        os.tcsetpgrp(0, os.getpgrp())
+        try:
+            urllib.request.urlopen({http_upstream.url("blocked.test")!r}, timeout=30)
+        except Exception as e:
+            print("refused", getattr(e, "code", e))
+    """)
+    try:
+        process = subprocess.Popen(run_args(tmp_path, project, sys.executable, "-c", script, extra=["--headless"]),
+                                   stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
+                                   env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
+                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        seen = b""
+        while process.poll() is None or _readable(master):
+            if _readable(master, 0.2):
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        status = process.wait(timeout=60)
+        tostop = termios.tcgetattr(slave)[3] & termios.TOSTOP
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert status == 0, seen
+    assert b"refused 403" in seen
+    assert b"EGRESS_BLOCKED blocked.test (not on the allow list)" in seen
+    assert not tostop  # the terminal's modes are put back as they were
+
+
+def test_report_lines_in_a_log_file_cannot_be_erased(tmp_path, http_upstream):
+    # With stderr a file, the command shared its open description: ftruncate(2, 0) erased
+    # egress's lines. Now it writes through a pipe egress copies from.
+    log = tmp_path / "err.log"
+    project = tmp_path / "project"
+    project.mkdir()
+    script = textwrap.dedent(f"""
+        import os, sys, time, urllib.request
+        try:
+            urllib.request.urlopen({http_upstream.url("blocked.test")!r}, timeout=30)
+        except Exception:
+            pass
+        time.sleep(0.5)
+        try:
+            os.ftruncate(2, 0)
+            print("truncated", file=sys.stderr)
+        except OSError:
+            print("cannot truncate", file=sys.stderr)
+    """)
+    with open(log, "wb") as err:
+        done = subprocess.run(run_args(tmp_path, project, sys.executable, "-c", script), stderr=err,
+                              stdout=subprocess.PIPE, cwd=project, timeout=120,
+                              env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in text
+    assert "cannot truncate" in text
