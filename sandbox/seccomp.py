@@ -19,7 +19,8 @@ Details that matter (each a past escape in another sandbox):
   the i386 table (ioctl is 54 there) and x32 through numbers with bit 30 set (refused
   outright: no distribution ships x32 programs); any other architecture value fails.
 
-For a root caller the filter also refuses file modes with S_ISUID/S_ISGID (see install()):
+io_uring is refused (ENOSYS) for everyone: its operations are not seen by a filter on
+system calls. For a root caller the filter also refuses file modes with S_ISUID/S_ISGID (see install()):
 the red-team review left a setuid-root shell in the project with `chmod 4755`.
 
 The filter is inherited by everything the command starts and cannot be removed. It needs
@@ -76,6 +77,7 @@ _TABLES = {
     "riscv64": [_Table(_ARCH_RISCV64, 29, _GENERIC)],
 }
 SETID_BITS = 0o6000  # S_ISUID | S_ISGID
+IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: the same number on every table
 _CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE: the open flags that make a file with `mode`
 
 # struct seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6]
@@ -121,6 +123,9 @@ def _program(machine: str, refuse_setid: bool = False) -> list[tuple[int, int, i
         if table.arch == _ARCH_X86_64:
             code += [("jge", _X32_BIT, f"x32-{i}", None)]
         code.append(("jeq", table.ioctl, f"ioctl{i}", None))
+        # io_uring carries opens, xattrs and socket calls past every check above: a program
+        # told ENOSYS falls back to plain system calls (Docker's default profile does the same).
+        code += [("jeq", nr, f"uring{i}", None) for nr in IO_URING]
         if refuse_setid:
             for nr, mode_arg, flags_arg in table.modes:
                 code.append(("jeq", nr, f"mode{i}-{nr}", None))
@@ -138,7 +143,7 @@ def _program(machine: str, refuse_setid: bool = False) -> list[tuple[int, int, i
                     code += [("ld", _arg_low(flags_arg)), ("jset", _CREATES, None, f"allow{i}")]
                 code += [("ld", _arg_low(mode_arg)), ("jset", SETID_BITS, f"eperm{i}", f"allow{i}")]
             code += [("label", f"nosys{i}"), _ENOSYS, ("label", f"allow{i}"), _ALLOW]
-        code += [("label", f"eperm{i}"), _EPERM]
+        code += [("label", f"eperm{i}"), _EPERM, ("label", f"uring{i}"), _ENOSYS]
     return _assemble(code)
 
 

@@ -62,6 +62,9 @@ CASES = [
     ("aarch64", "aarch64", 16, TIOCSTI, ALLOW),
     ("riscv64", "riscv64", 29, TIOCLINUX, EPERM),
     ("riscv64", "x86_64", 16, TIOCSTI, ENOSYS),
+    ("x86_64", "x86_64", 425, 0, ENOSYS),  # io_uring_setup: its operations would pass unseen
+    ("x86_64", "i386", 426, 0, ENOSYS),
+    ("aarch64", "aarch64", 427, 0, ENOSYS),
 ]
 
 
