@@ -273,7 +273,10 @@ def request(path: Path, payload: dict, timeout: float = 5.0):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(json.dumps(payload).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps(payload).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a server that refuses us may close before we write: its answer is still there to read
         if payload.get("op") == "events":
             sock.settimeout(None)
         with sock.makefile("rb") as answers:

@@ -28,7 +28,10 @@ CLIENT = """
 import socket, sys
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(sys.argv[1])
-sock.sendall(sys.argv[2].encode() + b"\\n")
+try:
+    sock.sendall(sys.argv[2].encode() + b"\\n")
+except (BrokenPipeError, ConnectionResetError):  # refused and closed before we wrote: read the answer
+    pass
 answer = b""
 try:
     while chunk := sock.recv(65536):
