@@ -1,9 +1,6 @@
 """The `egress` command line.
 
-Exit statuses (documented in the README):
-  0 success / every target allowed        3 the policy cannot be loaded
-  1 a target refused / a policy invalid   4 cannot listen (address in use, ...)
-  2 usage error                           5 the state directory or a CA file is unusable
+Exit statuses and network modes are egress.contract's (documented in the README).
 """
 
 from __future__ import annotations
@@ -17,11 +14,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-
-EXIT_REFUSED = 1
-EXIT_POLICY = 3
-EXIT_LISTEN = 4
-EXIT_STATE = 5
+from .contract import (EXIT_LAUNCHER, EXIT_LISTEN, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE,
+                       NETWORK_MODES)
 
 DEFAULT_POLICY = "dev"
 
@@ -130,7 +124,7 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
         else:
             verdict = "allow" if decision.allowed else "block"
             click.echo(f"{verdict}: {decision.host}: {decision.words()}")
-    sys.exit(EXIT_REFUSED if refused else 0)
+    sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 
 def _split_target(target: str) -> tuple[str, int | None]:
@@ -174,7 +168,7 @@ def validate(files: tuple[str, ...]) -> None:
                 click.echo(str(problem), err=True)
         else:
             click.echo(f"{file}: OK ({loaded.rule_count} entries from {len(loaded.files)} file(s))")
-    sys.exit(EXIT_REFUSED if failed else 0)
+    sys.exit(EXIT_REFUSED if failed else EXIT_OK)
 
 
 # -------------------------------------------------------------------------- ca
@@ -466,7 +460,7 @@ def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
     if not as_json:
         click.echo("egress run can confine commands here" if honoured else
                    "egress run cannot confine commands here: it will refuse to run them (see above)")
-    sys.exit(0 if honoured else 1)
+    sys.exit(EXIT_OK if honoured else EXIT_REFUSED)
 
 
 # ---------------------------------------------------------------------- redact
@@ -500,7 +494,7 @@ def redact(policies: tuple[str, ...]) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
-@click.option("--network", type=click.Choice(["allowlist", "off", "all"]),
+@click.option("--network", type=click.Choice(NETWORK_MODES),
               help="allowlist (default): built-in 'dev' plus your policy; off: no network at all; "
                    "all: every domain except the deny list (private addresses still refused). "
                    "Overrides a policy file's `network` key.")
@@ -537,7 +531,7 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     """
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)
-        sys.exit(125)
+        sys.exit(EXIT_LAUNCHER)
     from sandbox.launcher import LaunchError, RunOptions, run as launch
 
     options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import reasons
+from .contract import NETWORK_MODES
 from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host, split_host_port
 from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of _parse_entry must agree with parse_host
 
 LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
-NETWORK_MODES = ("allowlist", "all", "off")
 KNOWN_KEYS = ("include", "network", "credentials") + LIST_KEYS
 
 # Built-in sets, by the name used in `include`.

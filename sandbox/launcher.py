@@ -23,14 +23,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
 from egress.terminal import say
 
 from . import environment
 
-EXIT_TIMEOUT = 124
-EXIT_LAUNCHER = 125
 PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
-NETWORK_MODES = ("allowlist", "off", "all")
 
 
 class LaunchError(Exception):
@@ -116,7 +114,7 @@ def network_mode(options: RunOptions, user=None) -> str:
     """--network if given, else the policy files' `network` key, else allowlist."""
     if options.network is not None:
         return options.network
-    return (user.network if user is not None else None) or "allowlist"
+    return (user.network if user is not None else None) or DEFAULT_NETWORK
 
 
 def build_policy(options: RunOptions, mode: str, read=None):
@@ -250,7 +248,7 @@ def run(options: RunOptions) -> int:
         try:
             box = start(spec)
         except SandboxError as e:
-            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == 127 else None
+            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == EXIT_NOT_FOUND else None
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:
