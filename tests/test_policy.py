@@ -325,12 +325,12 @@ FAST_PATH_ENTRIES = [
 
 @pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
 def test_fast_path_agrees_with_the_general_path(key):
-    from egress.policy import _EntryError, _parse_entry
+    from egress.policy_loader import EntryError, parse_entry
 
     def parse(text):
         try:
-            return _parse_entry(text, key)
-        except _EntryError:
+            return parse_entry(text, key)
+        except EntryError:
             return "refused"
 
     for entry in FAST_PATH_ENTRIES:
