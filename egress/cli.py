@@ -34,10 +34,12 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    from .policy import PolicyError, load_policy
+    """The policy, its credential settings checked beside it (egress.settings)."""
+    from . import settings
+    from .policy import PolicyError
 
     try:
-        return load_policy(list(sources) or [DEFAULT_POLICY])
+        return settings.load(list(sources) or [DEFAULT_POLICY]).policy
     except PolicyError as e:
         for problem in e.problems:
             click.echo(f"egress: {problem}", err=True)
@@ -156,12 +158,13 @@ def policy() -> None:
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
     """Check policy files; print OK or every problem with file:line. Exit 1 if any."""
-    from .policy import PolicyError, load_policy
+    from . import settings
+    from .policy import PolicyError
 
     failed = False
     for file in files:
         try:
-            loaded = load_policy([file])
+            loaded = settings.load([file]).policy
         except PolicyError as e:
             failed = True
             for problem in e.problems:
@@ -275,7 +278,7 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
     from .events import Recorder
     from .live import PolicyWatcher
     from .metrics import Metrics
-    from .policy import load_policy
+    from . import settings
     from .proxy import EgressProxy, ListenError, ProxySettings, configure_logging
     from .resolver import Resolver
     from .state import StateError
@@ -311,7 +314,7 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, proxy.stop)
-        watcher = PolicyWatcher(engine, load=lambda: load_policy(list(policies) or [DEFAULT_POLICY]),
+        watcher = PolicyWatcher(engine, load=lambda: settings.load(list(policies) or [DEFAULT_POLICY]).policy,
                                 report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
         watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)

@@ -130,10 +130,10 @@ def build_policy(options: RunOptions, mode: str, read=None):
 def load_credentials(policy, environ: dict[str, str]):
     """Stored secrets and placeholders for this run (bound secrets are brokered)."""
     from egress.credentials import CredentialError, credentials_for
-    from egress.policy import Policy
+    from egress.policy_matcher import Policy
 
     try:
-        return credentials_for(policy or Policy.from_mapping({}), environ, broker=policy is not None)
+        return credentials_for(policy or Policy(), environ, broker=policy is not None)
     except CredentialError as e:
         raise LaunchError("the credential settings cannot be honoured:\n  " +
                           "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
@@ -141,23 +141,27 @@ def load_credentials(policy, environ: dict[str, str]):
 
 def fresh_policy(options: RunOptions, mode: str, read=None):
     """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
-    from egress.policy import Policy
-
     include = (["dev"] if mode == "allowlist" else []) + list(options.policies)
-    policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
-                                 path="<command line>", read=read)
+    policy = _from_command_line(include, options.allow, options.deny, read)
     policy.allow_all = mode == "all"
     return policy
 
 
 def _load(include: list[str], allow: list[str], deny: list[str], read=None):
-    from egress.policy import Policy, PolicyError
+    from egress.policy import PolicyError
 
     try:
-        return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
-                                   read=read)
+        return _from_command_line(include, allow, deny, read)
     except PolicyError as e:
         raise _policy_failure(e) from None
+
+
+def _from_command_line(include: list[str], allow: list[str], deny: list[str], read=None):
+    """The policy the flags describe, its credential settings checked beside it. Raises PolicyError."""
+    from egress import settings
+
+    return settings.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
+                                 read=read).policy
 
 
 def _policy_failure(error) -> LaunchError:
