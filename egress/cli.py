@@ -157,7 +157,10 @@ def policy() -> None:
 @policy.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Check policy files; print OK or every problem with file:line. Exit 1 if any."""
+    """Check policy files; print OK or every problem with file:line. Exit 1 if any.
+
+    Warnings (file:line: warning: ...) name what loads but may open more than meant.
+    """
     from . import settings
     from .policy import PolicyError
 
@@ -170,6 +173,8 @@ def validate(files: tuple[str, ...]) -> None:
             for problem in e.problems:
                 click.echo(str(problem), err=True)
         else:
+            for warning in loaded.warnings:
+                click.echo(warning.as_warning(), err=True)
             click.echo(f"{file}: OK ({loaded.rule_count} entries from {len(loaded.files)} file(s))")
     sys.exit(EXIT_REFUSED if failed else EXIT_OK)
 
@@ -285,6 +290,8 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
 
     configure_logging()
     loaded = _load_policy(policies)
+    for warning in loaded.warnings:
+        click.echo(f"egress: {warning.as_warning()}", err=True)
     credentials = _load_credentials(loaded)
     metrics = Metrics()
     metrics.policy_rules.set(loaded.rule_count)

@@ -41,7 +41,7 @@ BUILTIN_SETS = {"dev": "default.toml"}
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a policy file, located as precisely as we can."""
+    """One thing wrong with a policy file (or worth a warning), located as precisely as we can."""
 
     path: str
     line: int | None
@@ -53,6 +53,9 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"
+
+    def as_warning(self) -> str:
+        return f"{self.where}: warning: {self.message}"
 
 
 class ReadRefused(Exception):
@@ -235,6 +238,25 @@ def _refuse_public_suffix(name: str, text: str, key: str) -> None:
             f"under it; write a registrable domain such as 'example.{name}'")
 
 
+def passthrough_warning(text: str) -> str | None:
+    """Why a passthrough entry deserves a second look, or None.
+
+    Without a port it relays every protocol on every port of that host untouched
+    (ssh, SMTP, anything): rarely what was meant for a host with pinned HTTPS.
+    """
+    try:
+        host, port = split_host_port(text.strip())
+    except InvalidHost:
+        return None
+    if port is not None:
+        return None
+    bare = host.strip("[]")
+    suggestion = f"[{bare}]:443" if ":" in bare else f"{bare}:443"  # IPv6 takes brackets before a port
+    return (f"passthrough: {text!r} has no port: every protocol on every port of it is relayed "
+            f"untouched, never inspected; write {suggestion!r} (or the port it needs) to open "
+            f"only that")
+
+
 # ------------------------------------------------------------------ loading
 
 
@@ -310,9 +332,10 @@ class _Loader:
         policy = self.policy
         source = policy.add_source(path)
 
-        def problem(message: str, needle: str | None = None, key: str | None = None) -> None:
+        def problem(message: str, needle: str | None = None, key: str | None = None,
+                    to: list[Problem] | None = None) -> None:
             line = find_line(path, needle, key) if (needle or key) and text is not None else None
-            self.problems.append(Problem(path, line, message))
+            (self.problems if to is None else to).append(Problem(path, line, message))
 
         for key in data:
             if key not in KNOWN_KEYS:
@@ -377,6 +400,8 @@ class _Loader:
                             f"hosts or ranges may be private); write it without ':{entry.port}'",
                             entry_text, key)
                     continue
+                if key == "passthrough" and entry.port is None:
+                    problem(passthrough_warning(entry_text), entry_text, key, to=policy.warnings)
                 policy.add(key, entry, entry_text, source)
 
 

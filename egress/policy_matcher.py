@@ -185,6 +185,8 @@ class Policy:
         # the [credentials] tables, as (file, table), in load order, unread: egress.settings
         # parses them beside the policy (see egress.credentials)
         self.credential_tables: list[tuple[str, object]] = []
+        # what loaded but deserves a second look (a passthrough without a port), with file:line
+        self.warnings: list = []
 
     # -- building (egress.policy_loader)
 
