@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import mitm
 from .addons.address_guard import AddressGuard
@@ -33,32 +31,26 @@ from .addons.tunnels import Passthrough, ProtocolGuard
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, upstream_bundle
+from .wiring import ProxyConfig
 
 STREAM_LARGE_BODIES = "1m"
 
 ListenError = mitm.ListenError
 
 
-@dataclass
-class ProxySettings:
-    listen_host: str = "127.0.0.1"
-    listen_port: int | None = 8080  # None: listen nowhere, serve only handed-over sockets
-    state_dir: Path | None = None
-    upstream_ca: Path | None = None
-    upstream_timeout: float = 60.0
-    extra_options: dict = field(default_factory=dict)
-
-
 class EgressProxy:
-    """One mitmproxy master serving the egress addons. Create inside a running event loop."""
+    """One mitmproxy master serving the egress addons. Create inside a running event loop.
 
-    def __init__(self, engine: Engine, settings: ProxySettings, credentials=None):
+    Built by egress.wiring.ProxyBuilder, for `egress serve` and `egress run` alike.
+    """
+
+    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None):
         self.engine = engine
-        self.settings = settings
-        ensure_ca(settings.state_dir)
-        self.master, own = mitm.new_master(
-            listen_host=settings.listen_host, listen_port=settings.listen_port or 0,
-            mode=["regular"], server=settings.listen_port is not None)
+        self.config = config
+        ensure_ca(config.state_dir)
+        host, port = config.listen or ("127.0.0.1", 0)
+        self.master, own = mitm.new_master(listen_host=host, listen_port=port, mode=["regular"],
+                                           server=config.listen is not None)
         self.proxyserver = own.proxyserver
         self.master.addons.add(
             own.core,
@@ -71,18 +63,17 @@ class EgressProxy:
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
             Reporter(engine),
-            UpstreamTimeout(settings.upstream_timeout),
+            UpstreamTimeout(config.upstream_timeout),
         )
         update = dict(
-            confdir=str(ca_dir(settings.state_dir)),
+            confdir=str(ca_dir(config.state_dir)),
             connection_strategy="lazy",
             http2=False,
             stream_large_bodies=STREAM_LARGE_BODIES,
         )
-        if settings.upstream_ca:
-            update["ssl_verify_upstream_trusted_ca"] = str(
-                upstream_bundle(settings.upstream_ca, settings.state_dir))
-        update.update(settings.extra_options)
+        if config.upstream_ca:
+            update["ssl_verify_upstream_trusted_ca"] = str(upstream_bundle(config.upstream_ca, config.state_dir))
+        update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
 from egress.terminal import say
+from egress.wiring import ProxyConfig
 
 from . import environment
 
@@ -50,11 +51,14 @@ class RunOptions:
     add_dirs: list[Path] = field(default_factory=list)
     timeout: float | None = None
     fs_confinement: bool = True
-    state_dir: Path | None = None
-    resolve: dict = field(default_factory=dict)
-    upstream_ca: Path | None = None
+    # the run's proxy, as `egress serve` takes it (egress.wiring); it listens only on the sandbox's socket
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
     redact: bool = False  # the command's stdout and stderr pass through the secret redactor
     ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
+
+    @property
+    def state_dir(self) -> Path | None:
+        return self.proxy.state_dir
 
 
 def user_policy(options: RunOptions, read=None):
@@ -192,6 +196,8 @@ def run(options: RunOptions) -> int:
     """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
     if options.network not in NETWORK_MODES + (None,):
         raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
+    if options.proxy.listen is not None:  # the run's proxy serves its sandbox, and nothing else
+        raise LaunchError("egress run's proxy listens only inside the sandbox; use egress serve to listen")
     project = options.project.resolve()
     if not project.is_dir():
         raise LaunchError(f"the project folder {options.project} does not exist")
@@ -219,11 +225,18 @@ def run(options: RunOptions) -> int:
 
     run_id = uuid.uuid4().hex[:12]
     tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
-    session = box = control = None
+    session = box = control = builder = None
     try:
         ca_bundle = None
         if networked:
             from egress.state import StateError, ensure_ca
+            from egress.wiring import BuildError, ProxyBuilder
+
+            builder = ProxyBuilder(options.proxy)
+            try:
+                builder.open()  # the audit log and the metrics port, before the command runs; no thread yet
+            except BuildError as e:
+                raise LaunchError(str(e)) from None
 
             try:
                 ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
@@ -259,7 +272,11 @@ def run(options: RunOptions) -> int:
             from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
+            builder.serve_metrics()  # its port was bound before the command started; threads only now
             state = RunState(run_id, options.argv)
+            if builder.metrics_url:
+                state.extra["metrics"] = builder.metrics_url
+                say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
             reporter = BlockReporter()
             seal_policy(reader, spec.writable, own_code)  # before the proxy can start and read anything
@@ -268,8 +285,7 @@ def run(options: RunOptions) -> int:
                 reporter(event)
                 state.publish(event)
 
-            session = ProxySession(prepare, run_id, on_event=on_event, state_dir=options.state_dir,
-                                   resolve=options.resolve, upstream_ca=options.upstream_ca,
+            session = ProxySession(prepare, run_id, builder, on_event=on_event,
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
                                    asker=_asker(options, state), state=state)
@@ -294,6 +310,8 @@ def run(options: RunOptions) -> int:
             session.stop()
         if control is not None:
             control.close()
+        if builder is not None:
+            builder.close()
         if box is not None:
             box.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
