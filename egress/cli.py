@@ -300,9 +300,7 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
 def serve(policies, listen, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
-    import dataclasses
-
-    config = dataclasses.replace(proxy, listen=_parse_address(listen, "--listen"))
+    config = proxy._replace(listen=_parse_address(listen, "--listen"))
     try:
         _serve(policies, config)
     except Fatal as e:

@@ -52,7 +52,7 @@ class RunOptions:
     timeout: float | None = None
     fs_confinement: bool = True
     # the run's proxy, as `egress serve` takes it (egress.wiring); it listens only on the sandbox's socket
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    proxy: ProxyConfig = ProxyConfig()  # immutable: one default serves every RunOptions
     redact: bool = False  # the command's stdout and stderr pass through the secret redactor
     ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
 

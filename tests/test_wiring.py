@@ -197,7 +197,7 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
                                 overrides=("a.test:127.0.0.1",), dns_server="127.0.0.1:5353", dns_timeout=2,
                                 upstream_timeout=3, state_dir=tmp_path / "state")
     listen = ("127.0.0.1", 8080) if command == "serve" else None
-    assert config == ProxyConfig(**{**expected.__dict__, "listen": listen})
+    assert config == expected._replace(listen=listen)
 
 
 def test_importing_the_wiring_imports_nothing_heavy():
