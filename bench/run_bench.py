@@ -154,7 +154,9 @@ if "lean" in flags:
         def __init__(self, default_factory):
             self.default_factory = default_factory
 
-    def dataclass(cls):
+    def dataclass(cls=None, **_options):  # @dataclass and @dataclass(frozen=True) alike
+        if cls is None:
+            return dataclass
         names = list(cls.__annotations__)
         defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
 
@@ -211,10 +213,12 @@ if "nopolicy" in flags:
     L.build_policy = lambda options, mode, read=None: None
 if "noclick" in flags:  # `-- COMMAND...` only: no egress options
     from pathlib import Path
+    from egress.wiring import ProxyConfig
     from sandbox.launcher import LaunchError, RunOptions, run
     state = os.environ.get("EGRESS_STATE_DIR")
     try:
-        code = run(RunOptions(argv=argv[argv.index("--") + 1:], state_dir=Path(state) if state else None))
+        code = run(RunOptions(argv=argv[argv.index("--") + 1:],
+                              proxy=ProxyConfig(state_dir=Path(state) if state else None)))
     except LaunchError as e:
         print(f"egress: {e}", file=sys.stderr)
         code = e.status

@@ -1,13 +1,11 @@
 """The `egress` command line.
 
-Exit statuses (documented in the README):
-  0 success / every target allowed        3 the policy cannot be loaded
-  1 a target refused / a policy invalid   4 cannot listen (address in use, ...)
-  2 usage error                           5 the state directory or a CA file is unusable
+Exit statuses and network modes are egress.contract's (documented in the README).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -17,11 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-
-EXIT_REFUSED = 1
-EXIT_POLICY = 3
-EXIT_LISTEN = 4
-EXIT_STATE = 5
+from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, NETWORK_MODES
 
 DEFAULT_POLICY = "dev"
 
@@ -40,10 +34,12 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    from .policy import PolicyError, load_policy
+    """The policy, its credential settings checked beside it (egress.settings)."""
+    from . import settings
+    from .policy import PolicyError
 
     try:
-        return load_policy(list(sources) or [DEFAULT_POLICY])
+        return settings.load(list(sources) or [DEFAULT_POLICY]).policy
     except PolicyError as e:
         for problem in e.problems:
             click.echo(f"egress: {problem}", err=True)
@@ -72,10 +68,6 @@ def _parse_address(text: str, option: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option)
     return host, int(port)
-
-
-def _format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -130,7 +122,7 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
         else:
             verdict = "allow" if decision.allowed else "block"
             click.echo(f"{verdict}: {decision.host}: {decision.words()}")
-    sys.exit(EXIT_REFUSED if refused else 0)
+    sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 
 def _split_target(target: str) -> tuple[str, int | None]:
@@ -161,20 +153,26 @@ def policy() -> None:
 @policy.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 def validate(files: tuple[str, ...]) -> None:
-    """Check policy files; print OK or every problem with file:line. Exit 1 if any."""
-    from .policy import PolicyError, load_policy
+    """Check policy files; print OK or every problem with file:line. Exit 1 if any.
+
+    Warnings (file:line: warning: ...) name what loads but may open more than meant.
+    """
+    from . import settings
+    from .policy import PolicyError
 
     failed = False
     for file in files:
         try:
-            loaded = load_policy([file])
+            loaded = settings.load([file]).policy
         except PolicyError as e:
             failed = True
             for problem in e.problems:
                 click.echo(str(problem), err=True)
         else:
+            for warning in loaded.warnings:
+                click.echo(warning.as_warning(), err=True)
             click.echo(f"{file}: OK ({loaded.rule_count} entries from {len(loaded.files)} file(s))")
-    sys.exit(EXIT_REFUSED if failed else 0)
+    sys.exit(EXIT_REFUSED if failed else EXIT_OK)
 
 
 # -------------------------------------------------------------------------- ca
@@ -198,41 +196,64 @@ def ca_path(state_dir: Path | None) -> None:
         _fail(Fatal(EXIT_STATE, str(e)))
 
 
-# ----------------------------------------------------------------------- serve
+# ------------------------------------------- the proxy's options (serve and run)
 
 
-@main.command()
-@policy_option
-@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
-              help="Proxy address; port 0 picks a free port (printed on start-up).")
-@click.option("--metrics", default="127.0.0.1:9464", show_default=True, metavar="HOST:PORT|off",
-              help="Prometheus metrics address (/metrics); port 0 picks a free port.")
-@click.option("--resolve", "overrides", multiple=True, metavar="HOST:ADDR",
-              help="Resolve HOST to ADDR without DNS (like curl's --resolve); repeatable.")
-@click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-              help="Also trust this CA (PEM) for upstream servers, e.g. a company CA.")
-@click.option("--audit-log", default="-", show_default=True, metavar="FILE|-|off",
-              help="Where to write one JSON line per decision ('-' is standard output).")
-@click.option("--dns-server", metavar="ADDR[:PORT]",
-              help="Ask this DNS server instead of the system's resolvers (port 53 unless given).")
-@click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to wait for an upstream's response head before answering 504 (0: wait forever).")
-@click.option("--dns-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 60),
-              help="Seconds to wait for DNS answers.")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
-              help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
-def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_server, upstream_timeout,
-          dns_timeout, state_dir) -> None:
-    """Run the proxy until SIGINT or SIGTERM."""
-    listen_addr = _parse_address(listen, "--listen")
-    metrics_addr = None if metrics == "off" else _parse_address(metrics, "--metrics")
-    resolve_map = _parse_overrides(overrides)
-    nameserver = _parse_dns_server(dns_server) if dns_server else None
-    try:
-        _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-               upstream_timeout, dns_timeout, state_dir, nameserver)
-    except Fatal as e:
-        _fail(e)
+def proxy_options(*, metrics: str, audit_log: str):
+    """The options that shape a proxy, shared by `serve` and `run`: same names, same meaning, one
+    egress.wiring.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
+    command's stdout is its own, and one run rarely wants an endpoint of its own."""
+    options = [
+        click.option("--metrics", default=metrics, show_default=True, metavar="HOST:PORT|off",
+                     help="Prometheus metrics address (/metrics); port 0 picks a free port (printed)."),
+        click.option("--audit-log", default=audit_log, show_default=True, metavar="FILE|-|off",
+                     help="Where to write one JSON line per decision ('-' is standard output)."),
+        click.option("--resolve", "overrides", multiple=True, metavar="HOST:ADDR",
+                     help="Resolve HOST to ADDR without DNS (like curl's --resolve); repeatable."),
+        click.option("--dns-server", metavar="ADDR[:PORT]",
+                     help="Ask this DNS server instead of the system's resolvers (port 53 unless given)."),
+        click.option("--dns-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1, 60),
+                     help="Seconds to wait for DNS answers."),
+        click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+                     help="Seconds to wait for an upstream's response head before answering 504 "
+                          "(0: wait forever)."),
+        click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+                     help="Also trust this CA (PEM) for upstream servers, e.g. a company CA."),
+        click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+                     help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
+    ]
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_config(*args, metrics, audit_log, overrides, dns_server, dns_timeout, upstream_timeout,
+                        upstream_ca, state_dir, **kwargs):
+            config = proxy_config(metrics=metrics, audit_log=audit_log, overrides=overrides,
+                                  dns_server=dns_server, dns_timeout=dns_timeout,
+                                  upstream_timeout=upstream_timeout, upstream_ca=upstream_ca,
+                                  state_dir=state_dir)
+            return command(*args, proxy=config, **kwargs)
+
+        for option in reversed(options):
+            with_config = option(with_config)
+        return with_config
+
+    return decorate
+
+
+def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str | None = None,
+                 dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
+                 state_dir: Path | None = None, listen: tuple[str, int] | None = None):
+    """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
+    from .wiring import ProxyConfig
+
+    return ProxyConfig(
+        listen=listen,
+        metrics=None if metrics == "off" else _parse_address(metrics, "--metrics"),
+        audit_log=None if audit_log == "off" else audit_log,
+        resolve=_parse_overrides(overrides),
+        dns_server=_parse_dns_server(dns_server) if dns_server else None,
+        dns_timeout=dns_timeout, upstream_timeout=upstream_timeout, upstream_ca=upstream_ca,
+        state_dir=state_dir)
 
 
 def _parse_dns_server(text: str) -> tuple[str, int]:
@@ -269,76 +290,70 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
     return result
 
 
-def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-           upstream_timeout, dns_timeout, state_dir, nameserver=None) -> None:
+# ----------------------------------------------------------------------- serve
+
+
+@main.command()
+@policy_option
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
+              help="Proxy address; port 0 picks a free port (printed on start-up).")
+@proxy_options(metrics="127.0.0.1:9464", audit_log="-")
+def serve(policies, listen, proxy) -> None:
+    """Run the proxy until SIGINT or SIGTERM."""
+    config = proxy._replace(listen=_parse_address(listen, "--listen"))
+    try:
+        _serve(policies, config)
+    except Fatal as e:
+        _fail(e)
+
+
+def _serve(policies, config) -> None:
     import asyncio
     import signal
 
-    from prometheus_client import start_http_server
-
-    from .engine import Engine
+    from . import settings
     from .control import ControlServer, RunState
-    from .events import Recorder
     from .live import PolicyWatcher
-    from .metrics import Metrics
-    from .policy import load_policy
-    from .proxy import EgressProxy, ListenError, ProxySettings, configure_logging
-    from .resolver import Resolver
-    from .state import StateError
+    from .proxy import configure_logging
+    from .state import ca_cert_path
+    from .wiring import BuildError, ProxyBuilder, format_address
 
     configure_logging()
     loaded = _load_policy(policies)
+    for warning in loaded.warnings:
+        click.echo(f"egress: {warning.as_warning()}", err=True)
     credentials = _load_credentials(loaded)
-    metrics = Metrics()
-    metrics.policy_rules.set(loaded.rule_count)
-    audit = _open_audit(audit_log)
-    engine = Engine(loaded, Resolver(resolve_map, timeout=dns_timeout, nameserver=nameserver),
-                    Recorder(metrics, audit))
-
-    metrics_server = None
-    if metrics_addr is not None:
-        try:
-            metrics_server, _ = start_http_server(metrics_addr[1], metrics_addr[0], registry=metrics.registry)
-        except OSError as e:
-            raise Fatal(EXIT_LISTEN, f"cannot serve metrics on {_format_address(*metrics_addr)}: "
-                                     f"{e.strerror or e}") from None
+    builder = ProxyBuilder(config)
 
     async def run() -> None:
         try:
-            proxy = EgressProxy(engine, ProxySettings(
-                listen_host=listen_addr[0], listen_port=listen_addr[1],
-                state_dir=state_dir, upstream_ca=upstream_ca, upstream_timeout=upstream_timeout),
-                credentials)
-            bound = await proxy.start()
-        except StateError as e:
-            raise Fatal(EXIT_STATE, str(e)) from None
-        except ListenError as e:
-            raise Fatal(EXIT_LISTEN, f"cannot listen on {_format_address(*listen_addr)}: {e}") from None
+            proxy = await builder.start(loaded, credentials)
+        except BuildError as e:
+            raise Fatal(e.status, str(e)) from None
+        engine = builder.engine
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, proxy.stop)
-        watcher = PolicyWatcher(engine, load=lambda: load_policy(list(policies) or [DEFAULT_POLICY]),
+        watcher = PolicyWatcher(engine, load=lambda: settings.load(list(policies) or [DEFAULT_POLICY]).policy,
                                 report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
         watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
         control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
         control_state.on_reload.append(watcher.reload_now)
         engine.recorder.subscribe(control_state.publish)
-        if metrics_server is not None:
-            control_state.extra["metrics"] = "http://{}:{}/metrics".format(*metrics_server.server_address[:2])
+        if builder.metrics_url:
+            control_state.extra["metrics"] = builder.metrics_url
         try:
-            control = ControlServer(control_state, state_dir)
+            control = ControlServer(control_state, config.state_dir)
         except OSError as e:
             click.echo(f"egress: no control socket ({e}); egress events/reload will not reach this proxy", err=True)
             control = None
-        for host, port in bound:
-            click.echo(f"egress: proxy listening on {_format_address(host, port)}", err=True)
-        if metrics_server is not None:
-            host, port = metrics_server.server_address[:2]
-            click.echo(f"egress: metrics on http://{_format_address(host, port)}/metrics", err=True)
-        from .state import ca_cert_path
+        for host, port in builder.bound:
+            click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
+        if builder.metrics_url:
+            click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.rule_count} entries); "
-                   f"CA certificate {ca_cert_path(state_dir)}", err=True)
+                   f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
         try:
             await proxy.run_until_stopped()
         finally:
@@ -346,12 +361,13 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
                 control.close()
 
     try:
+        builder.open()  # the audit log (5) and the metrics port (4) before anything else
+        builder.serve_metrics()
         asyncio.run(run())
+    except BuildError as e:
+        raise Fatal(e.status, str(e)) from None
     finally:
-        if metrics_server is not None:
-            metrics_server.shutdown()
-        if audit not in (None, sys.stdout):
-            audit.close()
+        builder.close()
 
 
 # ------------------------------------------------------- runs, allow, events
@@ -466,7 +482,7 @@ def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
     if not as_json:
         click.echo("egress run can confine commands here" if honoured else
                    "egress run cannot confine commands here: it will refuse to run them (see above)")
-    sys.exit(0 if honoured else 1)
+    sys.exit(EXIT_OK if honoured else EXIT_REFUSED)
 
 
 # ---------------------------------------------------------------------- redact
@@ -500,9 +516,9 @@ def redact(policies: tuple[str, ...]) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
-@click.option("--network", type=click.Choice(["allowlist", "off", "all"]),
-              help="allowlist (default): built-in 'dev' plus your policy; off: no network at all; "
-                   "all: every domain except the deny list (private addresses still refused). "
+@click.option("--network", type=click.Choice(NETWORK_MODES),
+              help="allowlist (default): built-in 'dev' plus your policy; all: every domain except the "
+                   "deny list (private addresses still refused); off: no network at all. "
                    "Overrides a policy file's `network` key.")
 @policy_option
 @click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains); repeatable.")
@@ -515,35 +531,30 @@ def redact(policies: tuple[str, ...]) -> None:
               help="Kill the command and everything it started after SECONDS; exit status 124.")
 @click.option("--no-fs-confinement", is_flag=True,
               help="Let the command write anywhere its user may (only where Landlock is missing).")
-@click.option("--resolve", "overrides", multiple=True, metavar="HOST:ADDR",
-              help="Resolve HOST to ADDR in the proxy without DNS; repeatable.")
-@click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-              help="Also trust this CA (PEM) for upstream servers.")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
-              help="Where egress keeps its CA.")
 @click.option("--redact", is_flag=True,
               help="Pass the command's output through the secret redactor (as `egress redact`).")
 @click.option("--ask", type=click.Choice(["tty", "never"]),
               help="Ask on the terminal to allow a refused host for this run (default: tty when there is one).")
 @click.option("--headless", is_flag=True, help="Never ask (same as --ask never).")
+@proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, overrides,
-        upstream_ca, state_dir, redact, ask, headless, command) -> None:
+def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
+        proxy, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
-    failed (bad policy, missing folder, sandbox refused); 126/127 cannot execute / not found.
-    Every refusal is printed on stderr as `EGRESS_BLOCKED <host> (<reason>)`.
+    failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
+    cannot execute / not found. Every refusal is printed on stderr as
+    `EGRESS_BLOCKED <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)
-        sys.exit(125)
+        sys.exit(EXIT_LAUNCHER)
     from sandbox.launcher import LaunchError, RunOptions, run as launch
 
     options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
                          deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
-                         fs_confinement=not no_fs_confinement, state_dir=state_dir,
-                         resolve=_parse_overrides(overrides), upstream_ca=upstream_ca, redact=redact,
+                         fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
                          ask="never" if headless else ask)
     try:
         status = launch(options)
@@ -555,17 +566,6 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-def _open_audit(target: str):
-    if target == "off":
-        return None
-    if target == "-":
-        return sys.stdout
-    try:
-        return open(target, "a", encoding="utf-8", buffering=1)
-    except OSError as e:
-        raise Fatal(EXIT_STATE, f"cannot open the audit log {target}: {e.strerror or e}") from None
 
 
 if __name__ == "__main__":

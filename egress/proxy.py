@@ -21,14 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from mitmproxy import master, options
-from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
-from mitmproxy.proxy.mode_servers import ServerInstance
-from mitmproxy.proxy.mode_specs import ProxyMode
-
+from . import mitm
 from .addons.address_guard import AddressGuard
 from .addons.credential_guard import CredentialGuard
 from .addons.policy_guard import PolicyGuard
@@ -37,89 +31,71 @@ from .addons.tunnels import Passthrough, ProtocolGuard
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, upstream_bundle
+from .wiring import ProxyConfig
 
 STREAM_LARGE_BODIES = "1m"
 
-
-class ListenError(Exception):
-    """The proxy could not listen where it was asked to."""
-
-
-@dataclass
-class ProxySettings:
-    listen_host: str = "127.0.0.1"
-    listen_port: int | None = 8080  # None: listen nowhere, serve only handed-over sockets
-    state_dir: Path | None = None
-    upstream_ca: Path | None = None
-    upstream_timeout: float = 60.0
-    extra_options: dict = field(default_factory=dict)
+ListenError = mitm.ListenError
 
 
 class EgressProxy:
-    """One mitmproxy master serving the egress addons. Create inside a running event loop."""
+    """One mitmproxy master serving the egress addons. Create inside a running event loop.
 
-    def __init__(self, engine: Engine, settings: ProxySettings, credentials=None):
+    Built by egress.wiring.ProxyBuilder, for `egress serve` and `egress run` alike.
+    """
+
+    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None):
         self.engine = engine
-        self.settings = settings
-        ensure_ca(settings.state_dir)
-        opts = options.Options(listen_host=settings.listen_host, listen_port=settings.listen_port or 0,
-                               mode=["regular"], server=settings.listen_port is not None)
-        self.master = master.Master(opts)
-        self.proxyserver = proxyserver.Proxyserver()
+        self.config = config
+        ensure_ca(config.state_dir)
+        host, port = config.listen or ("127.0.0.1", 0)
+        self.master, own = mitm.new_master(listen_host=host, listen_port=port, mode=["regular"],
+                                           server=config.listen is not None)
+        self.proxyserver = own.proxyserver
         self.master.addons.add(
-            core.Core(),
-            self.proxyserver,
+            own.core,
+            own.proxyserver,
             Passthrough(engine),
-            next_layer.NextLayer(),
+            own.next_layer,
             ProtocolGuard(engine),
-            tlsconfig.TlsConfig(),
+            own.tls_config,
             PolicyGuard(engine),
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
             Reporter(engine),
-            UpstreamTimeout(settings.upstream_timeout),
+            UpstreamTimeout(config.upstream_timeout),
         )
         update = dict(
-            confdir=str(ca_dir(settings.state_dir)),
+            confdir=str(ca_dir(config.state_dir)),
             connection_strategy="lazy",
             http2=False,
             stream_large_bodies=STREAM_LARGE_BODIES,
         )
-        if settings.upstream_ca:
-            update["ssl_verify_upstream_trusted_ca"] = str(
-                upstream_bundle(settings.upstream_ca, settings.state_dir))
-        update.update(settings.extra_options)
-        opts.update(**update)
+        if config.upstream_ca:
+            update["ssl_verify_upstream_trusted_ca"] = str(upstream_bundle(config.upstream_ca, config.state_dir))
+        update.update(config.extra_options)
+        self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
 
     async def start(self) -> list[tuple[str, int]]:
         """Listen; return the bound addresses. Raises ListenError."""
-        ok = await self.proxyserver.setup_servers()
-        if not ok:
-            errors = [str(s.last_exception) for s in self.proxyserver.servers if s.last_exception]
-            raise ListenError("; ".join(errors) or "the proxy could not start listening")
-        await self.master.running()
-        return [addr[:2] for addr in self.proxyserver.listen_addrs()]
+        return await mitm.start(self.master, self.proxyserver)
 
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
-        instance = next(iter(self.proxyserver.servers), None)
-        if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
-            instance = ServerInstance.make(ProxyMode.parse("regular"), self.proxyserver)
-        sock.setblocking(False)
-        self._extra_servers.append(await asyncio.start_server(instance.handle_stream, sock=sock))
+        self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock))
 
     async def run_until_stopped(self) -> None:
         try:
-            await self.master.should_exit.wait()
+            await mitm.stopped(self.master)
         finally:
             for server in self._extra_servers:
                 server.close()
-            await self.master.done()
+            await mitm.done(self.master)
 
     def stop(self) -> None:
         """Thread-safe."""
-        self.master.shutdown()
+        mitm.stop(self.master)
 
 
 class _Prefixed(logging.Formatter):

@@ -3,10 +3,13 @@
 The launcher's whole interface to the proxy (DESIGN: "a listening socket handed
 over, a session record, an event stream"):
 
-    session = ProxySession(prepare, session_id, on_event=print_block)   # prepare() -> (policy, credentials)
+    builder = ProxyBuilder(config)          # egress.wiring: the same builder as `egress serve`
+    builder.open()
+    session = ProxySession(prepare, session_id, builder, on_event=print_block)   # prepare() -> (policy, credentials)
     session.serve_lazily(listen_socket)    # returns at once
     ...                                     # the command runs
     session.stop()
+    builder.close()
 
 Importing and starting mitmproxy costs ~0.5-0.7 s; most commands an agent runs
 open no connection, so nothing is imported until the socket (which already
@@ -19,16 +22,16 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
-from pathlib import Path
 from typing import Callable
 
 
 class ProxySession:
-    def __init__(self, prepare: Callable, session_id: str, on_event: Callable | None = None,
-                 state_dir: Path | None = None, resolve: dict | None = None,
-                 upstream_ca: Path | None = None, reload: Callable | None = None,
-                 watch: list[str] = (), asker=None, state=None, frozen=frozenset()):
+    def __init__(self, prepare: Callable, session_id: str, builder, on_event: Callable | None = None,
+                 reload: Callable | None = None, watch: list[str] = (), asker=None, state=None,
+                 frozen=frozenset()):
         """``prepare()`` returns (policy, credentials or None); it runs when the proxy starts.
+
+        ``builder``: an egress.wiring.ProxyBuilder whose config listens nowhere.
 
         ``reload()`` returns a fresh policy (or raises PolicyError) when its files change;
         ``frozen``: files the command can write, whose edits must not reload (egress.live).
@@ -40,10 +43,8 @@ class ProxySession:
         self.asker = asker
         self.state = state  # egress.control.RunState: reload requests arrive there
         self.session_id = session_id
+        self.builder = builder
         self.on_event = on_event
-        self.state_dir = state_dir
-        self.resolve = resolve or {}
-        self.upstream_ca = upstream_ca
         self.started = threading.Event()
         self.error: BaseException | None = None
         self._stopping = threading.Event()
@@ -84,21 +85,10 @@ class ProxySession:
             sock.close()
 
     async def _serve(self, sock: socket.socket) -> None:
-        from .engine import Engine
-        from .events import Recorder
-        from .metrics import Metrics
-        from .proxy import EgressProxy, ProxySettings
-        from .resolver import Resolver
-
         policy, credentials = self.prepare()
-        recorder = Recorder(Metrics(), audit=None, session=self.session_id)
-        if self.on_event is not None:
-            recorder.subscribe(self.on_event)
-        engine = Engine(policy, Resolver(self.resolve), recorder)
-        engine.asker = self.asker
-        proxy = EgressProxy(engine, ProxySettings(listen_port=None, state_dir=self.state_dir,
-                                                  upstream_ca=self.upstream_ca), credentials)
-        await proxy.start()
+        proxy = await self.builder.start(policy, credentials, session=self.session_id, asker=self.asker,
+                                         on_event=[self.on_event] if self.on_event is not None else [])
+        engine = self.builder.engine
         await proxy.serve_socket(sock)
         self._proxy = proxy
         if self.reload is not None:

@@ -212,7 +212,8 @@ def check_local() -> Check:
 
 
 def check_proxy(policies: list[str], state_dir) -> list[Check]:
-    from egress.policy import PolicyError, load_policy
+    from egress import settings
+    from egress.policy import PolicyError
     from egress.state import ca_cert_path
 
     checks = []
@@ -231,7 +232,7 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
     else:
         checks.append(Check("control sockets", "not-applicable", "no egress run or serve in progress"))
     try:
-        policy = load_policy(policies or ["dev"])
+        policy = settings.load(policies or ["dev"]).policy
     except PolicyError as e:
         checks.append(Check("policy", "unavailable", f"cannot be loaded: {e.problems[0]}",
                             "egress policy validate FILE lists every problem"))

@@ -24,14 +24,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
 from egress.terminal import say
+from egress.wiring import ProxyConfig
 
 from . import environment
 
-EXIT_TIMEOUT = 124
-EXIT_LAUNCHER = 125
 PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
-NETWORK_MODES = ("allowlist", "off", "all")
 
 
 class LaunchError(Exception):
@@ -53,11 +52,14 @@ class RunOptions:
     add_dirs: list[Path] = field(default_factory=list)
     timeout: float | None = None
     fs_confinement: bool = True
-    state_dir: Path | None = None
-    resolve: dict = field(default_factory=dict)
-    upstream_ca: Path | None = None
+    # the run's proxy, as `egress serve` takes it (egress.wiring); it listens only on the sandbox's socket
+    proxy: ProxyConfig = ProxyConfig()  # immutable: one default serves every RunOptions
     redact: bool = False  # the command's stdout and stderr pass through the secret redactor
     ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
+
+    @property
+    def state_dir(self) -> Path | None:
+        return self.proxy.state_dir
 
 
 def user_policy(options: RunOptions, read=None):
@@ -119,7 +121,7 @@ def network_mode(options: RunOptions, user=None) -> str:
     """--network if given, else the policy files' `network` key, else allowlist."""
     if options.network is not None:
         return options.network
-    return (user.network if user is not None else None) or "allowlist"
+    return (user.network if user is not None else None) or DEFAULT_NETWORK
 
 
 def build_policy(options: RunOptions, mode: str, read=None):
@@ -135,10 +137,10 @@ def build_policy(options: RunOptions, mode: str, read=None):
 def load_credentials(policy, environ: dict[str, str]):
     """Stored secrets and placeholders for this run (bound secrets are brokered)."""
     from egress.credentials import CredentialError, credentials_for
-    from egress.policy import Policy
+    from egress.policy_matcher import Policy
 
     try:
-        return credentials_for(policy or Policy.from_mapping({}), environ, broker=policy is not None)
+        return credentials_for(policy or Policy(), environ, broker=policy is not None)
     except CredentialError as e:
         raise LaunchError("the credential settings cannot be honoured:\n  " +
                           "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
@@ -146,23 +148,27 @@ def load_credentials(policy, environ: dict[str, str]):
 
 def fresh_policy(options: RunOptions, mode: str, read=None):
     """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
-    from egress.policy import Policy
-
     include = (["dev"] if mode == "allowlist" else []) + list(options.policies)
-    policy = Policy.from_mapping({"include": include, "allow": options.allow, "deny": options.deny},
-                                 path="<command line>", read=read)
+    policy = _from_command_line(include, options.allow, options.deny, read)
     policy.allow_all = mode == "all"
     return policy
 
 
 def _load(include: list[str], allow: list[str], deny: list[str], read=None):
-    from egress.policy import Policy, PolicyError
+    from egress.policy import PolicyError
 
     try:
-        return Policy.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
-                                   read=read)
+        return _from_command_line(include, allow, deny, read)
     except PolicyError as e:
         raise _policy_failure(e) from None
+
+
+def _from_command_line(include: list[str], allow: list[str], deny: list[str], read=None):
+    """The policy the flags describe, its credential settings checked beside it. Raises PolicyError."""
+    from egress import settings
+
+    return settings.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
+                                 read=read).policy
 
 
 def _policy_failure(error) -> LaunchError:
@@ -193,6 +199,8 @@ def run(options: RunOptions) -> int:
     """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
     if options.network not in NETWORK_MODES + (None,):
         raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
+    if options.proxy.listen is not None:  # the run's proxy serves its sandbox, and nothing else
+        raise LaunchError("egress run's proxy listens only inside the sandbox; use egress serve to listen")
     project = options.project.resolve()
     if not project.is_dir():
         raise LaunchError(f"the project folder {options.project} does not exist")
@@ -220,11 +228,18 @@ def run(options: RunOptions) -> int:
 
     run_id = uuid.uuid4().hex[:12]
     tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
-    session = box = control = terminal = None
+    session = box = control = builder = terminal = None
     try:
         ca_bundle = None
         if networked:
             from egress.state import StateError, ensure_ca
+            from egress.wiring import BuildError, ProxyBuilder
+
+            builder = ProxyBuilder(options.proxy)
+            try:
+                builder.open()  # the audit log and the metrics port, before the command runs; no thread yet
+            except BuildError as e:
+                raise LaunchError(str(e)) from None
 
             try:
                 ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
@@ -247,21 +262,25 @@ def run(options: RunOptions) -> int:
                            # The command never sees egress's state (control sockets, the CA's key)
                            # nor a secret file bound to hosts (it reads the placeholder instead).
                            hidden=[str(_state_dir(options))],
-                           replaced=credentials.placeholder_files() if credentials is not None else None,
+                           replaced=_replaced_files(options, credentials),
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
         terminal = _TerminalGuard()  # before the command can take the terminal's foreground
         try:
             box = start(spec)
         except SandboxError as e:
-            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == 127 else None
+            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == EXIT_NOT_FOUND else None
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:
             from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
+            builder.serve_metrics()  # its port was bound before the command started; threads only now
             state = RunState(run_id, options.argv)
+            if builder.metrics_url:
+                state.extra["metrics"] = builder.metrics_url
+                say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
             reporter = BlockReporter()
             seal_policy(reader, spec.writable, own_code)  # before the proxy can start and read anything
@@ -270,8 +289,7 @@ def run(options: RunOptions) -> int:
                 reporter(event)
                 state.publish(event)
 
-            session = ProxySession(prepare, run_id, on_event=on_event, state_dir=options.state_dir,
-                                   resolve=options.resolve, upstream_ca=options.upstream_ca,
+            session = ProxySession(prepare, run_id, builder, on_event=on_event,
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
                                    asker=_asker(options, state), state=state)
@@ -296,11 +314,24 @@ def run(options: RunOptions) -> int:
             session.stop()
         if control is not None:
             control.close()
+        if builder is not None:
+            builder.close()
         if box is not None:
             box.close()
         if terminal is not None:
             terminal.restore()
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _replaced_files(options: RunOptions, credentials) -> dict[str, bytes]:
+    """Files the command sees with other contents: secret files bound to hosts (their
+    placeholder), and the run's audit log, shown empty: inside the project it would otherwise
+    be the command's to truncate or to fill with forged events."""
+    shown = credentials.placeholder_files() if credentials is not None else {}
+    audit = options.proxy.audit_log
+    if audit not in (None, "-"):
+        shown[os.path.abspath(audit)] = b""
+    return shown
 
 
 def _state_dir(options: RunOptions) -> Path:

@@ -77,12 +77,9 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
+from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
+from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
 from sandbox import _libc, landlock, mounts, namespaces, seccomp
-
-EXIT_TIMEOUT = 124
-EXIT_SANDBOX = 125
-EXIT_CANNOT_EXECUTE = 126
-EXIT_NOT_FOUND = 127
 
 _BACKLOG = 1024
 _HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow

@@ -57,6 +57,27 @@ def test_policy_validate_reports_file_line_and_fix(tmp_path):
     assert f"{bad}:5: unknown key 'alow'; did you mean 'allow'?" in result.stderr
 
 
+def test_policy_validate_warns_of_a_passthrough_without_a_port_and_passes(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text('allow = ["pinned.example.org"]\npassthrough = [\n  "pinned.example.org",\n]\n')
+    result = egress(tmp_path, "policy", "validate", str(policy))
+    assert result.returncode == 0 and f"{policy}: OK" in result.stdout
+    assert result.stderr.startswith(f"{policy}:3: warning: passthrough: 'pinned.example.org' has no port")
+    assert "write 'pinned.example.org:443'" in result.stderr
+
+
+def test_serve_warns_at_start_up_of_a_passthrough_without_a_port(proxy_factory):
+    proxy = proxy_factory()  # conftest's policy: passthrough = ["passthrough.test"]
+    policy = proxy.audit_path.parent / "policy.toml"
+    line = next(n for n, text in enumerate(policy.read_text().splitlines(), 1) if text.startswith("passthrough"))
+    warnings = [text for text in proxy.stderr_lines if "warning:" in text]
+    assert warnings == [f"egress: {policy}:{line}: warning: passthrough: 'passthrough.test' has no port: every "
+                        f"protocol on every port of it is relayed untouched, never inspected; write "
+                        f"'passthrough.test:443' (or the port it needs) to open only that\n"]
+    assert proxy.stderr_lines.index(warnings[0]) < next(
+        n for n, text in enumerate(proxy.stderr_lines) if "proxy listening on" in text)
+
+
 def test_serve_with_broken_policy_exits_3_and_starts_nothing(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('allow = ["example.org"\n')

@@ -325,12 +325,12 @@ FAST_PATH_ENTRIES = [
 
 @pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
 def test_fast_path_agrees_with_the_general_path(key):
-    from egress.policy import _EntryError, _parse_entry
+    from egress.policy_loader import EntryError, parse_entry
 
     def parse(text):
         try:
-            return _parse_entry(text, key)
-        except _EntryError:
+            return parse_entry(text, key)
+        except EntryError:
             return "refused"
 
     for entry in FAST_PATH_ENTRIES:
@@ -744,6 +744,48 @@ def test_passthrough(tmp_path):
     assert policy.passthrough(parse_host("bank.example.com"), 443) is None
     assert policy.passthrough(parse_host("cdn.pinned.example.org"), 80).text == "pinned.example.org"
     assert policy.passthrough(parse_host("example.org"), 443) is None
+
+
+PASSTHROUGH_PORTS = [
+    # (entry, the entry the warning suggests, or None: no warning)
+    ("pinned.example.org", "pinned.example.org:443"),
+    ("*.bank.example.com", "*.bank.example.com:443"),
+    ("bücher.de", "bücher.de:443"),
+    ("10.0.0.0/8", "10.0.0.0/8:443"),
+    ("2001:db8::/32", "[2001:db8::/32]:443"),
+    ("[2001:db8::1]", "[2001:db8::1]:443"),
+    ("pinned.example.org:443", None),
+    ("ssh.example.org:22", None),
+    ("[2001:db8::1]:8443", None),
+]
+
+
+@pytest.mark.parametrize(("entry", "suggested"), PASSTHROUGH_PORTS, ids=[e for e, _ in PASSTHROUGH_PORTS])
+def test_a_passthrough_without_a_port_loads_with_a_warning_at_its_line(tmp_path, entry, suggested):
+    path = write(tmp_path, "p.toml", f"""
+        allow = ["example.org"]
+        passthrough = [
+            "other.example.org:443",
+            {quoted(entry)},
+        ]
+    """)
+    policy = load_policy([str(path)])  # a warning, not a problem: the policy loads
+    if suggested is None:
+        assert policy.warnings == []
+        return
+    [warning] = policy.warnings
+    assert warning.as_warning() == (
+        f"{path.resolve()}:4: warning: passthrough: {entry!r} has no port: every protocol on every port "
+        f"of it is relayed untouched, never inspected; write {suggested!r} (or the port it needs) to "
+        f"open only that")
+    fixed = write(tmp_path, "fixed.toml", f'passthrough = [{quoted(suggested)}]\n')
+    assert load_policy([str(fixed)]).warnings == []  # the suggestion is a valid entry with a port
+
+
+def test_passthrough_warnings_name_the_included_file(tmp_path):
+    inc = write(tmp_path, "inc.toml", 'passthrough = ["pinned.example.org"]\n')
+    main = write(tmp_path, "main.toml", 'include = ["inc.toml"]\npassthrough = ["a.example.org:443"]\n')
+    assert [(w.path, w.line) for w in load_policy([str(main)]).warnings] == [(str(inc.resolve()), 1)]
 
 
 PRIVATE = """

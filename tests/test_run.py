@@ -8,7 +8,9 @@ addresses), so a leak would really arrive there and be seen.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -119,6 +121,47 @@ def test_bad_policy_is_a_launcher_failure(tmp_path):
     result = egress_run(tmp_path, "true", policy='allow = ["co.uk"]\n')
     assert result.returncode == 125
     assert "public suffix" in result.stderr
+
+
+# ------------------------------------------------- the proxy options, as for serve
+
+
+def test_the_proxy_options_of_serve_shape_the_runs_proxy(tmp_path, http_upstream, curl_path):
+    from test_dns import DnsServer
+
+    dns = DnsServer()
+    try:
+        dns.answers["named.test"] = ["127.0.0.1"]  # known to this DNS server only, not to --resolve
+        dns.silent.add("silent.test")
+        audit = tmp_path / "audit.jsonl"
+        status = 'curl -s -o /dev/null -w "%{http_code} "'
+        port = http_upstream.port
+        result = egress_run(
+            tmp_path, "sh", "-c", f"{status} http://named.test:{port}/small; {status} http://silent.test:{port}/; "
+                                  f"{status} http://named.test:{port}/hang",
+            policy='allow = ["named.test", "silent.test"]\nallow_private = ["127.0.0.1/32"]\n',
+            extra=["--dns-server", f"127.0.0.1:{dns.port}", "--dns-timeout", "1", "--upstream-timeout", "1",
+                   "--audit-log", str(audit), "--metrics", "127.0.0.1:0"])
+    finally:
+        dns.close()
+    assert result.stdout.split() == ["200", "504", "504"], result.stderr
+    events = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(e["host"], e["reason"]) for e in events] == [
+        ("named.test", "allowed"), ("silent.test", "dns-timeout"), ("named.test", "upstream-timeout")]
+    assert len({e["session"] for e in events}) == 1 and events[0]["session"]
+    assert re.search(r"^egress: metrics on http://127\.0\.0\.1:\d+/metrics$", result.stderr, re.M), result.stderr
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--audit-log"])
+def test_an_unusable_metrics_port_or_audit_log_stops_the_run_before_the_command(tmp_path, option):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        value = f"127.0.0.1:{taken.getsockname()[1]}" if option == "--metrics" else str(tmp_path / "no" / "a.log")
+        result = egress_run(tmp_path, "touch", "ran", extra=[option, value])
+    assert result.returncode == 125
+    assert ("cannot serve metrics on" if option == "--metrics" else "cannot open the audit log") in result.stderr
+    assert not (tmp_path / "project" / "ran").exists()
 
 
 # -------------------------------------------------------------- the walls

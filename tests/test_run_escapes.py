@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import errno
+import json
 import fcntl
 import os
 import pty
@@ -317,3 +318,17 @@ def test_report_lines_in_a_log_file_cannot_be_erased(tmp_path, http_upstream):
     assert done.returncode == 0, text
     assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in text
     assert "cannot truncate" in text
+
+
+def test_an_audit_log_in_the_project_is_out_of_the_commands_reach(tmp_path, http_upstream):
+    project = tmp_path / "project"
+    project.mkdir()
+    forged = '{"decision": "allow", "host": "forged.test"}'
+    script = (f"curl -s -o /dev/null {http_upstream.url('blocked.test')}; "
+              f"true > audit.jsonl 2>/dev/null || echo kept; echo '{forged}' >> audit.jsonl 2>/dev/null || echo kept")
+    result = egress_run(tmp_path, project, "sh", "-c", script, extra=["--audit-log", "audit.jsonl"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "kept\nkept\n"
+    events = [json.loads(line) for line in (project / "audit.jsonl").read_text().splitlines()]
+    assert any(e["host"] == "blocked.test" and e["decision"] == "block" for e in events)
+    assert not any(e["host"] == "forged.test" for e in events)

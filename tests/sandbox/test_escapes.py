@@ -155,8 +155,10 @@ def runner(request):
     lib = Path(tempfile.mkdtemp(prefix="egress-escapes-lib-"))
     try:
         lib.chmod(0o755)
-        shutil.copytree(REPO / "sandbox", lib / "sandbox", ignore=shutil.ignore_patterns("__pycache__"))
-        (lib / "sandbox").chmod(0o755)
+        for package in ("sandbox", "egress"):  # sandbox reads egress.contract
+            shutil.copytree(REPO / package, lib / package, ignore=shutil.ignore_patterns("__pycache__"))
+            for folder in (lib / package, *[p for p in (lib / package).rglob("*") if p.is_dir()]):
+                folder.chmod(0o755)
         yield SYSTEM_PYTHON, lib, nobody.pw_uid, nobody.pw_gid
     finally:
         shutil.rmtree(lib, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""Every reach into mitmproxy beyond its documented addon API, in one place.
+
+mitmproxy documents hooks, flows, connections, ``ctx``, ``proxy.context``,
+``proxy.mode_specs`` and ``proxy.server_hooks``. egress also embeds a master with
+a chosen set of mitmproxy's own addons, serves sockets it did not open, closes or
+feeds live connections, and picks protocol layers. Those parts of mitmproxy are
+internal and may change in any release, so they are used only through the
+functions below, and tests/test_mitm.py pins each one against the installed
+mitmproxy (an upgrade that changes one fails there, not in production).
+
+Imported only when a proxy starts: importing mitmproxy costs ~0.5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+
+from mitmproxy import connection, ctx, http
+from mitmproxy import master as _master
+from mitmproxy import options as _options
+from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
+from mitmproxy.net.http import http1
+from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
+from mitmproxy.proxy.mode_servers import ServerInstance
+from mitmproxy.proxy.mode_specs import ProxyMode
+
+
+class ListenError(Exception):
+    """The proxy could not listen where it was asked to."""
+
+
+# ------------------------------------------------------------------ the master
+
+
+@dataclass(frozen=True)
+class OwnAddons:
+    """mitmproxy's own addons that egress embeds (mitmdump would load ~35)."""
+
+    core: core.Core
+    proxyserver: proxyserver.Proxyserver
+    next_layer: next_layer.NextLayer
+    tls_config: tlsconfig.TlsConfig
+
+
+def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
+    """A master with no addons yet, and mitmproxy's own addons for the caller to place.
+
+    Must run inside an event loop (the master binds to the running one).
+    """
+    master = _master.Master(_options.Options(**option_values))
+    return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),
+                             tlsconfig.TlsConfig())
+
+
+async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list[tuple[str, int]]:
+    """Listen as the options say, then run the ``running`` hook; the bound addresses. Raises ListenError."""
+    if not await server.setup_servers():
+        errors = [str(s.last_exception) for s in server.servers if s.last_exception]
+        raise ListenError("; ".join(errors) or "the proxy could not start listening")
+    await master.running()
+    return [addr[:2] for addr in server.listen_addrs()]
+
+
+async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket) -> asyncio.Server:
+    """Serve connections from an already-listening socket (one made inside a sandbox) as a regular proxy."""
+    instance = next(iter(server.servers), None)
+    if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
+        instance = ServerInstance.make(ProxyMode.parse("regular"), server)
+    sock.setblocking(False)
+    return await asyncio.start_server(instance.handle_stream, sock=sock)
+
+
+async def stopped(master: _master.Master) -> None:
+    """Returns once :func:`stop` was called."""
+    await master.should_exit.wait()
+
+
+async def done(master: _master.Master) -> None:
+    """The ``done`` hook: the addons let go of what they hold."""
+    await master.done()
+
+
+def stop(master: _master.Master) -> None:
+    """Thread-safe."""
+    master.shutdown()
+
+
+def listen_addrs() -> list[tuple]:
+    """The addresses the running proxy listens on (for addons: the proxy must never dial itself)."""
+    return list(ctx.master.addons.get("proxyserver").listen_addrs())
+
+
+# ------------------------------------------------------------ live connections
+
+
+def connection_handler(flow: http.HTTPFlow):
+    """The handler of the flow's client connection, or None once it is gone."""
+    return ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
+
+
+def close_connections(flow: http.HTTPFlow, *conns: connection.Connection) -> bool:
+    """Close these connections of a live flow at the socket (bytes already moving cannot be
+    recalled by a hook). False if the flow's client connection is already gone."""
+    handler = connection_handler(flow)
+    if handler is None:
+        return False
+    for conn in conns:
+        transport = handler.transports.get(conn)
+        if transport is not None and transport.writer is not None:
+            transport.writer.close()
+    return True
+
+
+def feed_server_response(flow: http.HTTPFlow, response: http.Response) -> bool:
+    """Make ``response`` arrive as if the flow's (plain HTTP) server had sent it.
+
+    Every later hook then sees an ordinary response. Not for TLS servers: the bytes
+    would be read as ciphertext. False if the client connection is already gone.
+    """
+    handler = connection_handler(flow)
+    if handler is None:
+        return False
+    raw = http1.assemble_response(response)
+    asyncio.ensure_future(handler.server_event(events.DataReceived(flow.server_conn, raw)))
+    return True
+
+
+def relabel_server_address(server: connection.Server, address: tuple) -> None:
+    """Name an open server connection by ``address`` without rerouting it.
+
+    mitmproxy refuses to change the address of an open connection, because that
+    would not reroute it; relabelling (the peername keeps the real address, so
+    mitmproxy reuses the connection by name) is exactly what is wanted here.
+    """
+    object.__setattr__(server, "address", address)
+
+
+# ------------------------------------------------------------- protocol layers
+
+
+def opaque_relay(context) -> layer.Layer:
+    """A layer that relays the tunnel's bytes untouched (no interception, no flow)."""
+    return TCPLayer(context, ignore=True)
+
+
+def is_opaque(chosen: layer.Layer | None) -> bool:
+    """True if NextLayer chose to carry something other than HTTP (raw TCP with a flow, DNS, UDP)."""
+    return (isinstance(chosen, TCPLayer) and chosen.flow is not None) or isinstance(chosen, (DNSLayer, UDPLayer))
+
+
+class _Close(layer.Layer):
+    """Closes the client connection and ignores everything else."""
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.Start):
+            yield commands.CloseConnection(self.context.client)
+
+
+def closing_layer(context) -> layer.Layer:
+    """A layer that closes the client connection as soon as it starts."""
+    return _Close(context)

@@ -1,0 +1,492 @@
+"""The domain policy's loader: TOML files, includes, built-in sets, every problem with file:line.
+
+A policy file is TOML with its keys at the top level, so the smallest policy is
+one line, ``allow = ["pypi.org"]``. Loading checks every entry (refusing public
+suffixes, URLs, bad CIDRs, unknown keys, include cycles...) and reports each
+problem where it can be fixed, as ``file:line: what to write instead``. The result
+is an egress.policy_matcher.Policy. ``[credentials]`` tables are kept as written, for
+egress.settings to parse beside the policy; this module knows nothing of secrets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import gc
+import ipaddress
+import itertools
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from .contract import NETWORK_MODES
+from .hosts import InvalidHost, parse_host, split_host_port
+from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of parse_entry must agree with parse_host
+from .policy_matcher import LIST_KEYS, Entry, Policy
+from .public_suffix import is_public_suffix
+
+KNOWN_KEYS = ("include", "network", "credentials") + LIST_KEYS
+
+# Built-in sets, by the name used in `include`.
+BUILTIN_SETS = {"dev": "default.toml"}
+
+
+# --------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a policy file (or worth a warning), located as precisely as we can."""
+
+    path: str
+    line: int | None
+    message: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}" if self.line else self.path
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+    def as_warning(self) -> str:
+        return f"{self.where}: warning: {self.message}"
+
+
+class ReadRefused(Exception):
+    """A read hook will not read a file; the message says why (it becomes a Problem)."""
+
+
+class PolicyError(Exception):
+    """A policy could not be loaded; ``problems`` lists every reason found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+# ------------------------------------------------------------- file:line
+
+
+def find_line(path: str, text: str | None, key: str | None = None) -> int | None:
+    """The line of the quoted ``text`` in ``key``'s list (else anywhere), else of ``key``.
+
+    The same text may be in several lists (``github.com`` in allow and in
+    passthrough, ``10.0.0.0/8`` in deny and allow_private): the line reported is
+    the one in the list meant. ``allow`` must not find ``allow_private``.
+
+    Answers are cached per file version: the proxy names the deciding rule in every
+    event, and re-reading the file each time cost up to 100 ms per request.
+    """
+    pinned = _pinned.get(path)
+    if pinned is not None:
+        return _find_line_cached(path, pinned[0], text, key)
+    try:
+        version = os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+    return _find_line_cached(path, version, text, key)
+
+
+# path -> (version < 0, lines): files whose rules come from a text read earlier (see
+# pin_text), so that file:line names that text, not what the file holds now.
+_pinned: dict[str, tuple[int, list[str]]] = {}
+_pin_versions = itertools.count(-1, -1)  # a new version per pin: cached answers never outlive it
+
+
+def pin_text(path: str, text: str) -> None:
+    """Name lines of ``path`` from ``text`` from now on (a snapshot reader's recorded copy)."""
+    _pinned[path] = (next(_pin_versions), text.splitlines())
+
+
+@functools.lru_cache(maxsize=8192)
+def _find_line_cached(path: str, version: int, text: str | None, key: str | None) -> int | None:
+    lines = _file_lines(path, version)
+    if lines is None:
+        return None
+    key_at = None
+    if key:
+        # `key = ...`, `"key" = ...`, `key.x = ...` or a `[key]` table header
+        pattern = re.compile(rf"\s*(?:\[\s*)?[\"']?{re.escape(key)}[\"']?\s*[=.\]]")
+        key_at = next((n for n, line in enumerate(lines) if pattern.match(line)), None)
+    if text is not None:
+        for first in dict.fromkeys((key_at or 0, 0)):  # from the key's line on, then from the top
+            for quote in ('"', "'"):
+                needle = f"{quote}{text}{quote}"
+                for number in range(first, len(lines)):
+                    if needle in lines[number]:
+                        return number + 1
+    return key_at + 1 if key_at is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def _file_lines(path: str, version: int) -> list[str] | None:
+    if version < 0:
+        pinned = _pinned.get(path)
+        return pinned[1] if pinned is not None and pinned[0] == version else None
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# --------------------------------------------------------------- entry parsing
+
+
+class EntryError(ValueError):
+    pass
+
+
+def parse_entry(text: str, key: str) -> Entry:
+    """Parse one list entry; raise EntryError with what to write instead."""
+    if not isinstance(text, str):
+        raise EntryError(f"{key}: entries must be strings, not {type(text).__name__} {text!r}")
+    # Fast path for the common entry: a plain lower-case ASCII name, optionally
+    # with a leading '*.' and a ':port'. It gives the very result of the general
+    # path below (split_host_port and parse_host would return the parts unchanged;
+    # tests/test_policy.py checks the two agree) in about half the time: ~1.5 s
+    # of a 1M-entry load. Anything else (upper case, IDN, IP, CIDR, spaces,
+    # errors) takes the general path.
+    name, colon, port_text = text.partition(":")
+    wildcard = name.startswith("*.")
+    if wildcard:
+        name = name[2:]
+    if (_ASCII_NAME.fullmatch(name) and len(name) <= 253
+            and not _NUMERIC_LABEL.match(name.rpartition(".")[2])
+            and (not colon or (port_text.isascii() and port_text.isdigit()
+                               and 0 < int(port_text) < 65536))):
+        if key != "deny":
+            _refuse_public_suffix(name, text, key)
+        return Entry("subdomains" if wildcard else "domain", name, int(port_text) if colon else None)
+    raw = text.strip()
+    if not raw:
+        raise EntryError(f"{key}: empty entry")
+    if "://" in raw:
+        host = raw.split("://", 1)[1].split("/", 1)[0]
+        raise EntryError(f"{key}: {text!r} is a URL; write the host only, e.g. {host!r}")
+    if raw in ("*", "*.", "**"):
+        hint = ("to allow every domain, run with --network all instead"
+                if key == "allow" else "list the domains themselves")
+        raise EntryError(f"{key}: a bare {raw!r} is not allowed; {hint}")
+
+    # Split off an optional port, keeping CIDR slashes and IPv6 brackets intact.
+    try:
+        host_part, port = split_host_port(raw)
+    except InvalidHost as e:
+        raise EntryError(f"{key}: {e}") from None
+
+    if "/" in host_part:
+        return _parse_cidr(host_part.strip("[]"), port, text, key)
+
+    wildcard = False
+    if host_part.startswith("*."):
+        wildcard, host_part = True, host_part[2:]
+    if "*" in host_part:
+        raise EntryError(
+            f"{key}: {text!r} has a wildcard in the middle of the name; only a leading "
+            f"'*.' is understood (e.g. '*.example.com'), or write 'example.com' for the "
+            f"domain and all its subdomains")
+    try:
+        host = parse_host(host_part)
+    except InvalidHost as e:
+        raise EntryError(f"{key}: {e}") from None
+    if host.is_ip:
+        if wildcard:
+            raise EntryError(f"{key}: {text!r}: a wildcard cannot apply to an IP address")
+        return Entry("net", ipaddress.ip_network(host.ip), port)
+    if key != "deny":
+        _refuse_public_suffix(host.name, text, key)
+    return Entry("subdomains" if wildcard else "domain", host.name, port)
+
+
+def _parse_cidr(text: str, port: int | None, original: str, key: str) -> Entry:
+    try:
+        return Entry("net", ipaddress.ip_network(text, strict=True), port)
+    except ValueError as e:
+        try:
+            fixed = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            if "/" in text and not _looks_like_ip(text.split("/", 1)[0]):
+                raise EntryError(
+                    f"{key}: {original!r} has a path; write the host only, "
+                    f"e.g. {text.split('/', 1)[0]!r}") from None
+            raise EntryError(f"{key}: {original!r} is not a valid CIDR ({e})") from None
+        raise EntryError(
+            f"{key}: {original!r} has host bits set; did you mean {str(fixed)!r}?") from None
+
+
+def _looks_like_ip(text: str) -> bool:
+    try:
+        return parse_host(text).is_ip
+    except InvalidHost:
+        return False
+
+
+def _refuse_public_suffix(name: str, text: str, key: str) -> None:
+    if "." not in name and name != "localhost":
+        raise EntryError(
+            f"{key}: {text!r} is a top-level domain: it would cover every site under it; "
+            f"write a registrable domain such as 'example.{name}'")
+    if is_public_suffix(name):
+        raise EntryError(
+            f"{key}: {text!r} is a public suffix: it would cover every site registered "
+            f"under it; write a registrable domain such as 'example.{name}'")
+
+
+def passthrough_warning(text: str) -> str | None:
+    """Why a passthrough entry deserves a second look, or None.
+
+    Without a port it relays every protocol on every port of that host untouched
+    (ssh, SMTP, anything): rarely what was meant for a host with pinned HTTPS.
+    """
+    try:
+        host, port = split_host_port(text.strip())
+    except InvalidHost:
+        return None
+    if port is not None:
+        return None
+    bare = host.strip("[]")
+    suggestion = f"[{bare}]:443" if ":" in bare else f"{bare}:443"  # IPv6 takes brackets before a port
+    return (f"passthrough: {text!r} has no port: every protocol on every port of it is relayed "
+            f"untouched, never inspected; write {suggestion!r} (or the port it needs) to open "
+            f"only that")
+
+
+# ------------------------------------------------------------------ loading
+
+
+def builtin_dir() -> Path:
+    """Where the shipped policy files live (installed package or source tree)."""
+    try:
+        return Path(str(resources.files("egress.policies")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "policies"
+
+
+def builtin_path(name: str) -> Path | None:
+    """The file of built-in set ``name`` (``dev``), or None if there is no such set."""
+    file = BUILTIN_SETS.get(name, f"{name}.toml")
+    path = builtin_dir() / file
+    return path if path.is_file() else None
+
+
+def read_file(path: Path) -> str:
+    """The default read hook: the file as it is now."""
+    return path.read_text(encoding="utf-8")
+
+
+Reader = Callable[[Path], str]
+
+
+class _Loader:
+    def __init__(self, policy: Policy, problems: list[Problem], read: Reader | None = None):
+        self.policy = policy
+        self.problems = problems
+        self.loaded: set[Path] = set()
+        self.read = read or read_file
+        # A reader that serves recorded texts also says where each path led when it
+        # read it: names, include folders and cycles then follow that, not a symlink
+        # changed since.
+        self.resolve = getattr(read, "resolve", None) or Path.resolve
+
+    def load_file(self, given: Path, stack: tuple[Path, ...], included_as: str | None = None,
+                  missing: Callable[[], None] | None = None) -> None:
+        """Load ``given``; ``missing()`` reports it if there is no such file (default: here)."""
+        path = self.resolve(given)
+        if path in stack:
+            chain = " -> ".join(str(p) for p in stack + (path,))
+            line = find_line(str(stack[-1]), included_as, "include") if included_as else None
+            self.problems.append(Problem(str(stack[-1]), line, f"include cycle: {chain}"))
+            return
+        if path in self.loaded:
+            return  # a diamond include: the same rules once
+        self.loaded.add(path)
+        try:
+            text = self.read(given.absolute())
+        except ReadRefused as e:
+            self.problems.append(Problem(str(given.absolute()), None, str(e)))
+            return
+        except FileNotFoundError:
+            self.loaded.discard(path)  # each include of a missing file is reported where it is
+            if missing is not None:
+                missing()
+            else:
+                self.problems.append(Problem(str(path), None, "no such file"))
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            self.problems.append(Problem(str(path), None, f"cannot read: {e}"))
+            return
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            self.problems.append(_toml_problem(str(path), e, text))
+            return
+        self.load_mapping(data, str(path), text, stack + (path,))
+
+    def load_mapping(self, data: dict, path: str, text: str | None, stack: tuple[Path, ...]) -> None:
+        policy = self.policy
+        source = policy.add_source(path)
+
+        def problem(message: str, needle: str | None = None, key: str | None = None,
+                    to: list[Problem] | None = None) -> None:
+            line = find_line(path, needle, key) if (needle or key) and text is not None else None
+            (self.problems if to is None else to).append(Problem(path, line, message))
+
+        for key in data:
+            if key not in KNOWN_KEYS:
+                close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(KNOWN_KEYS)}"
+                problem(f"unknown key {key!r}{hint}", key=key)
+
+        if "credentials" in data:
+            policy.credential_tables.append((path, data["credentials"]))
+
+        if "network" in data:
+            mode = data["network"]
+            if mode not in NETWORK_MODES:
+                problem(f"network: {mode!r} is not a mode; write one of {', '.join(NETWORK_MODES)}",
+                        key="network")
+            elif policy.network not in (None, mode):
+                problem(f"network: {mode!r} conflicts with {policy.network!r} set by another file",
+                        key="network")
+            else:
+                policy.network = mode
+
+        includes = data.get("include", [])
+        if isinstance(includes, str):
+            includes = [includes]
+        if not isinstance(includes, list):
+            problem("include: expected a list of file paths or built-in set names", key="include")
+            includes = []
+        base = Path(path).parent if text is not None else Path.cwd()
+        for name in includes:
+            if not isinstance(name, str):
+                problem(f"include: entries must be strings, not {name!r}", key="include")
+                continue
+            bare = "/" not in name and not name.endswith(".toml")
+            target = builtin_path(name) if bare else None
+            missing = None
+            if target is None:
+                target = base / name
+                # Reported where it can be fixed: the including file, at the include. Whether
+                # the file exists is the reader's answer (a recorded file may be gone since).
+                if bare:
+                    known = ", ".join(sorted(BUILTIN_SETS))
+                    missing = functools.partial(
+                        problem, f"include: {name!r} is neither a file nor a built-in set ({known})", name)
+                else:
+                    missing = functools.partial(
+                        problem, f"include: {name!r}: no such file ({target})", name, "include")
+            self.load_file(target, stack, name, missing)
+
+        for key in LIST_KEYS:
+            entries = data.get(key, [])
+            if not isinstance(entries, list):
+                problem(f"{key}: expected a list of strings, e.g. {key} = [\"example.com\"]", key=key)
+                continue
+            for entry_text in entries:
+                try:
+                    entry = parse_entry(entry_text, key)
+                except EntryError as e:
+                    problem(str(e), entry_text if isinstance(entry_text, str) else None, key)
+                    continue
+                if key == "allow_private" and entry.port is not None:
+                    problem(f"allow_private: {entry_text!r}: a port means nothing here (it names which "
+                            f"hosts or ranges may be private); write it without ':{entry.port}'",
+                            entry_text, key)
+                    continue
+                if key == "passthrough" and entry.port is None:
+                    problem(passthrough_warning(entry_text), entry_text, key, to=policy.warnings)
+                policy.add(key, entry, entry_text, source)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause the cyclic garbage collector while a policy is built.
+
+    Loading makes millions of small objects that all live on and form no cycles,
+    yet each full collection walks every one made so far: loading 1M entries ran
+    ~4,000 collections, 13 of them full, for 1-2 s of the load. Paused, there is
+    one collection, after loading. The previous state is restored (a caller that
+    had disabled the collector keeps it disabled).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _toml_problem(path: str, error: tomllib.TOMLDecodeError, text: str) -> Problem:
+    message = str(error)
+    line = None
+    if "(at line " in message:
+        message, _, where = message.rpartition(" (at line ")
+        try:
+            line = int(where.split(",")[0])
+        except ValueError:
+            pass
+    elif message.endswith("(at end of document)"):
+        # e.g. an array never closed: the end of the file is the place to look
+        line = text.count("\n") + (not text.endswith("\n"))
+    return Problem(path, line, f"not valid TOML: {message}")
+
+
+def read_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None = None
+                ) -> tuple[Policy, list[Problem]]:
+    """Load one or more policy files (or built-in set names) into one policy, and every problem
+    found (the policy is unusable if there is one: :func:`load_policy` raises them).
+
+    ``read(path) -> str`` reads each file (default :func:`read_file`); it may raise
+    OSError, or :class:`ReadRefused` to keep a file out.
+    """
+    if isinstance(sources, str):
+        sources = [sources]
+    policy = Policy()
+    problems: list[Problem] = []
+    loader = _Loader(policy, problems, read)
+    with _gc_paused():
+        for source in sources:
+            path = Path(source)
+            if not path.exists() and "/" not in source and not source.endswith(".toml"):
+                builtin = builtin_path(source)
+                if builtin is not None:
+                    path = builtin
+            loader.load_file(path, ())
+    policy.allow_all = policy.network == "all"
+    return policy, problems
+
+
+def read_mapping(data: dict, path: str = "<policy>", read: Reader | None = None
+                 ) -> tuple[Policy, list[Problem]]:
+    """A policy from an already-parsed mapping (``include`` resolved relative to cwd), and its problems."""
+    policy = Policy()
+    problems: list[Problem] = []
+    with _gc_paused():
+        _Loader(policy, problems, read).load_mapping(data, path, text=None, stack=())
+    policy.allow_all = policy.network == "all"
+    return policy, problems
+
+
+def load_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None = None) -> Policy:
+    """:func:`read_policy`, raising :class:`PolicyError` listing every problem found."""
+    return _usable(*read_policy(sources, read))
+
+
+def policy_from_mapping(data: dict, path: str = "<policy>", read: Reader | None = None) -> Policy:
+    """:func:`read_mapping`, raising :class:`PolicyError` listing every problem found."""
+    return _usable(*read_mapping(data, path, read))
+
+
+def _usable(policy: Policy, problems: list[Problem]) -> Policy:
+    if problems:
+        raise PolicyError(problems)
+    return policy
+

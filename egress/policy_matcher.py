@@ -1,0 +1,257 @@
+"""The domain policy's matcher: a loaded policy and its decisions. Pure: no files, sockets or DNS.
+
+Semantics:
+
+* ``example.com`` covers the apex and every subdomain; ``*.example.com`` covers
+  subdomains only; ``host:443`` narrows an entry to one port.
+* IP addresses and CIDRs match IP literals only; a domain entry never matches
+  an IP literal.
+* ``deny`` wins over every ``allow``.
+
+Lookups cost O(labels of the host) for names and O(distinct prefix lengths) for
+addresses, whatever the number of rules: entries live in dictionaries keyed by
+the name (or the masked network), never in a list that is scanned.
+
+Policies are built by egress.policy_loader (files, includes, problems with file:line).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from . import reasons
+from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host
+
+LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
+
+
+# ---------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """An entry of a policy list, as written, with the file it came from."""
+
+    key: str  # allow | deny | passthrough | allow_private
+    text: str  # the entry as written in the file
+    path: str
+
+    def location(self) -> str:
+        """``path:line`` of the entry (found on demand: loading stays fast)."""
+        from .policy_loader import find_line  # where files are read; imported by then
+
+        line = find_line(self.path, self.text, self.key)
+        return f"{self.path}:{line}" if line else self.path
+
+    def __str__(self) -> str:
+        return f"{self.text} ({self.location()})"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer for one destination: allowed or not, why, and which rule said so."""
+
+    host: str
+    port: int | None
+    allowed: bool
+    reason: str  # "allowed" or a code from egress.reasons.REFUSALS
+    rule: Rule | None = None
+    detail: str = ""
+
+    def words(self) -> str:
+        """Plain words a person can act on."""
+        if self.allowed:
+            if self.rule is None:
+                return f"allowed ({self.detail})" if self.detail else "allowed"
+            return f"matched {self.rule}"
+        text = reasons.words(self.reason)
+        if self.rule is not None:
+            text += f": matched {self.rule}"
+        if self.detail:
+            text += f" ({self.detail})"
+        return text
+
+
+# ------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A list entry, parsed (by egress.policy_loader.parse_entry): what the tables are keyed by."""
+
+    kind: str  # "domain" (apex + subdomains) | "subdomains" | "net"
+    value: str | ipaddress.IPv4Network | ipaddress.IPv6Network
+    port: int | None
+
+
+# ---------------------------------------------------------------------- tables
+
+
+class _DomainTable:
+    """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
+
+    def __init__(self) -> None:
+        # name -> list of (port or None, rule index); two maps for the two wildcard kinds.
+        self.apex_and_subdomains: dict[str, list[tuple[int | None, int]]] = {}
+        self.subdomains_only: dict[str, list[tuple[int | None, int]]] = {}
+
+    def add(self, entry: Entry, rule: int) -> None:
+        table = self.subdomains_only if entry.kind == "subdomains" else self.apex_and_subdomains
+        table.setdefault(entry.value, []).append((entry.port, rule))
+
+    def match(self, name: str, port: int | None) -> int | None:
+        """The most specific rule covering ``name`` (and ``port``), or None."""
+        for depth, candidate in enumerate(parent_domains(name)):
+            for table in (self.apex_and_subdomains, self.subdomains_only):
+                if depth == 0 and table is self.subdomains_only:
+                    continue
+                for rule_port, rule in table.get(candidate, ()):
+                    if rule_port is None or rule_port == port:
+                        return rule
+        return None
+
+    def __len__(self) -> int:
+        return len(self.apex_and_subdomains) + len(self.subdomains_only)
+
+
+class _NetTable:
+    """IP and CIDR entries keyed by masked network: O(distinct prefix lengths) per lookup."""
+
+    def __init__(self) -> None:
+        # (version, prefixlen) -> {network int: [(port, rule)]}
+        self.by_prefix: dict[tuple[int, int], dict[int, list[tuple[int | None, int]]]] = {}
+        self._order: dict[int, list[tuple[int, dict]]] | None = None
+
+    def add(self, entry: Entry, rule: int) -> None:
+        net = entry.value
+        bucket = self.by_prefix.setdefault((net.version, net.prefixlen), {})
+        bucket.setdefault(int(net.network_address), []).append((entry.port, rule))
+        self._order = None
+
+    def _prefixes(self, version: int) -> list[tuple[int, dict]]:
+        if self._order is None:
+            # Longest prefix first: the most specific rule is the one reported.
+            order: dict[int, list[tuple[int, dict]]] = {4: [], 6: []}
+            for (ver, plen), bucket in sorted(self.by_prefix.items(), key=lambda kv: -kv[0][1]):
+                order[ver].append((plen, bucket))
+            # Published only when complete: a concurrent first lookup must never
+            # see a half-built (say, empty) list and miss a deny rule.
+            self._order = order
+        return self._order[version]
+
+    def match(self, ip: IPAddress, port: int | None) -> int | None:
+        value, bits = int(ip), ip.max_prefixlen
+        for plen, bucket in self._prefixes(ip.version):
+            masked = (value >> (bits - plen)) << (bits - plen) if plen else 0
+            for rule_port, rule in bucket.get(masked, ()):
+                if rule_port is None or rule_port == port:
+                    return rule
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self.by_prefix.values())
+
+
+@dataclass
+class _List:
+    domains: _DomainTable = field(default_factory=_DomainTable)
+    nets: _NetTable = field(default_factory=_NetTable)
+
+    def add(self, entry: Entry, rule: int) -> None:
+        (self.nets if entry.kind == "net" else self.domains).add(entry, rule)
+
+    def match(self, host: Host, port: int | None) -> int | None:
+        if host.ip is not None:
+            return self.nets.match(host.ip, port)
+        return self.domains.match(host.name, port)
+
+
+# ---------------------------------------------------------------------- policy
+
+
+class Policy:
+    """A loaded policy. Built by egress.policy_loader (load_policy, policy_from_mapping)."""
+
+    def __init__(self) -> None:
+        self._rules: list[tuple[str, str, int]] = []  # (key, text, source index)
+        self._sources: list[str] = []
+        self._lists = {key: _List() for key in LIST_KEYS}
+        self.files: list[str] = []  # every file that went into this policy, in load order
+        # network mode "all": every destination not denied is allowed (addresses are still checked)
+        self.allow_all = False
+        # the `network` key of the policy files (for `egress run`), None if no file sets it
+        self.network: str | None = None
+        # the [credentials] tables, as (file, table), in load order, unread: egress.settings
+        # parses them beside the policy (see egress.credentials)
+        self.credential_tables: list[tuple[str, object]] = []
+        # what loaded but deserves a second look (a passthrough without a port), with file:line
+        self.warnings: list = []
+
+    # -- building (egress.policy_loader)
+
+    def add_source(self, path: str) -> int:
+        """Record a file (or mapping) rules come from; the index to give :meth:`add`."""
+        self.files.append(path)
+        self._sources.append(path)
+        return len(self._sources) - 1
+
+    def add(self, key: str, entry: Entry, text: str, source: int) -> None:
+        self._rules.append((key, text, source))
+        self._lists[key].add(entry, len(self._rules) - 1)
+
+    def _rule(self, index: int | None) -> Rule | None:
+        if index is None:
+            return None
+        key, text, source = self._rules[index]
+        return Rule(key, text, self._sources[source])
+
+    @property
+    def rule_count(self) -> int:
+        return len(self._rules)
+
+    # -- decisions (pure)
+
+    def decide(self, host: str | Host, port: int | None = None) -> Decision:
+        """Allow or refuse ``host`` (as the client wrote it) on ``port``. No network."""
+        if not isinstance(host, Host):
+            try:
+                host = parse_host(host)
+            except InvalidHost as e:
+                return Decision(str(host), port, False, "invalid-host", detail=str(e))
+        denied = self._lists["deny"].match(host, port)
+        if denied is not None:
+            return Decision(host.name, port, False, "denied", self._rule(denied))
+        allowed = self._lists["allow"].match(host, port)
+        if allowed is not None:
+            return Decision(host.name, port, True, reasons.ALLOWED, self._rule(allowed))
+        if self.allow_all:
+            return Decision(host.name, port, True, reasons.ALLOWED, detail="network mode 'all'")
+        return Decision(host.name, port, False, "not-allowed")
+
+    def passthrough(self, host: Host, port: int | None = None) -> Rule | None:
+        """The passthrough rule for ``host``: its tunnels are relayed without TLS interception."""
+        return self._rule(self._lists["passthrough"].match(host, port))
+
+    def private_allowed(self, host: Host, ip: IPAddress, kind: str) -> Rule | None:
+        """The allow_private rule that lets ``host`` reach ``ip`` (of kind ``kind``), if any.
+
+        An address or range always counts; a name counts for every kind except the
+        cloud metadata service, which must be named by address.
+        """
+        private = self._lists["allow_private"]
+        by_net = private.nets.match(ip, None)
+        if by_net is not None:
+            return self._rule(by_net)
+        if kind != "metadata" and host.ip is None:
+            return self._rule(private.domains.match(host.name, None))
+        return None
+
+    # -- loading
+
+    @classmethod
+    def from_mapping(cls, data: dict, path: str = "<policy>", read=None) -> "Policy":
+        """Kept for callers: egress.policy_loader.policy_from_mapping."""
+        from .policy_loader import policy_from_mapping
+
+        return policy_from_mapping(data, path, read)

@@ -1,0 +1,110 @@
+"""Public suffixes (``com``, ``co.uk``, ``github.io``), from the list bundled with tldextract.
+
+Two questions: :func:`is_public_suffix` (a policy entry must not cover every site
+under one) and :func:`registrable_domain` (the bounded ``domain`` label of metrics).
+The list is tldextract's bundled snapshot of the Public Suffix List, private section
+included; nothing is ever fetched.
+
+tldextract's public API, ``TLDExtract(suffix_list_urls=(), cache_dir=None)``, is the
+reference, and answers :func:`registrable_domain` (only the proxy asks, after it has
+started). :func:`is_public_suffix` is asked for every entry of every policy, on the
+path of each `egress run --policy/--allow`, where the public API costs too much:
+importing tldextract imports requests, ~150 ms on the 2-CPU test machine, and its first
+answer builds a trie, ~30 ms, against ~9 ms to read the same snapshot into three sets
+(figures: docs/architecture.md). So :func:`suffix_rules` reads the snapshot file
+tldextract ships; tests/test_public_suffix.py checks that both give the same answer for
+every rule of the list, except where tldextract's trie misses a wildcard rule that also
+has children (``*.customer-oci.com`` beside ``*.ocs.customer-oci.com``: the list makes
+``ocs.customer-oci.com`` a suffix, tldextract says ``customer-oci.com`` is a domain; 8 names
+in this snapshot), where the sets follow the list and refuse more. If a tldextract release
+moves or reshapes that file, the public API answers instead: slower, and lenient on those.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from pathlib import Path
+
+SNAPSHOT = ".tld_set_snapshot"  # the file inside the tldextract package
+
+
+@functools.cache
+def extractor():
+    """tldextract's public API over its bundled snapshot (never fetched, no cache folder)."""
+    import tldextract
+
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
+@functools.cache
+def suffix_rules() -> tuple[frozenset[str], frozenset[str], frozenset[str]] | None:
+    """The bundled list as (exact rules, wildcard parents, exceptions); None if the file is not
+    where this expects it (then :func:`is_public_suffix` asks the public API)."""
+    spec = importlib.util.find_spec("tldextract")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        raise RuntimeError("tldextract is not installed (pip install tldextract)")
+    try:
+        text = (Path(spec.origin).parent / SNAPSHOT).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    exact, wild, exceptions = set(), set(), set()
+    for line in text.splitlines():
+        rule = line.strip()
+        if not rule or rule.startswith("//"):
+            continue
+        rule = rule.split()[0]
+        target = exact
+        if rule.startswith("!"):
+            target, rule = exceptions, rule[1:]
+        elif rule.startswith("*."):
+            target, rule = wild, rule[2:]
+        target.add(rule)  # IDN rules stay in Unicode: names are decoded to match them (rarely needed)
+    if len(exact) < 1000 or "com" not in exact:  # not the list this expects: do not guess
+        return None
+    return frozenset(exact), frozenset(wild), frozenset(exceptions)
+
+
+def is_public_suffix(name: str) -> bool:
+    """True if ``name`` (canonical punycode) is itself a public suffix (``com``, ``co.uk``, ``github.io``)."""
+    rules = suffix_rules()
+    if rules is None:
+        return public_api_is_public_suffix(name)
+    exact, wild, exceptions = rules
+    candidates = [name]
+    if "xn--" in name:  # the list writes IDN suffixes in Unicode
+        import idna
+
+        try:
+            candidates.append(idna.decode(name))
+        except idna.IDNAError:
+            pass
+    for candidate in candidates:
+        if candidate in exact:
+            return True
+        if candidate in exceptions:
+            continue
+        parent = candidate.partition(".")[2]
+        if parent and parent in wild:
+            return True
+    return False
+
+
+def public_api_is_public_suffix(name: str) -> bool:
+    """:func:`is_public_suffix` through tldextract's public API (the reference, and the fallback)."""
+    result = extractor()(name, include_psl_private_domains=True)
+    return not result.domain and not result.subdomain and result.suffix == name
+
+
+def registrable_domain(host: str) -> str | None:
+    """``a.b.example.co.uk`` -> ``example.co.uk``; None for IPs and bare suffixes.
+
+    A name under a suffix the public list does not know (``.test``, ``.internal``)
+    counts its last two labels.
+    """
+    result = extractor()(host)
+    if result.suffix:
+        return f"{result.domain}.{result.suffix}" if result.domain else None
+    if result.ipv4 or result.ipv6 or not result.domain:
+        return None
+    return ".".join(host.rsplit(".", 2)[-2:])

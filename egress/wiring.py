@@ -1,0 +1,217 @@
+"""How a proxy is wired: one configuration value and one builder, for `egress serve` and `egress run`.
+
+    config = ProxyConfig(listen=("127.0.0.1", 8080), metrics=("127.0.0.1", 9464), audit_log="-")
+    builder = ProxyBuilder(config)
+    builder.open()               # the audit log and the metrics port: fails before anything runs
+    builder.serve_metrics()      # the metrics endpoint answers from now on (a thread)
+    proxy = await builder.start(policy, credentials)   # inside the event loop: engine, proxy, listening
+    await proxy.run_until_stopped()
+    builder.close()
+
+`egress serve` does all of it at once. `egress run` opens before the sandbox starts (a bad
+--audit-log or a metrics port in use stops it before the command runs; no thread exists
+yet, as the sandbox's fork wants), serves metrics just after, and starts the proxy in its
+ProxySession when the command first connects. Importing this module costs nothing heavy:
+prometheus_client, dnspython and mitmproxy are imported by serve_metrics() and start().
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections import namedtuple
+from types import MappingProxyType
+
+from .contract import EXIT_LISTEN, EXIT_STATE
+
+
+_NOTHING = MappingProxyType({})  # an empty mapping no one can change, shared by every default
+
+
+class ProxyConfig(namedtuple("ProxyConfig", (
+        "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
+        "upstream_ca", "state_dir", "extra_options"),
+        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING))):
+    """Everything that shapes a proxy except its policy and credentials, for serve and run alike.
+
+    Keyword fields (``config._replace(listen=...)`` makes a changed copy):
+
+    * ``listen``: (host, port); None: listen nowhere, serve only handed-over sockets (egress run)
+    * ``metrics``: (host, port) of the Prometheus endpoint (/metrics); None: off
+    * ``audit_log``: a file (appended to), ``-`` (standard output); None: off
+    * ``resolve``: name -> [address], answered without DNS (--resolve)
+    * ``dns_server``: (address, port); None: the system's resolvers
+    * ``dns_timeout``: seconds to wait for DNS answers (5)
+    * ``upstream_timeout``: seconds until an upstream's response head (60); 0: wait forever
+    * ``upstream_ca``: a CA (PEM) also trusted for upstream servers, beside the public roots
+    * ``state_dir``: where the CA and control sockets live; None: egress.state.state_dir()
+    * ``extra_options``: mitmproxy options on top (tests, benchmarks)
+
+    A namedtuple, not a dataclass: every `egress run` makes one, and generating a dataclass's
+    methods cost ~2 ms of its ~130 ms.
+    """
+
+    __slots__ = ()
+
+
+class BuildError(Exception):
+    """The proxy cannot be built as configured; ``status`` is egress serve's exit status for it."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class ProxyBuilder:
+    """Builds the proxy a :class:`ProxyConfig` describes; see the module's docstring."""
+
+    def __init__(self, config: ProxyConfig):
+        self.config = config
+        self.audit = None  # the audit log's stream
+        self.metrics = None  # egress.metrics.Metrics: made by serve_metrics() or start()
+        self.engine = None  # set by start()
+        self.proxy = None  # set by start()
+        self.bound: list[tuple[str, int]] = []  # where start() listens
+        self._metrics_socket: socket.socket | None = None
+        self._metrics_server = None
+
+    # -- before anything runs: cheap, no thread, nothing heavy imported
+
+    def open(self) -> None:
+        """Open the audit log and bind the metrics port, as configured. Raises BuildError."""
+        config = self.config
+        if config.audit_log is not None and self.audit is None:
+            self.audit = open_audit(config.audit_log)
+        if config.metrics is not None and self._metrics_socket is None:
+            self._metrics_socket = _listening_socket(*config.metrics)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where the metrics endpoint listens (the port chosen for port 0), or None."""
+        return self._metrics_socket.getsockname()[:2] if self._metrics_socket is not None else None
+
+    @property
+    def metrics_url(self) -> str | None:
+        address = self.metrics_address
+        return f"http://{format_address(*address)}/metrics" if address else None
+
+    def serve_metrics(self) -> None:
+        """Answer on the metrics port from now on (a thread), if one is configured. Raises BuildError."""
+        self.open()
+        if self._metrics_socket is None or self._metrics_server is not None:
+            return
+        self._metrics_server = _serve_metrics(self._metrics_socket, self._metrics().registry)
+
+    # -- in the event loop
+
+    async def start(self, policy, credentials=None, *, session: str | None = None, on_event=(),
+                    asker=None):
+        """The engine (policy, resolver, recorder) and the proxy, listening if the config says where.
+
+        ``on_event``: callbacks for every decision; ``asker``: egress run's person in the loop.
+        Returns the egress.proxy.EgressProxy. Raises BuildError.
+        """
+        from .engine import Engine
+        from .events import Recorder
+        from .proxy import EgressProxy, ListenError
+        from .resolver import Resolver
+        from .state import StateError
+
+        self.serve_metrics()
+        config = self.config
+        recorder = Recorder(self._metrics(), self.audit, session=session)
+        for callback in on_event:
+            recorder.subscribe(callback)
+        resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
+        engine = Engine(policy, resolver, recorder)
+        engine.asker = asker
+        engine.recorder.metrics.policy_rules.set(policy.rule_count)
+        try:
+            proxy = EgressProxy(engine, config, credentials)
+            self.bound = await proxy.start()
+        except StateError as e:
+            raise BuildError(EXIT_STATE, str(e)) from None
+        except ListenError as e:
+            where = format_address(*config.listen) if config.listen else "the handed-over socket"
+            raise BuildError(EXIT_LISTEN, f"cannot listen on {where}: {e}") from None
+        self.engine, self.proxy = engine, proxy
+        return proxy
+
+    def close(self) -> None:
+        """Stop the metrics endpoint and close the audit log (the proxy stops on its own)."""
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
+        elif self._metrics_socket is not None:
+            self._metrics_socket.close()
+        self._metrics_socket = None
+        if self.audit not in (None, sys.stdout):
+            self.audit.close()
+        self.audit = None
+
+    def _metrics(self):
+        if self.metrics is None:
+            from .metrics import Metrics
+
+            self.metrics = Metrics()
+        return self.metrics
+
+
+def open_audit(target: str):
+    """The audit log's stream: standard output for ``-``, else the file, appended to. Raises BuildError."""
+    if target == "-":
+        return sys.stdout
+    try:
+        return open(target, "a", encoding="utf-8", buffering=1)
+    except OSError as e:
+        raise BuildError(EXIT_STATE, f"cannot open the audit log {target}: {e.strerror or e}") from None
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port (port 0: any free one). Raises BuildError."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
+            sock.bind(address)
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as e:
+        raise BuildError(EXIT_LISTEN, f"cannot serve metrics on {format_address(host, port)}: "
+                                      f"{e.strerror or e}") from None
+    return sock
+
+
+def _serve_metrics(sock: socket.socket, registry):
+    """prometheus_client's WSGI app on an already-listening socket, one thread per request."""
+    import threading
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+    from prometheus_client import make_wsgi_app
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:  # a scrape is not news
+            pass
+
+    server = Server(sock.getsockname()[:2], Quiet, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()
+    server.server_name, server.server_port = server.server_address[:2]  # no reverse DNS lookup
+    server.setup_environ()
+    server.set_app(make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="egress-metrics", daemon=True).start()
+    return server

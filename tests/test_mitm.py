@@ -1,0 +1,210 @@
+"""egress.mitm against the installed mitmproxy: each reach into its internals, pinned.
+
+egress/mitm.py is the only module that uses mitmproxy beyond its documented addon
+API. Each test here drives one of its functions on a real master, in this process,
+with real sockets on 127.0.0.1, so a mitmproxy release that renames or reshapes the
+internal it relies on fails here, by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from mitmproxy import connection, http
+from mitmproxy.options import Options
+from mitmproxy.proxy import commands, events
+from mitmproxy.proxy.context import Context
+from mitmproxy.proxy.layers import DNSLayer, HttpLayer, TCPLayer, UDPLayer
+from mitmproxy.proxy.layers.http import HTTPMode
+
+from egress import mitm
+from egress.state import ca_dir, ensure_ca
+
+
+@pytest.fixture(scope="module")
+def confdir(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    ensure_ca(state)
+    return ca_dir(state)
+
+
+def run_master(confdir, body, *addons, listen: bool = True):
+    """Start a master (own addons + ``addons``) listening on 127.0.0.1:0 (or nowhere), await
+    ``body(master, addresses)``, stop it; returns what body returned."""
+
+    async def main():
+        master, own = mitm.new_master(listen_host="127.0.0.1", listen_port=0, mode=["regular"], server=listen)
+        master.addons.add(own.core, own.proxyserver, own.next_layer, own.tls_config, *addons)
+        master.options.update(confdir=str(confdir), connection_strategy="lazy")
+        addresses = await mitm.start(master, own.proxyserver)
+        try:
+            return await body(master, own, addresses)
+        finally:
+            mitm.stop(master)
+            await mitm.stopped(master)
+            await mitm.done(master)
+
+    return asyncio.run(main())
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` to 127.0.0.1:port; everything received until the proxy closes (or 20 s idle)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(request)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+        return data
+
+
+def get(url: str) -> bytes:
+    return f"GET {url} HTTP/1.1\r\nHost: {url.split('/')[2]}\r\nConnection: close\r\n\r\n".encode()
+
+
+class Answer:
+    """Answers every request itself (nothing is dialled)."""
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        flow.response = http.Response.make(200, b"answered by the addon")
+
+
+# ----------------------------------------------------------------- the master
+
+
+def test_a_master_listens_where_asked_reports_it_and_stops(confdir):
+    async def body(master, own, addresses):
+        assert addresses and addresses[0][0] == "127.0.0.1" and addresses[0][1] > 0
+        assert [a[:2] for a in mitm.listen_addrs()] == addresses  # as addons see it, through ctx
+        return await asyncio.to_thread(exchange, addresses[0][1], get("http://a.test/"))
+
+    assert b"answered by the addon" in run_master(confdir, body, Answer())
+
+
+def test_a_port_in_use_is_a_listen_error(confdir):
+    async def main():
+        master, own = mitm.new_master(listen_host="127.0.0.1", listen_port=port, mode=["regular"])
+        master.addons.add(own.core, own.proxyserver, own.next_layer, own.tls_config)
+        master.options.update(confdir=str(confdir))
+        with pytest.raises(mitm.ListenError) as error:
+            await mitm.start(master, own.proxyserver)
+        await mitm.done(master)
+        return str(error.value)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        message = asyncio.run(main())
+    assert message and "address" in message.lower()
+
+
+def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir):
+    handed = socket.socket()
+    handed.bind(("127.0.0.1", 0))
+    handed.listen()
+    port = handed.getsockname()[1]
+
+    async def body(master, own, addresses):
+        assert addresses == []
+        server = await mitm.serve_socket(own.proxyserver, handed)
+        try:
+            return await asyncio.to_thread(exchange, port, get("http://a.test/"))
+        finally:
+            server.close()
+
+    try:
+        assert b"answered by the addon" in run_master(confdir, body, Answer(), listen=False)
+    finally:
+        handed.close()
+
+
+# ---------------------------------------------------------- live connections
+
+
+def test_close_connections_ends_a_live_flow_at_the_socket(confdir, http_upstream):
+    seen = []
+
+    class Close:
+        def request(self, flow: http.HTTPFlow) -> None:
+            seen.append(mitm.connection_handler(flow) is not None)
+            seen.append(mitm.close_connections(flow, flow.client_conn))
+
+    async def body(master, own, addresses):
+        return await asyncio.to_thread(exchange, addresses[0][1], get(http_upstream.url("127.0.0.1")))
+
+    answer = run_master(confdir, body, Close())
+    assert seen == [True, True]
+    assert answer == b""  # closed before any response
+
+
+def test_feed_server_response_arrives_as_the_servers_own(confdir, http_upstream):
+    flows = []
+
+    class Keep:
+        def request(self, flow: http.HTTPFlow) -> None:
+            flows.append(flow)
+
+    async def body(master, own, addresses):
+        client = asyncio.create_task(asyncio.to_thread(
+            exchange, addresses[0][1], get(http_upstream.url("127.0.0.1", "/hang"))))
+        deadline = time.monotonic() + 30
+        while not any(r["path"] == "/hang" for r in http_upstream.requests):  # the request is upstream
+            assert time.monotonic() < deadline, "the request never reached the upstream"
+            await asyncio.sleep(0.02)
+        fed = mitm.feed_server_response(flows[0], http.Response.make(504, b"fed", {"Connection": "close"}))
+        answer = await client
+        return fed, answer
+
+    fed, answer = run_master(confdir, body, Keep())
+    assert fed is True
+    assert answer.startswith(b"HTTP/1.1 504") and answer.endswith(b"fed")
+
+
+def test_relabel_server_address_bypasses_the_open_connection_guard():
+    server = connection.Server(address=("127.0.0.1", 8443))
+    server.state = connection.ConnectionState.OPEN
+    server.peername = ("127.0.0.1", 8443)
+    # mitmproxy refuses this on an open connection; that refusal is why the helper exists.
+    with pytest.raises(RuntimeError):
+        server.address = ("example.test", 8443)
+    mitm.relabel_server_address(server, ("example.test", 8443))
+    assert server.address == ("example.test", 8443) and server.peername == ("127.0.0.1", 8443)
+
+
+# ------------------------------------------------------------ protocol layers
+
+
+@pytest.fixture
+def context():
+    client = connection.Client(peername=("127.0.0.1", 50000), sockname=("127.0.0.1", 8080), timestamp_start=0)
+    return Context(client, Options())
+
+
+def test_opaque_relay_is_an_untracked_tcp_relay(context):
+    relay = mitm.opaque_relay(context)
+    assert isinstance(relay, TCPLayer) and relay.flow is None
+
+
+@pytest.mark.parametrize(("make", "opaque"), [
+    (lambda c: TCPLayer(c), True),  # what NextLayer picks for non-HTTP bytes: it has a flow
+    (lambda c: TCPLayer(c, ignore=True), False),  # a passthrough relay is not refused
+    (lambda c: DNSLayer(c), True),
+    (lambda c: UDPLayer(c), True),
+    (lambda c: HttpLayer(c, HTTPMode.regular), False),
+    (lambda c: None, False),
+], ids=["tcp", "tcp-ignored", "dns", "udp", "http", "undecided"])
+def test_is_opaque(context, make, opaque):
+    assert mitm.is_opaque(make(context)) is opaque
+
+
+def test_closing_layer_closes_the_client_and_nothing_else(context):
+    layer = mitm.closing_layer(context)
+    [command] = layer.handle_event(events.Start())
+    assert type(command) is commands.CloseConnection and command.connection is context.client
+    assert list(layer.handle_event(events.DataReceived(context.client, b"more"))) == []

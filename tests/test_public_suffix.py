@@ -1,0 +1,88 @@
+"""egress.public_suffix: the bundled list read fast, checked against tldextract's public API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import idna
+import pytest
+
+from egress import public_suffix
+
+CASES = [
+    # (name, is a public suffix) -- from the list's ICANN and private sections, wildcards, exceptions
+    ("com", True), ("uk", True), ("co.uk", True), ("github.io", True), ("githubusercontent.com", True),
+    ("xn--p1ai", True),  # .рф, written in Unicode in the list
+    ("xn--55qx5d.cn", True),  # 公司.cn
+    ("foo.ck", True),  # *.ck
+    ("www.ck", False),  # !www.ck
+    ("example.com", False), ("example.co.uk", False), ("user.github.io", False), ("localhost", False),
+    ("test", False),  # not in the list: a name under it counts its last two labels
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), CASES, ids=[n for n, _ in CASES])
+def test_fast_path_and_public_api_agree_on_real_cases(name, expected):
+    assert public_suffix.is_public_suffix(name) is expected
+    assert public_suffix.public_api_is_public_suffix(name) is expected
+
+
+def _names_around_every_rule():
+    exact, wild, exceptions = public_suffix.suffix_rules()
+    names = set()
+    for rule in exact:
+        names |= {rule, f"x.{rule}", f"a.b.{rule}"}
+    for rule in wild:
+        names |= {rule, f"x.{rule}", f"y.x.{rule}"}
+    for rule in exceptions:
+        names |= {rule, f"x.{rule}"}
+    return {idna.encode(name, uts46=True).decode().lower() for name in names}, wild
+
+
+def test_the_fast_path_answers_as_the_public_api_for_every_rule_of_the_list():
+    names, wild = _names_around_every_rule()
+    differ = {name: public_suffix.is_public_suffix(name) for name in names
+              if public_suffix.is_public_suffix(name) != public_suffix.public_api_is_public_suffix(name)}
+    # Where they differ, the list says suffix (a wildcard rule covers it; tldextract's trie misses a
+    # wildcard that also has children) and the fast path refuses more: never less.
+    assert all(differ.values()), differ
+    assert all(name.partition(".")[2] in wild for name in differ), differ
+    assert len(differ) <= 20 and len(names) > 20000
+
+
+def test_without_the_snapshot_file_the_public_api_answers(monkeypatch):
+    monkeypatch.setattr(public_suffix, "SNAPSHOT", ".no-such-snapshot")
+    public_suffix.suffix_rules.cache_clear()
+    try:
+        assert public_suffix.suffix_rules() is None
+        assert [public_suffix.is_public_suffix(name) for name, _ in CASES] == [expected for _, expected in CASES]
+    finally:
+        public_suffix.suffix_rules.cache_clear()
+
+
+def test_checking_entries_imports_neither_tldextract_nor_requests(tmp_path):
+    # What each `egress run --policy/--allow` pays before its command starts: no requests, no trie.
+    code = ("import sys; from egress import settings; "
+            "settings.from_mapping({'include': ['dev'], 'allow': ['example.org'], 'passthrough': ['x.example.org:443']}); "
+            "print(sorted(m for m in ('tldextract', 'requests', 'egress.credentials') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+REGISTRABLE = [
+    ("a.b.example.co.uk", "example.co.uk"),
+    ("www.example.com", "example.com"),
+    ("user.github.io", "github.io"),  # metrics group by the ICANN registrable domain
+    ("api.allowed.test", "allowed.test"),  # unknown suffix: the last two labels
+    ("co.uk", None),
+    ("1.2.3.4", None),
+]
+
+
+@pytest.mark.parametrize(("host", "expected"), REGISTRABLE, ids=[h for h, _ in REGISTRABLE])
+def test_registrable_domain(host, expected):
+    assert public_suffix.registrable_domain(host) == expected
