@@ -68,10 +68,13 @@ def _parse_address(text: str, option: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
+    from .hosts import InvalidHost, parse_port
+
     host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option)
-    return host, int(port)
+    try:
+        return host, parse_port(port, text, zero=True)
+    except InvalidHost:
+        raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option) from None
 
 
 def _format_address(host: str, port: int) -> str:
@@ -239,21 +242,19 @@ def _parse_dns_server(text: str) -> tuple[str, int]:
     """``ADDR``, ``ADDR:PORT`` or ``[V6]:PORT``; the port defaults to 53."""
     import ipaddress
 
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":") or "53"
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    else:
-        host, port = text, "53"
+    from .hosts import InvalidHost, split_host_port
+
+    try:
+        host, port = split_host_port(text, 53)
+    except InvalidHost:
+        raise click.BadParameter(f"{text!r}: bad port", param_hint="--dns-server") from None
+    host = host.strip("[]")
     try:
         ipaddress.ip_address(host)
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected an IP address, e.g. 10.0.0.2 or 127.0.0.1:5353",
                                  param_hint="--dns-server") from None
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{text!r}: bad port", param_hint="--dns-server")
-    return host, int(port)
+    return host, port
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict:
