@@ -93,7 +93,7 @@ class ProxySession:
         policy, credentials = self.prepare()
         recorder = Recorder(Metrics(), audit=None, session=self.session_id)
         if self.on_event is not None:
-            recorder.subscribe(self.on_event)
+            recorder.subscribe(self.on_event, name="run")
         engine = Engine(policy, Resolver(self.resolve), recorder)
         engine.asker = self.asker
         proxy = EgressProxy(engine, ProxySettings(listen_port=None, state_dir=self.state_dir,
@@ -113,4 +113,7 @@ class ProxySession:
         self.started.set()
         if self._stopping.is_set():  # stop() came while we were starting
             proxy.stop()
-        await proxy.run_until_stopped()
+        try:
+            await proxy.run_until_stopped()
+        finally:
+            recorder.close()  # the last reports reach the terminal before the launcher goes on
