@@ -224,8 +224,17 @@ def ca_path(state_dir: Path | None) -> None:
               help="Seconds to wait for DNS answers.")
 @click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
               help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
+@click.option("--max-client-connections", default=256, show_default=True, type=click.IntRange(0),
+              help="Open connections allowed per client address (0: no limit).")
+@click.option("--idle-timeout", default=300.0, show_default=True, type=click.FloatRange(0.1),
+              help="Seconds a connection may exchange nothing before it is closed.")
+@click.option("--head-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
+              help="Seconds a client may take to send a complete request head, idle keep-alive "
+                   "included (0: no limit).")
+@click.option("--max-head-size", default=65536, show_default=True, type=click.IntRange(1024),
+              help="Largest request head in bytes; a larger one is answered 431.")
 def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_server, upstream_timeout,
-          dns_timeout, state_dir) -> None:
+          dns_timeout, state_dir, max_client_connections, idle_timeout, head_timeout, max_head_size) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
     listen_addr = _parse_address(listen, "--listen")
     metrics_addr = None if metrics == "off" else _parse_address(metrics, "--metrics")
@@ -233,7 +242,9 @@ def serve(policies, listen, metrics, overrides, upstream_ca, audit_log, dns_serv
     nameserver = _parse_dns_server(dns_server) if dns_server else None
     try:
         _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-               upstream_timeout, dns_timeout, state_dir, nameserver)
+               upstream_timeout, dns_timeout, state_dir, nameserver,
+               limits=dict(egress_max_client_connections=max_client_connections, egress_idle_timeout=idle_timeout,
+                           egress_head_timeout=head_timeout, egress_max_head_bytes=max_head_size))
     except Fatal as e:
         _fail(e)
 
@@ -271,7 +282,7 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 
 
 def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_log,
-           upstream_timeout, dns_timeout, state_dir, nameserver=None) -> None:
+           upstream_timeout, dns_timeout, state_dir, nameserver=None, limits=None) -> None:
     import asyncio
     import signal
 
@@ -308,7 +319,8 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         try:
             proxy = EgressProxy(engine, ProxySettings(
                 listen_host=listen_addr[0], listen_port=listen_addr[1],
-                state_dir=state_dir, upstream_ca=upstream_ca, upstream_timeout=upstream_timeout),
+                state_dir=state_dir, upstream_ca=upstream_ca, upstream_timeout=upstream_timeout,
+                extra_options=dict(limits or {})),
                 credentials)
             bound = await proxy.start()
         except StateError as e:
@@ -324,7 +336,8 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
         control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
         control_state.on_reload.append(watcher.reload_now)
-        engine.recorder.subscribe(control_state.publish)
+        control_state.on_drop = metrics.events_dropped.labels("follower").inc
+        engine.recorder.subscribe(control_state.publish, name="control")
         if metrics_server is not None:
             control_state.extra["metrics"] = "http://{}:{}/metrics".format(*metrics_server.server_address[:2])
         try:
@@ -343,6 +356,7 @@ def _serve(policies, listen_addr, metrics_addr, resolve_map, upstream_ca, audit_
         try:
             await proxy.run_until_stopped()
         finally:
+            engine.recorder.close()
             if control is not None:
                 control.close()
 

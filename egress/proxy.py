@@ -31,6 +31,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 
 from .addons.address_guard import AddressGuard
 from .addons.credential_guard import CredentialGuard
+from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
@@ -62,6 +63,7 @@ class EgressProxy:
         self.engine = engine
         self.settings = settings
         ensure_ca(settings.state_dir)
+        raise_fd_limit()
         opts = options.Options(listen_host=settings.listen_host, listen_port=settings.listen_port or 0,
                                mode=["regular"], server=settings.listen_port is not None)
         self.master = master.Master(opts)
@@ -72,6 +74,7 @@ class EgressProxy:
             Passthrough(engine),
             next_layer.NextLayer(),
             ProtocolGuard(engine),
+            Limits(engine),  # after NextLayer and ProtocolGuard: it sees the layer they chose
             tlsconfig.TlsConfig(),
             PolicyGuard(engine),
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
