@@ -75,7 +75,10 @@ def fail(addon, where: str, data, error: Exception) -> None:
     except Exception as second:  # refusing failed too: close whatever can be closed
         what = f"refusing failed too ({type(second).__name__}); closed"
         _close_anything(data)
-    logger.error(f"{where} failed ({type(error).__name__}: {clean(str(error))[:200]}); {what}")
+    try:
+        logger.error(f"{where} failed ({type(error).__name__}: {clean(str(error))[:200]}); {what}")
+    except Exception:  # a broken log handler must not undo the refusal
+        pass
 
 
 def _refuse(engine, where: str, data, error: Exception) -> str:
