@@ -84,6 +84,8 @@ class RunState:
         A follower that stopped reading (its socket full, its queue full) loses events,
         counted in ``dropped``; it used to block here, and with it the proxy.
         """
+        if not self._followers:  # nobody follows: not even the JSON is made
+            return
         line = event.to_json()
         with self._lock:
             for follower in self._followers:
