@@ -40,6 +40,7 @@ from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
 from . import refusal
+from .flowstate import flow_state
 
 logger = logging.getLogger("egress")
 
@@ -92,6 +93,9 @@ def _refuse(engine, where: str, data, error: Exception) -> str:
         request = data.request
         refusal.refuse(engine, data, Decision(request.host or "unknown", request.port, False, GUARD_ERROR,
                                               detail=detail))
+        if data.response is not None and not flow_state(data).refused and data.killable:
+            data.kill()  # already reported (say, as allowed): the event stands, the flow still stops
+            return "the flow was killed"
         return "the request was refused"
     if isinstance(data, ServerConnectionHookData):
         data.server.error = f"EGRESS_BLOCKED: {detail}"

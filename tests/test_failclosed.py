@@ -66,6 +66,15 @@ def test_a_response_hook_that_raises_kills_the_flow():
     assert [e["reason"] for e in events(engine)] == ["guard-error"]
 
 
+def test_a_hook_that_raises_after_the_flow_was_reported_still_kills_it():
+    engine = make_engine()
+    flow = request_flow("http://allowed.test/")
+    flow.response = tutils.tresp()
+    flow_state(flow).reported = True  # say, its allow event was written
+    asyncio.run(Broken(engine).responseheaders(flow))
+    assert flow.error.msg == "Connection killed." and events(engine) == []
+
+
 def test_connection_hooks_that_raise_refuse_the_connection():
     engine = make_engine()
     client = tflow.tclient_conn()
