@@ -51,12 +51,18 @@ OBSERVER_QUEUE = 10000  # events an observer may fall behind by before they are 
 logger = logging.getLogger("egress")
 
 
+OBSERVER_DELAY = 0.1  # seconds an event may wait for its observer's thread (batched)
+OBSERVER_BATCH = 256  # queued events that wake the thread at once
+
+
 class Observer:
     """A subscriber behind a bounded queue and a thread of its own.
 
     ``offer`` never blocks: past ``limit`` queued events it drops the event and counts it.
     The callback runs on the observer's thread and may block (a terminal, a socket) at
-    no one's cost but its own.
+    no one's cost but its own. The thread wakes every OBSERVER_DELAY, or at once when
+    OBSERVER_BATCH events wait: waking it for every event handed the GIL to it once per
+    request, measurable on small-request throughput.
     """
 
     def __init__(self, callback: Callable[[Event], None], name: str, limit: int = OBSERVER_QUEUE,
@@ -75,11 +81,12 @@ class Observer:
             self.on_drop()
             return
         self._queue.append(event)
-        self._wake.set()
+        if len(self._queue) == OBSERVER_BATCH:
+            self._wake.set()
 
     def _run(self) -> None:
         while True:
-            self._wake.wait()
+            self._wake.wait(OBSERVER_DELAY)
             self._wake.clear()
             while self._queue:
                 event = self._queue.popleft()
