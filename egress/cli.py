@@ -64,10 +64,13 @@ def _parse_address(text: str, option: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
+    from .hosts import InvalidHost, parse_port
+
     host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option)
-    return host, int(port)
+    try:
+        return host, parse_port(port, text, zero=True)
+    except InvalidHost:
+        raise click.BadParameter(f"{text!r}: expected HOST:PORT with a port 0-65535", param_hint=option) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -199,6 +202,11 @@ def ca_path(state_dir: Path | None) -> None:
 # ------------------------------------------- the proxy's options (serve and run)
 
 
+# The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
+DEFAULT_LIMITS = {"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
+                  "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536}
+
+
 def proxy_options(*, metrics: str, audit_log: str):
     """The options that shape a proxy, shared by `serve` and `run`: same names, same meaning, one
     egress.wiring.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
@@ -221,16 +229,33 @@ def proxy_options(*, metrics: str, audit_log: str):
                      help="Also trust this CA (PEM) for upstream servers, e.g. a company CA."),
         click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
+        click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
+                     show_default=True, type=click.IntRange(0),
+                     help="Open connections allowed per client address (0: no limit)."),
+        click.option("--idle-timeout", default=DEFAULT_LIMITS["egress_idle_timeout"], show_default=True,
+                     type=click.FloatRange(0.1),
+                     help="Seconds a connection may exchange nothing before it is closed."),
+        click.option("--head-timeout", default=DEFAULT_LIMITS["egress_head_timeout"], show_default=True,
+                     type=click.FloatRange(0),
+                     help="Seconds a client may take to send a complete request head, idle keep-alive "
+                          "included (0: no limit)."),
+        click.option("--max-head-size", default=DEFAULT_LIMITS["egress_max_head_bytes"], show_default=True,
+                     type=click.IntRange(1024),
+                     help="Largest request head in bytes; a larger one is answered 431."),
     ]
 
     def decorate(command):
         @functools.wraps(command)
         def with_config(*args, metrics, audit_log, overrides, dns_server, dns_timeout, upstream_timeout,
-                        upstream_ca, state_dir, **kwargs):
+                        upstream_ca, state_dir, max_client_connections, idle_timeout, head_timeout,
+                        max_head_size, **kwargs):
             config = proxy_config(metrics=metrics, audit_log=audit_log, overrides=overrides,
                                   dns_server=dns_server, dns_timeout=dns_timeout,
                                   upstream_timeout=upstream_timeout, upstream_ca=upstream_ca,
-                                  state_dir=state_dir)
+                                  state_dir=state_dir,
+                                  limits=dict(egress_max_client_connections=max_client_connections,
+                                              egress_idle_timeout=idle_timeout, egress_head_timeout=head_timeout,
+                                              egress_max_head_bytes=max_head_size))
             return command(*args, proxy=config, **kwargs)
 
         for option in reversed(options):
@@ -242,7 +267,7 @@ def proxy_options(*, metrics: str, audit_log: str):
 
 def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str | None = None,
                  dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
-                 state_dir: Path | None = None, listen: tuple[str, int] | None = None):
+                 state_dir: Path | None = None, listen: tuple[str, int] | None = None, limits=None):
     """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
     from .wiring import ProxyConfig
 
@@ -253,28 +278,26 @@ def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str 
         resolve=_parse_overrides(overrides),
         dns_server=_parse_dns_server(dns_server) if dns_server else None,
         dns_timeout=dns_timeout, upstream_timeout=upstream_timeout, upstream_ca=upstream_ca,
-        state_dir=state_dir)
+        state_dir=state_dir, extra_options=dict(DEFAULT_LIMITS if limits is None else limits))
 
 
 def _parse_dns_server(text: str) -> tuple[str, int]:
     """``ADDR``, ``ADDR:PORT`` or ``[V6]:PORT``; the port defaults to 53."""
     import ipaddress
 
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":") or "53"
-    elif text.count(":") == 1:
-        host, port = text.split(":")
-    else:
-        host, port = text, "53"
+    from .hosts import InvalidHost, split_host_port
+
+    try:
+        host, port = split_host_port(text, 53)
+    except InvalidHost:
+        raise click.BadParameter(f"{text!r}: bad port", param_hint="--dns-server") from None
+    host = host.strip("[]")
     try:
         ipaddress.ip_address(host)
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected an IP address, e.g. 10.0.0.2 or 127.0.0.1:5353",
                                  param_hint="--dns-server") from None
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{text!r}: bad port", param_hint="--dns-server")
-    return host, int(port)
+    return host, port
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict:
@@ -340,7 +363,8 @@ def _serve(policies, config) -> None:
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
         control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
         control_state.on_reload.append(watcher.reload_now)
-        engine.recorder.subscribe(control_state.publish)
+        control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
+        engine.recorder.subscribe(control_state.publish, name="control")
         if builder.metrics_url:
             control_state.extra["metrics"] = builder.metrics_url
         try:
@@ -357,6 +381,7 @@ def _serve(policies, config) -> None:
         try:
             await proxy.run_until_stopped()
         finally:
+            engine.recorder.close()
             if control is not None:
                 control.close()
 

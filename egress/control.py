@@ -44,6 +44,9 @@ from typing import Callable
 from .hosts import InvalidHost, parse_host
 
 
+FOLLOWER_QUEUE = 10000  # events a follower may fall behind by before they are dropped
+
+
 def runs_dir(state_dir: Path | None) -> Path:
     from .state import state_dir as default_state_dir
 
@@ -63,6 +66,8 @@ class RunState:
         self.extra: dict = {}  # shown by info (e.g. serve's metrics address)
         self._followers: list[queue.Queue] = []
         self._lock = threading.Lock()
+        self.dropped = 0  # events a follower missed because its queue was full
+        self.on_drop: Callable[[], None] = lambda: None  # e.g. the events-dropped metric's inc
 
     def grant(self, host: str) -> str:
         name = parse_host(host)
@@ -74,14 +79,24 @@ class RunState:
         return name.name
 
     def publish(self, event) -> None:
-        """Recorder subscriber: fan the event out to every follower."""
+        """Recorder subscriber: fan the event out to every follower; never blocks.
+
+        A follower that stopped reading (its socket full, its queue full) loses events,
+        counted in ``dropped``; it used to block here, and with it the proxy.
+        """
+        if not self._followers:  # nobody follows: not even the JSON is made
+            return
         line = event.to_json()
         with self._lock:
             for follower in self._followers:
-                follower.put(line)
+                try:
+                    follower.put_nowait(line)
+                except queue.Full:
+                    self.dropped += 1
+                    self.on_drop()
 
-    def follow(self) -> queue.Queue:
-        follower: queue.Queue = queue.Queue(maxsize=10000)
+    def follow(self, limit: int = FOLLOWER_QUEUE) -> queue.Queue:
+        follower: queue.Queue = queue.Queue(maxsize=limit)
         with self._lock:
             self._followers.append(follower)
         return follower

@@ -1,4 +1,4 @@
-"""What the addons share: the policy in force, the resolver, the recorder, the tunnels.
+"""What the addons share: the policy in force, the resolver, the recorder, per-connection state.
 
 The policy is swapped whole (live edits) and read once per decision, so a
 request never sees half of an old policy and half of a new one.
@@ -6,8 +6,10 @@ request never sees half of an old policy and half of a new one.
 
 from __future__ import annotations
 
+import weakref
+
 from .events import Event, Recorder
-from .hosts import Host
+from .flowstate import ConnState
 from .policy import Decision, Policy
 from .resolver import Resolver
 
@@ -17,10 +19,21 @@ class Engine:
         self.policy = policy
         self.resolver = resolver
         self.recorder = recorder
-        # client connection id -> (host, port) of the CONNECT tunnel it became
-        self.tunnels: dict[str, tuple[Host, int]] = {}
+        # mitmproxy Client -> its ConnState (tunnel, pinned addresses, limits); weak keys, and
+        # forgotten on disconnect (egress.addons.limits), so no state outlives its connection
+        self.connections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # egress run's person in the loop (egress.ask), or None: refusals are final
         self.asker = None
+
+    def conn(self, client) -> ConnState:
+        """The state of a client connection (created on first use)."""
+        state = self.connections.get(client)
+        if state is None:
+            state = self.connections[client] = ConnState()
+        return state
+
+    def forget(self, client) -> None:
+        self.connections.pop(client, None)
 
     def replace_policy(self, policy: Policy) -> None:
         self.policy = policy

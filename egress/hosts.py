@@ -23,6 +23,17 @@ _ASCII_NAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(?:\.(?!-)[a-z0-9_-]{1,63
 _NUMERIC_LABEL = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
 
 
+# Bounds checked before any parsing. No host name is longer than 253 characters (254
+# with its trailing dot) and an IPv6 literal with brackets and a zone id is far
+# shorter; longer text is an error or padding (leading zeros, characters IDNA maps to
+# nothing) that makes the parsers work for nothing. Measured: a Host port of 5000
+# digits made int() raise ValueError (CPython's 4300-digit limit), which is not
+# InvalidHost, so the guard that parsed it crashed and mitmproxy forwarded the request.
+MAX_HOST_TEXT = 256
+MAX_PORT_TEXT = 5  # "65535"
+MAX_AUTHORITY = MAX_HOST_TEXT + 1 + MAX_PORT_TEXT
+
+
 class InvalidHost(ValueError):
     """The text cannot name a host (empty label, bad characters, bad IP literal...)."""
 
@@ -51,6 +62,8 @@ def parse_host(raw: str) -> Host:
 
     Raises :class:`InvalidHost` when it cannot name a host.
     """
+    if len(raw) > MAX_HOST_TEXT:
+        raise InvalidHost(f"{raw[:60]!r}...: longer than {MAX_HOST_TEXT} characters")
     text = raw.strip()
     if not text:
         raise InvalidHost("empty host")
@@ -136,7 +149,13 @@ def _domain(text: str, raw: str) -> str:
 
 
 def split_host_port(authority: str, default_port: int | None = None) -> tuple[str, int | None]:
-    """Split ``host:port`` / ``[v6]:port`` / ``host``; the host part is not normalised."""
+    """Split ``host:port`` / ``[v6]:port`` / ``host``; the host part is not normalised.
+
+    The one splitter of authorities in egress (requests, policy entries, command-line
+    targets). Raises :class:`InvalidHost`, never another exception, for any text.
+    """
+    if len(authority) > MAX_AUTHORITY:
+        raise InvalidHost(f"{authority[:60]!r}...: longer than {MAX_AUTHORITY} characters")
     text = authority.strip()
     if text.startswith("["):
         end = text.find("]")
@@ -147,19 +166,30 @@ def split_host_port(authority: str, default_port: int | None = None) -> tuple[st
             return host, default_port
         if not rest.startswith(":"):
             raise InvalidHost(f"{authority!r}: unexpected text after ']'")
-        return host, _port(rest[1:], authority)
+        return host, parse_port(rest[1:], authority)
     if text.count(":") == 1:
         host, port = text.split(":")
-        return host, _port(port, authority)
+        return host, parse_port(port, authority)
     return text, default_port  # a bare IPv6 address has several colons
 
 
-def _port(text: str, authority: str) -> int:
+def parse_authority(authority: str, default_port: int | None = None) -> tuple[Host, int | None]:
+    """``host[:port]`` as a client wrote it (a Host header, a CONNECT target) -> (Host, port)."""
+    host, port = split_host_port(authority, default_port)
+    return parse_host(host), port
+
+
+def parse_port(text: str, authority: str | None = None, *, zero: bool = False) -> int:
+    """A port number written in ASCII digits: 1-65535 (0 too with ``zero``), else InvalidHost."""
     # ASCII digits only: str.isdigit() is also true for '²' (int() then raises
     # ValueError, not InvalidHost) and for full-width digits no URL parser takes.
-    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
-        raise InvalidHost(f"{authority!r}: {text!r} is not a port number (1-65535)")
-    return int(text)
+    # At most 5 of them, checked before int() (which raises ValueError past 4300 digits).
+    if len(text) <= MAX_PORT_TEXT and text.isascii() and text.isdigit() and (zero or int(text) > 0) \
+            and int(text) < 65536:
+        return int(text)
+    lowest = 0 if zero else 1
+    raise InvalidHost(f"{(authority if authority is not None else text)[:80]!r}: {text[:20]!r} "
+                      f"is not a port number ({lowest}-65535)")
 
 
 def parent_domains(name: str):

@@ -43,6 +43,13 @@ class Metrics:
         self.policy_load_errors = Counter(
             "egress_policy_load_errors", "Policy loads that failed (the last good policy stays).",
             registry=r)
+        self.events_dropped = Counter(
+            "egress_events_dropped", "Events an observer missed because it did not keep up "
+            "(observer: a subscriber's name, or follower for `egress events`); the audit log never drops.",
+            ["observer"], registry=r)
+        self.connections_limited = Counter(
+            "egress_connections_limited", "Client connections cut short by a limit "
+            "(client-connections, head-timeout, head-size).", ["limit"], registry=r)
         self.upload = self.transferred.labels("upload")
         self.download = self.transferred.labels("download")
         self._domains: set[str] = set()

@@ -158,7 +158,7 @@ def parse_entry(text: str, key: str) -> Entry:
         name = name[2:]
     if (_ASCII_NAME.fullmatch(name) and len(name) <= 253
             and not _NUMERIC_LABEL.match(name.rpartition(".")[2])
-            and (not colon or (port_text.isascii() and port_text.isdigit()
+            and (not colon or (len(port_text) <= 5 and port_text.isascii() and port_text.isdigit()
                                and 0 < int(port_text) < 65536))):
         if key != "deny":
             _refuse_public_suffix(name, text, key)

@@ -25,6 +25,7 @@ import socket
 from . import mitm
 from .addons.address_guard import AddressGuard
 from .addons.credential_guard import CredentialGuard
+from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
@@ -48,6 +49,7 @@ class EgressProxy:
         self.engine = engine
         self.config = config
         ensure_ca(config.state_dir)
+        raise_fd_limit()
         host, port = config.listen or ("127.0.0.1", 0)
         self.master, own = mitm.new_master(listen_host=host, listen_port=port, mode=["regular"],
                                            server=config.listen is not None)
@@ -58,6 +60,7 @@ class EgressProxy:
             Passthrough(engine),
             own.next_layer,
             ProtocolGuard(engine),
+            Limits(engine),  # after NextLayer and ProtocolGuard: it sees the layer they chose
             own.tls_config,
             PolicyGuard(engine),
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),

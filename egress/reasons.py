@@ -11,8 +11,10 @@ REFUSALS: dict[str, str] = {
     "invalid-host": "not a valid host name or IP address",
     "private-address": "resolves to a private or special-purpose address",
     "misdirected": "the Host header or TLS SNI names a different host than the tunnel",
-    "protocol": "non-HTTP traffic in a tunnel to a host that is not on the passthrough list",
+    "protocol": "not well-formed HTTP/1.1, or non-HTTP traffic in a tunnel to a host that is not on the "
+                "passthrough list",
     "credential": "the request carries a credential",
+    "guard-error": "a check failed with an internal error, so the request was refused to be safe",
 }
 
 # Upstream failures are not refusals: the policy allowed the request but the

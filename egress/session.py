@@ -103,4 +103,7 @@ class ProxySession:
         self.started.set()
         if self._stopping.is_set():  # stop() came while we were starting
             proxy.stop()
-        await proxy.run_until_stopped()
+        try:
+            await proxy.run_until_stopped()
+        finally:
+            engine.recorder.close()  # the last reports reach the terminal before the launcher goes on

@@ -125,7 +125,7 @@ class ProxyBuilder:
         config = self.config
         recorder = Recorder(self._metrics(), self.audit, session=session)
         for callback in on_event:
-            recorder.subscribe(callback)
+            recorder.subscribe(callback, name="run" if session else "subscriber")
         resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
         engine = Engine(policy, resolver, recorder)
         engine.asker = asker
@@ -142,7 +142,10 @@ class ProxyBuilder:
         return proxy
 
     def close(self) -> None:
-        """Stop the metrics endpoint and close the audit log (the proxy stops on its own)."""
+        """Deliver the events still queued for observers, stop the metrics endpoint and close the
+        audit log (the proxy stops on its own)."""
+        if self.engine is not None:
+            self.engine.recorder.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -77,6 +77,28 @@ ADDRESSES = [
     ("2002:7f00:1::1", "ipv4-embedding"),  # 6to4 of 127.0.0.1
     ("2001::1", "ipv4-embedding"),  # Teredo
     ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "ipv4-embedding"),
+    # SIIT (::ffff:0:0:0/96): was classed public
+    ("::ffff:0:7f00:1", "ipv4-embedding"),  # SIIT of 127.0.0.1
+    ("::ffff:0:808:808", "ipv4-embedding"),  # SIIT of a public address
+    ("::ffff:0:0:0", "ipv4-embedding"),
+    ("::ffff:0:ffff:ffff", "ipv4-embedding"),
+    # the rest of ::/8 is reserved, none of it public (each was classed public)
+    ("::1:0:0:1", "reserved"),  # just past ::/96 and the mapped/SIIT ranges
+    ("::fffe:0:0:1", "reserved"),
+    ("0:1::1", "reserved"),
+    ("ff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "reserved"),  # the last address of ::/8
+    ("::2", "ipv4-embedding"),  # inside ::/96 (IPv4-compatible), as before
+    # outside 2000::/3 nothing is public; inside it, the special-purpose blocks
+    ("100:0:0:1::", "reserved"),  # 0100::/8 past the discard /64
+    ("5f00::1", "reserved"),  # SRv6 SIDs
+    ("4000::1", "reserved"),
+    ("1fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "reserved"),  # just below 2000::/3
+    ("2001:2::1", "reserved"),  # benchmarking
+    ("2001:10::1", "reserved"),  # ORCHID
+    ("3fff::1", "reserved"),  # documentation (RFC 9637)
+    ("3ffe:ffff::1", PUBLIC),  # below 3fff::/20 (old 6bone space, global unicast)
+    ("2000::1", PUBLIC),  # the first global unicast address
+    ("3fff:1000::1", PUBLIC),  # just past 3fff::/20
     # public IPv6
     ("2001:4860:4860::8888", PUBLIC),
     ("2606:4700:4700::1111", PUBLIC),

@@ -10,7 +10,8 @@ import ipaddress
 
 import pytest
 
-from egress.hosts import Host, InvalidHost, parent_domains, parse_host, split_host_port
+from egress.hosts import (MAX_HOST_TEXT, Host, InvalidHost, parent_domains, parse_authority, parse_host,
+                          parse_port, split_host_port)
 
 # ------------------------------------------------------------------ names
 
@@ -118,6 +119,10 @@ INVALID = [
     ("host-with-port", "example.com:443", "not a valid IPv6 address"),  # ports are split off first
     ("idna-numeric-tld", "a。1", "neither a host name nor an IPv4 address"),
     ("bidi-rule", "٣.com", "not a valid host name"),
+    # bounded before parsing: 5000 decimal digits made int() raise ValueError (not InvalidHost)
+    ("decimal-5000-digits", "1" * 5000, "longer than 256"),
+    ("zero-padded-ip", "0" * 300 + "127.0.0.1", "longer than 256"),
+    ("soft-hyphen-padding", "a" + "\u00ad" * 300 + ".com", "longer than 256"),  # IDNA maps U+00AD to nothing
 ]
 
 
@@ -159,6 +164,11 @@ BAD_SPLITS = [
     ("port-fullwidth", "example.com:４４３", "not a port number"),
     ("unclosed-bracket", "[::1", "unclosed '['"),
     ("text-after-bracket", "[::1]x", "unexpected text after ']'"),
+    # the Host header that crashed the policy guard (int() of 5000 digits raises ValueError)
+    ("port-5000-digits", "example.com:" + "1" * 5000, "longer than 262"),
+    ("port-six-digits", "example.com:000443", "not a port number"),
+    ("port-4301-digits-bracketed", "[::1]:" + "9" * 4301, "longer than 262"),
+    ("authority-too-long", "a" * 300 + ":443", "longer than 262"),
 ]
 
 
@@ -167,6 +177,40 @@ def test_split_host_port_refuses(authority, message):
     with pytest.raises(InvalidHost) as info:
         split_host_port(authority)
     assert message in str(info.value)
+
+
+def test_every_text_gives_a_host_or_invalid_host_never_another_exception():
+    # The guards catch InvalidHost only: any other exception from these parsers is a crash.
+    texts = ["1" * n for n in (4299, 4300, 4301, 5000)] + ["x:" + "1" * 5000, "[::1]:" + "1" * 5000,
+             "0x" + "f" * 5000, "0" + "7" * 5000, "1." * 3000, "\u00ad" * 5000, "%" * 5000, "[" + ":" * 5000 + "]"]
+    for text in texts:
+        for parse in (parse_host, split_host_port, parse_authority, parse_port):
+            try:
+                parse(text)
+            except InvalidHost:
+                pass
+
+
+AUTHORITIES = [
+    ("name-port", "Example.COM.:8443", (Host("example.com"), 8443)),
+    ("ipv4-default", "0x7f.1", (Host("127.0.0.1", ipaddress.ip_address("127.0.0.1")), 80)),
+    ("ipv6-port", "[::ffff:127.0.0.1]:22", (Host("127.0.0.1", ipaddress.ip_address("127.0.0.1")), 22)),
+    ("longest-name", "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61 + ":65535",
+     (Host("a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61), 65535)),
+]
+
+
+@pytest.mark.parametrize(("authority", "expected"), [c[1:] for c in AUTHORITIES], ids=[c[0] for c in AUTHORITIES])
+def test_parse_authority(authority, expected):
+    assert parse_authority(authority, 80) == expected
+
+
+def test_bounds_admit_every_valid_host():
+    longest = ".".join(["a" * 63] * 3 + ["b" * 61]) + "."  # 254 characters with the trailing dot
+    assert len(longest) <= MAX_HOST_TEXT and parse_host(longest).name == longest[:-1]
+    assert parse_port("65535") == 65535 and parse_port("0", zero=True) == 0
+    with pytest.raises(InvalidHost):
+        parse_port("0")
 
 
 # ------------------------------------------------------------------ parents

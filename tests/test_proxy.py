@@ -287,3 +287,55 @@ def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory
     response = proxied_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
     assert response.status_code == 502
     assert re.search(r"^egress_open_connections [01]\.0$", proxy.metrics(), re.M)
+
+
+# ------------------------------------------------- issue 9: guard holes
+
+
+def test_absolute_form_target_inside_a_tunnel_must_name_the_tunnel_host(proxy, https_upstream):
+    # RFC 9112 3.2.2: a server serves the absolute-form target's virtual host, whatever the
+    # Host header says. Before: forwarded as it came, i.e. to other.test's site.
+    tls = tls_through_tunnel(proxy, f"allowed.test:{https_upstream.port}", "allowed.test", proxy.ca_path)
+    tls.sendall(f"GET https://other.test:{https_upstream.port}/small HTTP/1.1\r\n"
+                f"Host: allowed.test:{https_upstream.port}\r\nConnection: close\r\n\r\n".encode())
+    answer = _read_all(tls)
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert b"X-Egress-Blocked: allowed.test; reason=misdirected" in answer
+    assert b"request target names 'other.test:" in answer
+    assert https_upstream.connections == 0
+
+
+def test_absolute_form_target_naming_the_tunnel_host_passes(proxy, https_upstream):
+    tls = tls_through_tunnel(proxy, f"allowed.test:{https_upstream.port}", "allowed.test", proxy.ca_path)
+    tls.sendall(f"GET https://allowed.test:{https_upstream.port}/small HTTP/1.1\r\n"
+                f"Host: allowed.test:{https_upstream.port}\r\nConnection: close\r\n\r\n".encode())
+    answer = _read_all(tls)
+    assert b"X-Egress-Blocked" not in answer  # the test upstream 404s absolute-form paths: it was reached
+    assert https_upstream.requests[-1]["path"] == f"https://allowed.test:{https_upstream.port}/small"
+
+
+def test_a_host_port_of_5000_digits_is_refused_not_forwarded(proxy, http_upstream):
+    # int() of 5000 digits raised ValueError inside the policy guard: mitmproxy logged an
+    # addon error and forwarded the request (proxy_factory fails on "Addon error" too).
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock.sendall(f"GET http://allowed.test:{http_upstream.port}/small HTTP/1.1\r\n"
+                 f"Host: allowed.test:{'1' * 5000}\r\nConnection: close\r\n\r\n".encode())
+    answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert b"X-Egress-Blocked: allowed.test; reason=misdirected" in answer
+    assert http_upstream.connections == 0
+    events = proxy.wait_for_audit(lambda e: e["reason"] == "misdirected")
+    assert [e["reason"] for e in events] == ["misdirected"]
+
+
+def _read_all(sock) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, ssl.SSLError, socket.timeout):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data

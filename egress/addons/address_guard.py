@@ -5,42 +5,43 @@ rebinding). After the policy allows a host, its addresses are resolved here
 (dnspython, bounded time) and classified; loopback, private, link-local, CGNAT,
 metadata, multicast, reserved and IPv4-embedding IPv6 addresses are refused
 unless ``allow_private`` names the host or range. The address that passed is
-pinned for the client connection and ``server_connect`` dials exactly it.
+pinned for the client connection (its ConnState) and ``server_connect`` dials exactly it.
 """
 
 from __future__ import annotations
 
 import time
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import ctx, http
 from mitmproxy.proxy import server_hooks
 
-from .. import refusal
 from ..addresses import classify
-from ..engine import Engine, client_label
-from ..events import Event
+from ..engine import Engine
+from ..failclosed import fail_closed
+from ..flowstate import flow_state, refused
 from ..hosts import Host, InvalidHost, IPAddress, parse_host
 from ..policy import Decision
+from ..refusal import refuse, upstream_failure
 from ..resolver import ResolveError
 
 
 class AddressGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
-        # client connection id -> {host name: the address that was checked}; per client, so
-        # a disconnect drops its pins in O(1) whatever the number of open connections
-        self.pins: dict[str, dict[str, IPAddress]] = {}
         # server connection id -> the name it was opened for (restored once connected)
         self._names: dict[str, str] = {}
 
+    @fail_closed
     async def http_connect(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None:
-            await self._check(flow, parse_host(flow.request.host), flow.request.port)
+        if flow.response is None and not refused(flow):
+            await self._check(flow)
 
+    @fail_closed
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None and flow.client_conn.id not in self.engine.tunnels:
-            await self._check(flow, parse_host(flow.request.host), flow.request.port)
+        if flow.response is None and not refused(flow) and self.engine.conn(flow.client_conn).tunnel is None:
+            await self._check(flow)
 
+    @fail_closed
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         if data.server.error or not data.server.address:
             return
@@ -50,7 +51,7 @@ class AddressGuard:
         except InvalidHost as e:
             data.server.error = f"EGRESS_BLOCKED {name}: {e}"
             return
-        ip = self.pins.get(data.client.id, {}).get(host.name)
+        ip = self.engine.conn(data.client).pins.get(host.name)
         if ip is None:  # a connection no request checked (should not happen): check it now
             result = await self._resolve_checked(host, port)
             if not isinstance(result, tuple):
@@ -67,6 +68,7 @@ class AddressGuard:
         data.server.address = (str(ip), port)
         self._names[data.server.id] = name
 
+    @fail_closed
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         # Give the connection its name back so that mitmproxy reuses it by name.
         # mitmproxy forbids changing the address of an open connection because it
@@ -79,28 +81,20 @@ class AddressGuard:
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._names.pop(data.server.id, None)
 
-    def client_disconnected(self, client: connection.Client) -> None:
-        self.pins.pop(client.id, None)
-
-    async def _check(self, flow: http.HTTPFlow, host: Host, port: int) -> None:
-        if host.name in self.pins.get(flow.client_conn.id, ()):
+    async def _check(self, flow: http.HTTPFlow) -> None:
+        state = flow_state(flow)
+        host = state.host if state.host is not None else parse_host(flow.request.host)
+        port = flow.request.port
+        pins = self.engine.conn(flow.client_conn).pins
+        if host.name in pins:
             return
         result = await self._resolve_checked(host, port)
-        client = client_label(flow.client_conn.peername)
         if isinstance(result, tuple):
-            self.pins.setdefault(flow.client_conn.id, {})[host.name] = result[0]
-            return
-        flow.metadata["egress.refused"] = True
-        clean = self.engine.recorder.clean
-        if isinstance(result, Decision):
-            flow.response = refusal.refusal(clean(host.name), result.reason, result.detail)
-            self.engine.record_refusal(client, flow.request.method, result)
+            pins[host.name] = result[0]
+        elif isinstance(result, Decision):
+            refuse(self.engine, flow, result)
         else:
-            code, message = result.code, str(result)
-            flow.response = refusal.upstream_error(clean(host.name), code, message)
-            self.engine.recorder.record(Event(
-                client=client, method=flow.request.method, host=host.name, port=port,
-                decision="error", reason=code, detail=message))
+            upstream_failure(self.engine, flow, host.name, result.code, str(result))
 
     async def _resolve_checked(self, host: Host, port: int) -> tuple[IPAddress] | Decision | ResolveError:
         """The first usable address, a private-address refusal, or the resolution error."""
@@ -113,10 +107,10 @@ class AddressGuard:
             if host.ip is None:
                 self.engine.recorder.metrics.dns_lookup.observe(time.perf_counter() - started)
         policy = self.engine.policy
-        refused = []
+        refused_ = []
         for ip in addresses:
             kind = classify(ip)
             if kind is None or policy.private_allowed(host, ip, kind) is not None:
                 return (ip,)
-            refused.append(f"{ip} is {kind}")
-        return Decision(host.name, port, False, "private-address", detail="; ".join(refused[:3]))
+            refused_.append(f"{ip} is {kind}")
+        return Decision(host.name, port, False, "private-address", detail="; ".join(refused_[:3]))

@@ -3,101 +3,105 @@
 * CONNECT: decided in ``http_connect``; a refusal is the CONNECT's answer.
 * Plain HTTP (absolute-form): decided in ``requestheaders``.
 * Inside a tunnel: each request is decided again (the policy may have changed)
-  and its Host header and the TLS SNI must name the tunnel's host; anything else
-  is ``misdirected`` (domain fronting through an allowed address).
+  and everything that names a host must name the tunnel's host: the TLS SNI, the
+  Host header, and the request target when it is in absolute form (RFC 9112 §3.2.2:
+  the server then ignores the Host header and serves the target's virtual host,
+  so ``CONNECT ok.test`` then ``GET http://evil.test/`` reached evil.test's site).
+  Anything else is ``misdirected`` (domain fronting through an allowed address).
+* A request mitmproxy itself refused (its request-smuggling checks) reaches
+  ``requestheaders`` with ``flow.error`` set: it is reported as a ``protocol`` refusal.
+
+The destination is parsed once per request, into the flow's :class:`FlowState`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from mitmproxy import http
 
-from mitmproxy import connection, http
-
-from .. import refusal
-from ..engine import Engine, client_label
-from ..hosts import InvalidHost, parse_host, split_host_port
+from ..engine import Engine
+from ..failclosed import fail_closed
+from ..flowstate import LEGACY_HOST, FlowState, flow_state
+from ..hosts import Host, InvalidHost, parse_authority, parse_host
 from ..policy import Decision
+from ..refusal import refuse
 
 
 class PolicyGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
 
+    @fail_closed
     async def http_connect(self, flow: http.HTTPFlow) -> None:
-        decision = await self._decide(flow.request.host, flow.request.port)
+        state = flow_state(flow)
+        decision = await self._decide(state, flow.request.host, flow.request.port)
         if not decision.allowed:
-            self._refuse(flow, decision)
+            refuse(self.engine, flow, decision)
             return
-        self.engine.tunnels[flow.client_conn.id] = (parse_host(flow.request.host), flow.request.port)
-        self._remember(flow, decision)
+        self.engine.conn(flow.client_conn).tunnel = (state.host, flow.request.port)
+        self._remember(flow, state, decision)
 
+    @fail_closed
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        tunnel = self.engine.tunnels.get(flow.client_conn.id)
+        state = flow_state(flow)
+        if flow.error is not None:  # mitmproxy refused it already and answers 400 itself
+            refuse(self.engine, flow, Decision(flow.request.host or "unknown", flow.request.port, False,
+                                               "protocol", detail=flow.error.msg[:200]))
+            return
+        tunnel = self.engine.conn(flow.client_conn).tunnel
         if tunnel is not None:
             host, port = tunnel
-            decision = await self._decide(host, port)
+            state.host = host
+            decision = await self._decide(state, host, port)
             if decision.allowed:
-                decision = self._misdirected(flow, host.name, port) or decision
+                decision = self._misdirected(flow, host, port, in_tunnel=True) or decision
         else:
-            decision = await self._decide(flow.request.host, flow.request.port)
+            decision = await self._decide(state, flow.request.host, flow.request.port)
             if decision.allowed:
-                decision = self._misdirected(flow, decision.host, decision.port) or decision
+                decision = self._misdirected(flow, state.host, decision.port, in_tunnel=False) or decision
         if not decision.allowed:
-            self._refuse(flow, decision)
+            refuse(self.engine, flow, decision)
             return
-        self._remember(flow, decision)
+        self._remember(flow, state, decision)
 
-    async def _decide(self, host, port: int) -> Decision:
+    async def _decide(self, state: FlowState, host: str | Host, port: int) -> Decision:
         """The policy's answer; a not-allowed *name* may still be granted for this run."""
+        if not isinstance(host, Host):
+            try:
+                host = parse_host(host)
+            except InvalidHost as e:
+                return Decision(host[:300], port, False, "invalid-host", detail=str(e))
+        state.host, state.port = host, port
         decision = self.engine.policy.decide(host, port)
         asker = self.engine.asker
         if decision.allowed or decision.reason != "not-allowed" or asker is None:
             return decision
-        if _is_ip(decision.host) or not await asker.ask(decision.host):
+        if host.is_ip or not await asker.ask(decision.host):
             return decision
-        return Decision(decision.host, port, True, "allowed",
-                        detail="allowed for this run")
+        return Decision(decision.host, port, True, "allowed", detail="allowed for this run")
 
-    def client_disconnected(self, client: connection.Client) -> None:
-        self.engine.tunnels.pop(client.id, None)
-
-    def _misdirected(self, flow: http.HTTPFlow, host: str, port: int) -> Decision | None:
-        """A refusal if the Host header or SNI names another host than ``host``."""
+    @staticmethod
+    def _misdirected(flow: http.HTTPFlow, host: Host, port: int, in_tunnel: bool) -> Decision | None:
+        """A refusal if the SNI, the Host header or an absolute-form target names another host."""
         claimed = []
         if flow.client_conn.sni:
             claimed.append(("TLS SNI", flow.client_conn.sni))
         if flow.request.host_header:
             claimed.append(("Host header", flow.request.host_header))
+        # Outside a tunnel the target is what was decided on (mitmproxy sends it upstream in
+        # origin form); inside one, mitmproxy forwards an absolute-form target as it came.
+        if in_tunnel and flow.request.authority:
+            claimed.append(("request target", flow.request.authority))
         for what, value in claimed:
             try:
-                name = parse_host(split_host_port(value)[0]).name
+                name = parse_authority(value)[0].name
             except InvalidHost:
                 name = None
-            if name != host:
-                return Decision(host, port, False, "misdirected", detail=f"{what} names {value[:100]!r}")
+            if name != host.name:
+                return Decision(host.name, port, False, "misdirected", detail=f"{what} names {value[:100]!r}")
         return None
 
     @staticmethod
-    def _remember(flow: http.HTTPFlow, decision: Decision) -> None:
-        """What later addons report: the canonical host and the rule that allowed it."""
-        flow.metadata["egress.host"] = decision.host
-        flow.metadata["egress.rule"] = decision.rule  # formatted only when an event is written
-
-    def _refuse(self, flow: http.HTTPFlow, decision: Decision) -> None:
-        # A host name or Host header may carry a secret. The canonical name is lower-cased,
-        # which can hide a token's shape: redact the name as the client wrote it instead.
-        clean = self.engine.recorder.clean
-        written = flow.request.host
-        if clean(written) != written:
-            decision = dataclasses.replace(decision, host=clean(written))
-        decision = dataclasses.replace(decision, detail=clean(decision.detail))
-        flow.response = refusal.refusal(decision.host, decision.reason, decision.detail)
-        flow.metadata["egress.refused"] = True
-        self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method, decision)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        return parse_host(host).is_ip
-    except InvalidHost:
-        return True  # not a name either: never offered
+    def _remember(flow: http.HTTPFlow, state: FlowState, decision: Decision) -> None:
+        """What later addons report: the rule that allowed it (the host is already in state)."""
+        state.rule = decision.rule  # formatted only when an event is written
+        flow.metadata[LEGACY_HOST] = state.host.name  # read by credential_guard.py and tunnels.py

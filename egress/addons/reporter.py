@@ -3,7 +3,8 @@ completed (with body bytes), upstream failures, connection counts, connect laten
 
 Response bodies are always streamed through a counting function, so the proxy
 never holds a whole download in memory (mitmproxy buffers bodies by default).
-Refusals are recorded by the guard that refused.
+Refusals are recorded by the guard that refused (egress.refusal.refuse); each flow
+gets exactly one event (FlowState.reported).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from mitmproxy.proxy import server_hooks
 
 from ..engine import Engine, client_label
 from ..events import Event
+from ..failclosed import fail_closed
+from ..flowstate import flow_state, masked, refused
 
 
 class Reporter:
@@ -31,60 +34,64 @@ class Reporter:
         if server.timestamp_start and server.timestamp_tcp_setup:
             self.metrics.upstream_connect.observe(server.timestamp_tcp_setup - server.timestamp_start)
 
+    @fail_closed
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None:
+        if flow.response is None and not refused(flow):
             self._record(flow, "allow", "allowed")
 
+    @fail_closed
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.stream:  # a large upload, streamed (maybe through a guard's function)
-            flow.request.stream = _Counter(flow, "egress.sent", self.metrics.upload, flow.request.stream)
+            flow.request.stream = _Counter(flow, "sent", self.metrics.upload, flow.request.stream)
 
+    @fail_closed
     def request(self, flow: http.HTTPFlow) -> None:
         if not flow.request.stream and flow.request.raw_content:
             size = len(flow.request.raw_content)
-            flow.metadata["egress.sent"] = size
+            flow_state(flow).sent = size
             self.metrics.upload.inc(size)
 
+    @fail_closed
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is not None and not flow.metadata.get("egress.refused"):
-            flow.response.stream = _Counter(flow, "egress.received", self.metrics.download, flow.response.stream)
+        if flow.response is not None and not refused(flow):
+            flow.response.stream = _Counter(flow, "received", self.metrics.download, flow.response.stream)
 
+    @fail_closed
     def response(self, flow: http.HTTPFlow) -> None:
-        if flow.metadata.get("egress.refused"):
+        if refused(flow):
             return
-        if upstream_error := flow.metadata.get("egress.upstream_error"):
+        if upstream_error := flow_state(flow).upstream_error:
             self._record(flow, "error", upstream_error)
         else:
-            masked = flow.metadata.get("egress.masked")
-            self._record(flow, "allow", "allowed", detail=f"masked {masked}" if masked else "")
+            what = masked(flow)
+            self._record(flow, "allow", "allowed", detail=f"masked {what}" if what else "")
 
+    @fail_closed
     def error(self, flow: http.HTTPFlow) -> None:
-        if flow.metadata.get("egress.refused") or flow.error is None:
+        if refused(flow) or flow.error is None:
             return
-        message = flow.error.msg
-        code = flow.metadata.get("egress.upstream_error", "connect-failed")
-        self._record(flow, "error", code, detail=message[:200])
+        code = flow_state(flow).upstream_error or "connect-failed"
+        self._record(flow, "error", code, detail=flow.error.msg[:200])
 
     def _record(self, flow: http.HTTPFlow, decision: str, reason: str, detail: str = "") -> None:
+        state = flow_state(flow)
+        if state.reported:
+            return
+        state.reported = True
         self.engine.recorder.record(Event(
             client=client_label(flow.client_conn.peername), method=flow.request.method,
-            host=flow.metadata.get("egress.host", flow.request.host), port=flow.request.port, decision=decision,
-            reason=reason, rule=_rule_text(flow.metadata.get("egress.rule")), detail=detail,
-            bytes_sent=flow.metadata.get("egress.sent", 0),
-            bytes_received=flow.metadata.get("egress.received", 0)))
-
-
-def _rule_text(rule) -> str | None:
-    return str(rule) if rule is not None else None
+            host=state.host_name or flow.request.host, port=flow.request.port, decision=decision,
+            reason=reason, rule=str(state.rule) if state.rule is not None else None, detail=detail,
+            bytes_sent=state.sent, bytes_received=state.received))
 
 
 class _Counter:
     """A mitmproxy stream function that passes chunks through and counts them."""
 
-    __slots__ = ("flow", "key", "counter", "total", "inner")
+    __slots__ = ("state", "field", "counter", "total", "inner")
 
-    def __init__(self, flow: http.HTTPFlow, key: str, counter, inner=None):
-        self.flow, self.key, self.counter, self.total = flow, key, counter, 0
+    def __init__(self, flow: http.HTTPFlow, field: str, counter, inner=None):
+        self.state, self.field, self.counter, self.total = flow_state(flow), field, counter, 0
         self.inner = inner if callable(inner) else None
 
     def __call__(self, chunk: bytes) -> bytes:
@@ -95,5 +102,5 @@ class _Counter:
             self.total += len(chunk)
             self.counter.inc(len(chunk))
         if end:
-            self.flow.metadata[self.key] = self.total
+            setattr(self.state, self.field, self.total)
         return chunk

@@ -22,6 +22,8 @@ from mitmproxy.net.http import http1
 from mitmproxy.proxy import events
 
 from .. import refusal
+from ..failclosed import fail_closed
+from ..flowstate import flow_state
 
 
 class UpstreamTimeout:
@@ -29,6 +31,7 @@ class UpstreamTimeout:
         self.seconds = seconds
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
+    @fail_closed
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is None and self.seconds > 0:
             loop = asyncio.get_running_loop()
@@ -50,13 +53,14 @@ class UpstreamTimeout:
         handler = ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
         if handler is None or flow.response is not None or not flow.live:
             return
-        flow.metadata["egress.upstream_error"] = "upstream-timeout"
+        state = flow_state(flow)
+        state.upstream_error = "upstream-timeout"
         if flow.server_conn.tls:
             transport = handler.transports.get(flow.server_conn)
             if transport is not None and transport.writer is not None:
                 transport.writer.close()
             return
-        host = flow.metadata.get("egress.host", flow.request.host)
+        host = state.host_name or flow.request.host
         response = refusal.upstream_error(host, "upstream-timeout", f"no response within {self.seconds:g} s")
         raw = http1.assemble_response(response)
         asyncio.ensure_future(handler.server_event(events.DataReceived(flow.server_conn, raw)))

@@ -1,0 +1,369 @@
+"""Limits that keep one client from taking the proxy down for everyone, and a strict HTTP/1 head.
+
+Measured before these limits (mitmproxy 11.0.2 as egress embeds it):
+
+* a request head is buffered until its blank line, whatever its size (mitmproxy's own
+  ``FIXME: protect against header size DoS``): one connection sending 200 MiB of header
+  took the proxy to 884 MiB;
+* a connection stays open while any byte arrives, and ten minutes without one: a head
+  sent a byte at a time never ends, and ~1000 idle connections used up systemd's default
+  1024 descriptors, so everyone else was refused;
+* obs-fold (a header line starting with a space) and a bare CR in a header value were
+  forwarded verbatim: an upstream that reads them another way than mitmproxy does
+  (RFC 9112 §5.2, §2.2) can be desynchronised (request smuggling);
+* a chunked request with trailers raised NotImplementedError inside mitmproxy, which
+  dropped the connection with nothing reported; a request line mitmproxy could not parse
+  (a malformed host) got mitmproxy's 400, with no hook and no event.
+
+What this module does:
+
+* :func:`raise_fd_limit`: the soft descriptor limit is raised to the hard one at start;
+* ``egress_max_client_connections`` (default 256) open connections per client address; a
+  connection past it is closed at once. Under ``egress run`` every connection comes from
+  the sandbox's 127.0.0.1, so it is the run's limit;
+* ``egress_idle_timeout`` (default 300 s, mitmproxy's is 600 s): a connection with no
+  traffic at all is closed (long-lived tunnels and WebSockets that exchange nothing);
+* ``egress_head_timeout`` (default 60 s): a connection waiting for a request head (the
+  first, the next one on a kept-alive connection, the first inside a new tunnel including
+  its TLS handshake) must complete it within that time, however the bytes trickle in, or
+  it is closed (idle kept-alive connections are closed by it too, as nginx's keepalive
+  timeout does). A timer per connection would cost per request; one sweep a few times a
+  second looks at every waiting connection instead;
+* ``egress_max_head_bytes`` (default 64 KiB; nginx's largest default header buffers are
+  4 x 8 KiB, Node's 16 KiB): a bigger request head is answered ``431`` and the connection
+  closed before more is buffered;
+* a request head with obs-fold, a bare CR, NUL or another control character (HTAB aside)
+  is answered ``400`` (``protocol``). Bare LF line ends are left to mitmproxy: it splits
+  lines on LF and writes the head anew with CRLF, so upstream never sees them;
+* a request line mitmproxy cannot parse is answered ``400`` by egress (``invalid-host`` when
+  it names a host that is not one, else ``protocol``), with an event; trailers and a
+  malformed chunked body are reported as ``protocol`` refusals (and trailers answered 400).
+
+The HTTP/1 part is a subclass of mitmproxy's ``Http1Server``, put in place of the one an
+``HttpLayer`` would make for the client (``HttpLayer`` keeps an existing entry of its
+``connections``, as it does for client replay). egress runs with ``http2=False``, so a
+client connection is always HTTP/1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import resource
+import time
+
+from h11._receivebuffer import ReceiveBuffer
+from mitmproxy import connection, ctx
+from mitmproxy.net.http import http1, url
+from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError
+from mitmproxy.proxy.layers.http._http1 import Http1Server, make_body_reader
+
+from ..engine import Engine
+from ..failclosed import fail_closed
+from ..flowstate import ConnState, flow_state
+from ..hosts import InvalidHost, parse_authority
+from ..policy import Decision
+from ..refusal import refuse
+
+logger = logging.getLogger("egress")
+
+MAX_CLIENT_CONNECTIONS = 256
+IDLE_TIMEOUT = 300.0
+HEAD_TIMEOUT = 60.0
+MAX_HEAD_BYTES = 64 * 1024
+
+# In a request head (its lines joined by LF): a control character other than HTAB (a bare CR
+# included: line-ending CRs are gone), or a line that starts with a space or HTAB (obs-fold).
+_BAD_HEAD = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\n[ \t]")
+_WHAT = {b"\r": "a bare CR", b"\x00": "a NUL byte"}
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; return (soft before, soft now).
+
+    systemd starts services with 1024 soft (and 524288 hard): 1024 descriptors are ~500
+    proxied connections. A hard limit of "unlimited" is capped at 2**20 (Linux's default
+    fs.nr_open, beyond which the kernel refuses the soft limit anyway).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+class Limits:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.metrics = engine.recorder.metrics
+        self.per_client: dict[str, int] = {}  # client address -> open connections
+        self.max_client_connections = MAX_CLIENT_CONNECTIONS
+        self.idle_timeout = IDLE_TIMEOUT
+        self.head_timeout = HEAD_TIMEOUT
+        self.max_head_bytes = MAX_HEAD_BYTES
+        self._sweeper: asyncio.Task | None = None
+
+    def load(self, loader) -> None:
+        loader.add_option("egress_max_client_connections", int, MAX_CLIENT_CONNECTIONS,
+                          "Open connections allowed per client address (0: no limit).")
+        loader.add_option("egress_idle_timeout", float, IDLE_TIMEOUT,
+                          "Seconds a connection may exchange nothing before it is closed.")
+        loader.add_option("egress_head_timeout", float, HEAD_TIMEOUT,
+                          "Seconds a connection may take to send a complete request head (0: no limit).")
+        loader.add_option("egress_max_head_bytes", int, MAX_HEAD_BYTES,
+                          "Largest request head (request line and headers) in bytes; larger ones get 431.")
+
+    def configure(self, updated) -> None:
+        options = ctx.options
+        self.max_client_connections = options.egress_max_client_connections
+        self.idle_timeout = options.egress_idle_timeout
+        self.head_timeout = options.egress_head_timeout
+        self.max_head_bytes = options.egress_max_head_bytes
+
+    def running(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep_forever())
+
+    def done(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    # ------------------------------------------------------------- connections
+
+    @fail_closed
+    def client_connected(self, client: connection.Client) -> None:
+        state = self.engine.conn(client)
+        state.waiting_since = time.monotonic()
+        address = client.peername[0] if client.peername else None
+        if address is not None and self.max_client_connections > 0:
+            count = self.per_client.get(address, 0)
+            if count >= self.max_client_connections:
+                client.error = f"more than {self.max_client_connections} connections from {address}"
+                self.metrics.connections_limited.labels("client-connections").inc()
+                return
+            self.per_client[address] = count + 1
+            state.counted = address
+        handler = _handler(client)
+        if handler is not None:  # mitmproxy's watchdog reads its timeout at each wake-up
+            handler.timeout_watchdog.timeout = self.idle_timeout
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        state = self.engine.connections.get(client)
+        if state is not None and state.counted is not None:
+            left = self.per_client.get(state.counted, 1) - 1
+            if left > 0:
+                self.per_client[state.counted] = left
+            else:
+                self.per_client.pop(state.counted, None)
+            state.counted = None
+        self.engine.forget(client)
+
+    @fail_closed
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        chosen = nextlayer.layer
+        found = chosen
+        while found is not None and not isinstance(found, HttpLayer):
+            found = getattr(found, "child_layer", None)
+        if isinstance(found, HttpLayer):
+            context = found.context
+            if context.client not in found.connections:
+                found.connections[context.client] = StrictHttp1Server(context.fork(), self, found)
+        elif chosen is not None:  # a relay (passthrough) or a closing layer: no request head to wait for
+            state = self.engine.connections.get(nextlayer.context.client)
+            if state is not None:
+                state.waiting_since = None
+
+    @fail_closed
+    def websocket_start(self, flow) -> None:
+        self.engine.conn(flow.client_conn).waiting_since = None
+
+    # ----------------------------------------------------------- head timeout
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, min(5.0, (self.head_timeout or 20.0) / 4)))
+            try:
+                self.sweep(time.monotonic())
+            except Exception:  # the sweep must go on; mitmproxy would not see this task fail
+                logger.exception("egress: the head-timeout sweep failed")
+
+    def sweep(self, now: float) -> int:
+        """Close every connection that has waited longer than the head timeout; return how many."""
+        if self.head_timeout <= 0:
+            return 0
+        deadline = now - self.head_timeout
+        closed = 0
+        for client, state in list(self.engine.connections.items()):
+            since = state.waiting_since
+            if since is None or since > deadline:
+                continue
+            handler = _handler(client)
+            io = handler.transports.get(client) if handler is not None else None
+            if io is None or io.handler is None:
+                continue
+            transport = getattr(io.writer, "transport", None)
+            if transport is not None and transport.get_write_buffer_size():
+                continue  # still sending it our last answer: the client is reading
+            state.waiting_since = None
+            io.handler.cancel("egress: no complete request head in time")
+            self.metrics.connections_limited.labels("head-timeout").inc()
+            closed += 1
+        return closed
+
+
+def _handler(client: connection.Client):
+    try:
+        return ctx.master.addons.get("proxyserver").connections.get(client.id)
+    except AttributeError:  # no proxy server (an in-process test)
+        return None
+
+
+class StrictHttp1Server(Http1Server):
+    """mitmproxy's HTTP/1 server side, with a bounded and strictly checked request head.
+
+    ``read_headers`` follows mitmproxy 11.0.2's own, with the checks added before the
+    head is parsed and egress's refusal instead of mitmproxy's bare 400.
+    """
+
+    def __init__(self, context, limits: Limits, http_layer: HttpLayer):
+        super().__init__(context)
+        self.limits = limits
+        self.http_layer = http_layer
+        self.conn_state: ConnState = limits.engine.conn(context.client)
+
+    def read_headers(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
+        if not isinstance(event, events.DataReceived):
+            yield from super().read_headers(event)
+            return
+        state = self.conn_state
+        if state.waiting_since is None:
+            state.waiting_since = time.monotonic()
+        lines = self.buf.maybe_extract_lines()
+        while lines == []:  # blank lines before a request line are ignored (RFC 9112 §2.2)
+            lines = self.buf.maybe_extract_lines()
+        limit = self.limits.max_head_bytes
+        if lines is None:
+            if len(self.buf) > limit:
+                yield from self._refuse_head(431, "protocol", f"a request head larger than {limit} bytes",
+                                             bytes(self.buf)[:1024].split(b"\n", 1)[0])
+            return
+        if sum(map(len, lines)) + 2 * len(lines) > limit:
+            yield from self._refuse_head(431, "protocol", f"a request head larger than {limit} bytes", lines[0])
+            return
+        bad = _BAD_HEAD.search(b"\n".join(lines))
+        if bad is not None:
+            found = bad.group()
+            what = "obs-fold (a header line starting with whitespace)" if found[:1] == b"\n" else \
+                _WHAT.get(found, f"the control character {found!r}")
+            yield from self._refuse_head(400, "protocol", f"{what} in the request head", lines[0])
+            return
+        try:
+            self.request = http1.read_request_head([bytes(x) for x in lines])
+            expected_body_size = http1.expected_http_body_size(self.request)
+        except ValueError as e:
+            self.request = None
+            yield from self._refuse_head(400, "protocol", str(e)[:200], lines[0])
+            return
+        request = self.request
+        if (self.http_layer.mode is HTTPMode.regular and not request.authority and request.method != "CONNECT"):
+            # mitmproxy then takes the destination from the Host header, and answers a bad one
+            # with a 400 of its own and no hook: refuse it here, reported.
+            try:
+                url.parse_authority(request.host_header or "", check=True)
+            except ValueError:
+                yield from self._refuse_head(400, "invalid-host", "no valid Host header",
+                                             host=request.host_header or "")
+                return
+        state.waiting_since = None
+        yield ReceiveHttp(RequestHeaders(self.stream_id, request, expected_body_size == 0))
+        self.body_reader = make_body_reader(expected_body_size)
+        self.state = self.read_body
+        yield from self.state(event)
+
+    def read_body(self, event: events.Event) -> layer.CommandGenerator[None]:
+        try:
+            for command in super().read_body(event):
+                if (isinstance(command, ReceiveHttp) and isinstance(command.event, RequestProtocolError)
+                        and isinstance(event, events.DataReceived)):  # not a client that went away
+                    self._refuse_flow(command.event.message)
+                yield command
+        except NotImplementedError:  # mitmproxy 11: "HTTP trailers are not implemented yet."
+            response = self._refuse_flow("trailers in a chunked request body")
+            if response is not None and self.response is None:
+                yield commands.SendData(self.conn, http1.assemble_response(response))
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(RequestProtocolError(self.stream_id, "HTTP trailers are not supported", 400))
+            self.state = self.done
+
+    def mark_done(self, *, request: bool = False, response: bool = False) -> layer.CommandGenerator[None]:
+        yield from super().mark_done(request=request, response=response)
+        state = self.conn_state
+        if state.waiting_since is None and (
+                self.state == self.read_headers
+                or (self.state == self.passthrough and self.request is not None and self.request.method == "CONNECT")):
+            state.waiting_since = time.monotonic()  # the next head, or the tunnel's first one
+
+    def done(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
+        self.buf = ReceiveBuffer()  # what still arrives is dropped, not kept
+        yield from ()
+
+    # -------------------------------------------------------------- refusing
+
+    def _refuse_head(self, status: int, reason: str, detail: str, request_line: bytes = b"",
+                     host: str | None = None) -> layer.CommandGenerator[None]:
+        method, named = _request_line(bytes(request_line))
+        if host is None:
+            host = named
+        tunnel = self.conn_state.tunnel
+        port = tunnel[1] if tunnel is not None else None
+        if host:
+            try:
+                parsed, port = parse_authority(host)
+                host = parsed.name
+            except InvalidHost as e:
+                reason, detail, host = "invalid-host", str(e), host[:100]
+        else:
+            host = tunnel[0].name if tunnel is not None else "unknown"
+        if status == 431:
+            self.limits.metrics.connections_limited.labels("head-size").inc()
+        response = refuse(self.limits.engine, self.context.client, Decision(host, port, False, reason, detail=detail),
+                          status=status, method=method)
+        self.conn_state.waiting_since = None
+        yield commands.SendData(self.conn, http1.assemble_response(response))
+        yield commands.CloseConnection(self.conn)
+        self.state = self.done
+        self.buf = ReceiveBuffer()
+
+    def _refuse_flow(self, message: str):
+        """A refusal (one event) for the flow whose body is being read; its response, if one was made."""
+        stream = self.http_layer.streams.get(self.stream_id)
+        flow = getattr(stream, "flow", None)
+        if flow is None:
+            return None
+        state = flow_state(flow)
+        host = state.host_name or flow.request.host or "unknown"
+        return refuse(self.limits.engine, flow, Decision(host, flow.request.port, False, "protocol",
+                                                         detail=message[:200]), status=400)
+
+
+def _request_line(line: bytes) -> tuple[str, str | None]:
+    """(method, host the target names or None) from a request line, without trusting it."""
+    parts = line.split(b" ")
+    method = parts[0].decode("ascii", "replace")[:20] if parts and parts[0].isalpha() else "-"
+    if len(parts) < 2:
+        return method, None
+    target = parts[1][:1024].decode("ascii", "replace")
+    if method == "CONNECT":
+        return method, target
+    if "://" in target:
+        return method, target.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
+    return method, None

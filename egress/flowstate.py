@@ -1,0 +1,77 @@
+"""What egress knows about one request (a flow) and about one client connection, typed.
+
+One :class:`FlowState` per flow under ``flow.metadata[KEY]``, one :class:`ConnState`
+per client connection in :attr:`egress.engine.Engine.connections`, which is keyed
+weakly by mitmproxy's ``Client`` object (as mitmproxy's own proxyauth addon keys its
+state) and also emptied on disconnect: a connection's state cannot outlive it.
+
+    state = flow_state(flow)        # created on first use
+    state.host, state.port          # the destination, parsed once by the policy guard
+    engine.conn(flow.client_conn).tunnel
+
+Legacy string keys: ``credential_guard.py`` and ``tunnels.py`` still read and write
+``flow.metadata["egress.host" | "egress.refused" | "egress.masked" | "egress.substituted"]``.
+Until they use FlowState, the policy guard keeps writing ``egress.host`` and
+:func:`refused` / :func:`masked` read the legacy keys too (see ``LEGACY_*`` below);
+delete those lines once both files are converted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .hosts import Host, IPAddress
+
+KEY = "egress"
+
+# Written by credential_guard.py / read by tunnels.py and credential_guard.py (not converted yet).
+LEGACY_HOST = "egress.host"
+LEGACY_REFUSED = "egress.refused"
+LEGACY_MASKED = "egress.masked"
+
+
+@dataclass(slots=True, eq=False)
+class FlowState:
+    host: Host | None = None  # the destination in canonical form, parsed once per request
+    port: int | None = None
+    rule: object = None  # the policy entry that allowed it (formatted only when an event is written)
+    refused: bool = False  # a guard refused it: its answer is the refusal, nothing goes upstream
+    reported: bool = False  # its one event has been recorded
+    sent: int = 0  # request body bytes relayed upstream
+    received: int = 0  # response body bytes relayed to the client
+    upstream_error: str | None = None  # an upstream-error code (reasons.UPSTREAM_ERRORS)
+    masked: str | None = None  # what the credential guard masked, in words
+    substituted: bool = False  # a brokered secret was swapped in
+
+    @property
+    def host_name(self) -> str | None:
+        return self.host.name if self.host is not None else None
+
+
+def flow_state(flow) -> FlowState:
+    """The flow's state, created on first use."""
+    state = flow.metadata.get(KEY)
+    if state is None:
+        state = flow.metadata[KEY] = FlowState()
+    return state
+
+
+def refused(flow) -> bool:
+    """Whether a guard refused the flow (its own state, or the legacy key of an unconverted guard)."""
+    state = flow.metadata.get(KEY)
+    return (state is not None and state.refused) or bool(flow.metadata.get(LEGACY_REFUSED))
+
+
+def masked(flow) -> str | None:
+    state = flow.metadata.get(KEY)
+    return (state.masked if state is not None else None) or flow.metadata.get(LEGACY_MASKED)
+
+
+@dataclass(slots=True, eq=False)
+class ConnState:
+    """One client connection."""
+
+    tunnel: tuple[Host, int] | None = None  # the CONNECT this connection became
+    pins: dict[str, IPAddress] = field(default_factory=dict)  # host name -> the address checked for it
+    counted: str | None = None  # the client address this connection counts against (limits)
+    waiting_since: float | None = None  # monotonic time since which a request head is awaited

@@ -1,0 +1,83 @@
+"""AddressGuard in process: resolve once, refuse special addresses, pin, dial the pinned address."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from mitmproxy.addons import proxyserver
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+from mitmproxy.test import tflow
+
+from egress.addons.address_guard import AddressGuard
+from egress.addons.policy_guard import PolicyGuard
+from egress.flowstate import flow_state
+
+from .helpers import context, events, make_engine, request_flow, run
+
+
+def through_guards(url: str):
+    engine = make_engine()
+    policy, address = PolicyGuard(engine), AddressGuard(engine)
+
+    async def go():
+        with context(proxyserver.Proxyserver(), policy, address):
+            flow = request_flow(url)
+            await policy.requestheaders(flow)
+            await address.requestheaders(flow)
+            return flow
+
+    return engine, address, run(go)
+
+
+def test_allowed_private_name_is_pinned_for_the_connection():
+    engine, _, flow = through_guards("http://allowed.test/")
+    assert flow.response is None and events(engine) == []
+    assert engine.conn(flow.client_conn).pins == {"allowed.test": ipaddress.ip_address("127.0.0.1")}
+
+
+def test_private_address_is_one_refusal():
+    engine, _, flow = through_guards("http://private.test/")
+    assert flow.response.status_code == 403
+    assert flow.response.headers["X-Egress-Blocked"] == "private.test; reason=private-address"
+    [event] = events(engine)
+    assert event["reason"] == "private-address" and event["detail"] == "10.1.2.3 is private"
+    assert flow_state(flow).refused and engine.conn(flow.client_conn).pins == {}
+
+
+def test_a_name_resolving_to_siit_is_refused():
+    # ::ffff:0:7f00:1 is 127.0.0.1 through SIIT: it was classed public and dialled.
+    engine, _, flow = through_guards("http://siit.test/")
+    assert flow.response.status_code == 403
+    [event] = events(engine)
+    assert event["detail"] == "::ffff:0:7f00:1 is ipv4-embedding"
+
+
+def test_server_connect_dials_the_pinned_address_and_keeps_the_name_for_tls():
+    engine, address, flow = through_guards("https://allowed.test/")
+
+    async def go():
+        with context(proxyserver.Proxyserver(), address):
+            server = tflow.tserver_conn()
+            server.address, server.sni, server.error = ("allowed.test", 443), None, None
+            data = ServerConnectionHookData(server=server, client=flow.client_conn)
+            await address.server_connect(data)
+            return server
+
+    server = run(go)
+    assert server.error is None
+    assert server.address == ("127.0.0.1", 443) and server.sni == "allowed.test"
+
+
+def test_server_connect_that_fails_inside_fails_the_connection():
+    # No proxy server addon: looking up this proxy's own ports raises; the connection must not open.
+    engine, address, flow = through_guards("https://allowed.test/")
+
+    async def go():
+        with context(address):
+            server = tflow.tserver_conn()
+            server.address, server.error = ("allowed.test", 443), None
+            await address.server_connect(ServerConnectionHookData(server=server, client=flow.client_conn))
+            return server
+
+    server = run(go)
+    assert server.error == "EGRESS_BLOCKED: AddressGuard.server_connect: AttributeError"

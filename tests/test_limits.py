@@ -1,0 +1,246 @@
+"""Issue 9, end to end: a strict request head, mitmproxy's own refusals reported, and the limits
+that keep one client from taking the proxy down (egress/addons/limits.py).
+
+A real `egress serve`, raw sockets on 127.0.0.1, the test upstreams of conftest.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import conftest
+from conftest import DEFAULT_POLICY, proxied_session
+
+
+def send_raw(proxy, data: bytes, timeout: float = 20) -> bytes:
+    """Send ``data`` on a new connection; return everything the proxy answers until it closes."""
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=timeout)
+    try:
+        sock.sendall(data)
+        return read_until_closed(sock)
+    finally:
+        sock.close()
+
+
+def read_until_closed(sock) -> bytes:
+    answer = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def blocks(proxy, reason: str) -> list[dict]:
+    return [e for e in proxy.wait_for_audit(lambda e: e["reason"] == reason)
+            if e["decision"] == "block" and e["reason"] == reason]
+
+
+def metric(proxy, name: str, labels: str) -> float:
+    match = re.search(rf"^{name}\{{{labels}\}} (\S+)$", proxy.metrics(), re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+# ----------------------------------------------------------- the request head
+
+# (id, header line) in a request to an allowed host: each was forwarded verbatim before.
+BAD_HEADERS = [
+    ("obs-fold", b"X-A: a\r\n b"),
+    ("obs-fold-tab", b"X-A: a\r\n\tTransfer-Encoding: chunked"),
+    ("bare-cr", b"X-A: a\rTransfer-Encoding: chunked"),
+    ("nul", b"X-A: a\x00b"),
+    ("vertical-tab", b"X-A: a\x0bb"),
+    ("escape", b"X-A: \x1b[2Jb"),
+    ("del", b"X-A: a\x7fb"),
+]
+
+
+@pytest.mark.parametrize("line", [c[1] for c in BAD_HEADERS], ids=[c[0] for c in BAD_HEADERS])
+def test_header_oddities_a_lenient_upstream_could_misread_are_refused(proxy, http_upstream, line):
+    port = http_upstream.port
+    answer = send_raw(proxy, f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test:{port}\r\n"
+                             .encode() + line + b"\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert b"X-Egress-Blocked: allowed.test; reason=protocol" in answer
+    assert http_upstream.connections == 0
+    assert len(blocks(proxy, "protocol")) == 1
+
+
+def test_a_control_character_in_the_request_target_is_refused(proxy, http_upstream):
+    answer = send_raw(proxy, f"GET http://allowed.test:{http_upstream.port}/a\x00b HTTP/1.1\r\n"
+                             f"Host: allowed.test\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 400") and b"reason=protocol" in answer
+    assert http_upstream.connections == 0
+
+
+def test_bare_lf_line_ends_reach_upstream_as_crlf(proxy, http_upstream):
+    # mitmproxy splits the head on LF and writes it anew: upstream cannot read it another way.
+    port = http_upstream.port
+    answer = send_raw(proxy, f"GET http://allowed.test:{port}/small HTTP/1.1\nHost: allowed.test:{port}\n"
+                             f"X-A: a\nConnection: close\n\n".encode())
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert http_upstream.requests[-1]["headers"]["X-A"] == "a"
+
+
+def test_an_oversized_head_gets_431_before_it_is_buffered(proxy, http_upstream):
+    # Before: buffered to the end (200 MiB of header took the proxy to 884 MiB).
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=20)
+    sock.sendall(f"GET http://allowed.test:{http_upstream.port}/small HTTP/1.1\r\n".encode())
+    answer = b""
+    try:
+        for _ in range(4096):  # up to 32 MiB, stopped by the proxy after 64 KiB
+            sock.sendall(b"X-Pad: " + b"a" * 8184 + b"\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 431") and b"reason=protocol" in answer
+    assert http_upstream.connections == 0
+    assert metric(proxy, "egress_connections_limited_total", 'limit="head-size"') == 1
+    assert proxy.rss_peak_kib() < 200 * 1024
+
+
+def test_a_head_just_under_the_limit_passes(proxy, http_upstream):
+    port = http_upstream.port
+    head = f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test:{port}\r\nConnection: close\r\n"
+    pad = 64 * 1024 - len(head) - len("X-Pad: \r\n\r\n") - 2
+    answer = send_raw(proxy, head.encode() + b"X-Pad: " + b"a" * pad + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+# ------------------------------------------- mitmproxy's own refusals, reported
+
+
+def test_a_smuggling_attempt_mitmproxy_refuses_is_reported(proxy, http_upstream):
+    port = http_upstream.port
+    answer = send_raw(proxy, f"POST http://allowed.test:{port}/echo HTTP/1.1\r\nHost: allowed.test:{port}\r\n"
+                             f"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert http_upstream.connections == 0
+    [event] = blocks(proxy, "protocol")
+    assert event["host"] == "allowed.test" and "transfer-encoding and content-length" in event["detail"]
+
+
+@pytest.mark.parametrize(("request_line", "host"), [
+    ("GET http://exa!mple.test/ HTTP/1.1", "exa!mple.test"),
+    ("CONNECT exa!mple.test:443 HTTP/1.1", "exa!mple.test:443"),
+], ids=["absolute-form", "connect"])
+def test_a_malformed_host_in_the_request_line_is_reported(proxy, request_line, host):
+    answer = send_raw(proxy, f"{request_line}\r\nHost: x\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert f"X-Egress-Blocked: {host}; reason=invalid-host".encode() in answer
+    [event] = blocks(proxy, "invalid-host")
+    assert event["host"] == host
+
+
+def test_an_origin_form_request_with_a_bad_host_header_is_reported(proxy):
+    answer = send_raw(proxy, b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"reason=invalid-host" in answer
+    assert len(blocks(proxy, "invalid-host")) == 1
+
+
+def test_a_request_with_trailers_is_refused_and_reported(proxy, http_upstream):
+    # Before: NotImplementedError inside mitmproxy, the connection dropped, nothing reported.
+    port = http_upstream.port
+    answer = send_raw(proxy, f"POST http://allowed.test:{port}/echo HTTP/1.1\r\nHost: allowed.test:{port}\r\n"
+                             f"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert b"X-Egress-Blocked: allowed.test; reason=protocol" in answer
+    assert http_upstream.connections == 0
+    [event] = blocks(proxy, "protocol")
+    assert event["detail"] == "trailers in a chunked request body" and event["method"] == "POST"
+    assert not any("crashed" in line for line in proxy.stderr_lines)
+
+
+# ------------------------------------------------------------------- limits
+
+
+def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(proxy_factory, monkeypatch):
+    # As systemd starts a service: 1024 soft, more hard. ~1000 idle connections then refused everyone.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard descriptor limit here is {hard}: nothing to raise")
+    command = conftest.egress_command()
+    monkeypatch.setattr(conftest, "egress_command",
+                        lambda: ["sh", "-c", 'ulimit -Sn 1024 && exec "$@"', "sh", *command])
+    proxy = proxy_factory()
+    limits = Path(f"/proc/{proxy.process.pid}/limits").read_text()
+    soft, hard_seen = re.search(r"^Max open files\s+(\S+)\s+(\S+)", limits, re.M).groups()
+    assert soft == hard_seen != "1024"
+
+
+def test_connections_per_client_address_are_capped(proxy_factory, http_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY, "--max-client-connections", "2")
+    held = [socket.create_connection(("127.0.0.1", proxy.port), timeout=20) for _ in range(2)]
+    for sock in held:  # both are served
+        sock.sendall(f"GET http://allowed.test:{http_upstream.port}/small HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+                     .encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    third = socket.create_connection(("127.0.0.1", proxy.port), timeout=20)
+    assert read_until_closed(third) == b""  # closed at once, nothing read from it
+    third.close()
+    assert metric(proxy, "egress_connections_limited_total", 'limit="client-connections"') == 1
+    held.pop().close()
+    session = proxied_session(proxy)
+    for _ in range(50):  # the freed place is given back once the proxy has seen the close
+        try:
+            if session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200:
+                break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        pytest.fail("no connection was accepted after one of two closed")
+    for sock in held:
+        sock.close()
+
+
+def test_a_head_sent_a_byte_at_a_time_is_cut_off(proxy_factory, http_upstream):
+    # Every byte was activity for mitmproxy's watchdog: such a head never ended.
+    proxy = proxy_factory(DEFAULT_POLICY, "--head-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+    head = f"GET http://allowed.test:{http_upstream.port}/small HTTP/1.1\r\nX-Slow: ".encode() + b"a" * 10000
+    closed = False
+    for byte in head:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+            break
+        time.sleep(0.05)
+    if not closed:
+        assert read_until_closed(sock) == b""
+    sock.close()
+    assert http_upstream.connections == 0
+    assert metric(proxy, "egress_connections_limited_total", 'limit="head-timeout"') == 1
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_head_timeout(proxy_factory, http_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY, "--head-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+    sock.sendall(f"GET http://allowed.test:{http_upstream.port}/small HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+                 .encode())
+    answer = read_until_closed(sock)  # the answer, then the close once the connection idled
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello from upstream\n")
+
+
+def test_an_idle_passthrough_tunnel_is_closed_after_the_idle_timeout(proxy_factory, https_upstream):
+    proxy = proxy_factory(DEFAULT_POLICY, "--idle-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+    target = f"passthrough.test:{https_upstream.port}"
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    answer = read_until_closed(sock)  # 200, then nothing more: closed once idle
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200")
