@@ -18,6 +18,9 @@ import zlib
 import brotli
 import pytest
 
+import zstandard
+
+from egress.decode import ContentDecoder
 from egress.detect import (KINDS, MIN_SECRET_LENGTH, RULES, Detector, Finding, StreamRedactor, UndecodableBody,
                            decode_content, is_secret_name)
 
@@ -653,3 +656,53 @@ def test_decode_content_bomb_cap(compress, encoding):
     with pytest.raises(UndecodableBody, match="exceeds"):
         decode_content(bomb, encoding, limit=2**20)
     assert len(decode_content(bomb, encoding, limit=8 * 2**20)) == 8 * 2**20
+
+
+def _deflate_raw(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-15)
+    return c.compress(data) + c.flush()
+
+
+CODED = [  # (Content-Encoding, how the body was coded)
+    ("gzip", gzip.compress),
+    ("x-gzip", lambda b: gzip.compress(b[:999]) + gzip.compress(b[999:])),  # two members
+    ("gzip", lambda b: gzip.compress(b) + b"\0" * 10),  # zero padding after the last member
+    ("deflate", zlib.compress),
+    ("deflate", _deflate_raw),
+    ("br", lambda b: brotli.compress(b, quality=5)),
+    ("zstd", zstandard.ZstdCompressor().compress),
+    ("zstd", lambda b: zstandard.ZstdCompressor().compress(b[:777]) + zstandard.ZstdCompressor().compress(b[777:])),
+    ("gzip, br", lambda b: brotli.compress(gzip.compress(b), quality=5)),
+    ("identity", lambda b: b),
+]
+
+
+@pytest.mark.parametrize("encoding,code", CODED, ids=[f"{e}-{i}" for i, (e, _) in enumerate(CODED)])
+@pytest.mark.parametrize("size", [1, 13, 4096])
+def test_content_decoder_streams_what_the_whole_body_decodes_to(encoding, code, size):
+    body = json.dumps({"token": "ghp_" + rnd(36), "pad": rnd(60000)}).encode()
+    coded = code(body)
+    decoder = ContentDecoder(encoding, piece=2**12)
+    pieces = [p for k in range(0, len(coded), size) for p in decoder.feed(coded[k:k + size])]
+    pieces += list(decoder.finish())
+    assert b"".join(pieces) == body == decode_content(coded, encoding)
+    assert max(map(len, pieces)) <= 2**12 and decoder.size == len(body)
+
+
+def test_content_decoder_refuses_an_unknown_coding_before_any_byte():
+    with pytest.raises(UndecodableBody, match="unknown content-encoding 'x-mystery'"):
+        ContentDecoder("gzip, x-mystery")
+
+
+@pytest.mark.parametrize("compress,encoding", [
+    (gzip.compress, "gzip"), (zlib.compress, "deflate"), (brotli.compress, "br"),
+    (zstandard.ZstdCompressor().compress, "zstd"),
+])
+def test_content_decoder_stops_a_bomb_in_small_pieces(compress, encoding):
+    bomb = compress(b"\0" * (8 * 2**20))
+    decoder = ContentDecoder(encoding, limit=2**20, piece=2**16)
+    seen = []
+    with pytest.raises(UndecodableBody, match="exceeds"):
+        for piece in decoder.feed(bomb):
+            seen.append(len(piece))
+    assert sum(seen) <= 2**20 and all(n <= 2**16 for n in seen)
