@@ -6,7 +6,8 @@ What it finds
       under an AWS name, an Azure storage key after ``AccountKey=``); and 3 generic kinds:
       JWTs, PEM/OpenSSH/PGP/PuTTY private keys, passwords in URL userinfo. The closed set of
       kinds, with what each is, is :data:`KINDS`;
-    * stored secrets: exact values given at construction, each reported under its label;
+    * stored secrets: values given at construction, in any ASCII case (a secret upper-cased on
+      its way out, or lower-cased in a host name, is the same secret), each reported under its label;
     * both through percent-encoding, JSON string escapes, base64 (``Authorization: Basic``
       included) and hex, decoded only where there is evidence and at most two layers deep.
 
@@ -486,6 +487,30 @@ def _literal_anchor(text: str | bytes, boundary: str, leads: bytes = _LEADS) -> 
                    raw[i - 1:i] or None, raw[i + 1:i + 2] or None)
 
 
+def _both_cases(c: bytes) -> bytes:
+    return bytes(sorted(set(c.lower() + c.upper())))
+
+
+def _caseless_anchors(raw: bytes, leads: bytes) -> list[_Anchor]:
+    """Anchors that find ``raw`` in any mix of ASCII case. The lead character is one that
+    has no case if there is one; a letter leads as two anchors (one per case), since a pass
+    starts with one literal character."""
+    def rank(c: bytes) -> int:  # as _lead_of, and a new pass costs a little more
+        return leads.find(c) if c in leads else len(leads) + 8 + _RARITY.find(c)
+
+    def cost(i: int) -> int:
+        c = raw[i:i + 1]
+        return max(rank(c.lower()), rank(c.upper()))
+
+    i = min(range(len(raw)), key=cost)
+    before, after = raw[:i], raw[i + 1:]
+    before_re = b"(?i:" + re.escape(before) + b")" if before else b""
+    after_re = b"(?i:" + re.escape(after) + b")" if after else b""
+    prev = _both_cases(raw[i - 1:i]) if i else None
+    nxt = _both_cases(raw[i + 1:i + 2]) if after else None
+    return [_Anchor(bytes([lead]), before_re, i, after_re, b"", prev, nxt) for lead in _both_cases(raw[i:i + 1])]
+
+
 # A rule's anchors need the character before them to be a boundary when the rule's
 # pattern does (a cheap early reject in the prefilter for prefixes like sk- and hf_).
 _NO_BOUNDARY = {"aws-secret-access-key", "slack-webhook", "azure-storage-key", "url-password", "private-key",
@@ -638,11 +663,14 @@ class Detector:
             if b" " in raw:  # form-encoding writes a space as "+", which the percent layer keeps
                 forms.add(raw.replace(b" ", b"+"))
             for form in forms:
-                anchor = _literal_anchor(form, "", leads)
-                if anchor.lead not in leads:  # a new pass: let later secrets share it
-                    leads += anchor.lead
-                anchors.append(anchor)
-                actions.append([("secret", label, len(form))])
+                # The value and its "+" form in any case (a secret upper-cased on its way out
+                # is the same secret; host names are lower-cased); base64 forms as they are.
+                caseless = form == raw or form == raw.replace(b" ", b"+")
+                for anchor in _caseless_anchors(form, leads) if caseless else [_literal_anchor(form, "", leads)]:
+                    if anchor.lead not in leads:  # a new pass: let later secrets share it
+                        leads += anchor.lead
+                    anchors.append(anchor)
+                    actions.append([("secret", label, len(form))])
                 longest = max(longest, len(form))
         self._anchors = anchors
         self._actions = actions

@@ -446,6 +446,20 @@ def test_stored_secret_found_through_encodings(encode):
     assert SECRET.encode() not in redacted and encode(SECRET).encode() not in redacted
 
 
+@pytest.mark.parametrize("secret", [
+    "9f2c4e7a1b3d5f60718293a4b5c6d7e8f9012345",  # hex: leads with a digit
+    "QwErTyUiOpAsDfGhJkLz",  # letters only: leads with a letter, in both cases
+    "s3cr3t_Value-With.Punct",
+], ids=["hex", "letters", "punctuated"])
+@pytest.mark.parametrize("change", [str.upper, str.lower, str.swapcase], ids=["upper", "lower", "swapcase"])
+def test_stored_secrets_match_in_any_case(secret, change):
+    det = Detector([("MY_TOKEN", secret)])
+    shown = change(secret)
+    for data in (f"x {shown} y", f"q={urllib.parse.quote(shown)}", base64.b64encode(f"u:{shown}".encode()).decode(),
+                 f"{shown}.attacker.example"):
+        assert kinds(det.scan(data.encode())) == ["MY_TOKEN"], data
+
+
 def test_a_run_of_key_headers_ends_each_block_at_the_next():
     # A key block ends at the next BEGIN line at the latest: each header of a run looking
     # 16 KiB ahead (to a far END line) was quadratic (30 KB of gzip: a 19 s scan).
