@@ -638,12 +638,16 @@ def _merge(findings: list[Finding], priority: Callable[[str], int]) -> list[Find
 class Detector:
     """Finds credentials in buffers. Immutable once built; safe to share between threads."""
 
-    def __init__(self, secrets: Iterable[tuple[str, str | bytes]] = ()):
+    def __init__(self, secrets: Iterable[tuple[str, str | bytes]] = (), formats: bool = True):
         """``secrets``: (label, value) pairs of the install's own secrets, found by exact
         value (raw, and through the encoded layers) and reported under ``label``.
+        ``formats=False``: find only those, none of the well-known token formats.
         Raises ValueError for a value shorter than MIN_SECRET_LENGTH."""
-        anchors = list(_STATIC_ANCHORS)
-        actions = list(_STATIC_ACTIONS)
+        if formats:
+            anchors, actions = list(_STATIC_ANCHORS), list(_STATIC_ACTIONS)
+        else:  # "Basic " only: it is how short credentials get decoded
+            anchors = [a for a, act in zip(_STATIC_ANCHORS, _STATIC_ACTIONS) if act == ["basic"]]
+            actions = [["basic"]] * len(anchors)
         leads = _LEADS
         self._labels: set[str] = set()
         longest = 0
@@ -674,7 +678,7 @@ class Detector:
                 longest = max(longest, len(form))
         self._anchors = anchors
         self._actions = actions
-        self._passes = _STATIC_PASSES if len(anchors) == len(_STATIC_ANCHORS) else _compile_passes(anchors)
+        self._passes = _STATIC_PASSES if anchors == _STATIC_ANCHORS else _compile_passes(anchors)
         # A token split between two chunks is found when both halves are in the carried
         # window: the longest rule (PEM blocks, JWTs: up to ~16 KiB encoded) or secret form.
         self._overlap = max(16384, 3 * longest + 1024)
@@ -900,6 +904,10 @@ class StreamScanner:
     def held(self) -> int:
         """Bytes fed and not settled yet."""
         return len(self._kept) + self._new_len
+
+    def would_scan(self, n: int) -> bool:
+        """Whether feeding ``n`` more bytes makes a scan happen (else a feed only keeps them)."""
+        return self._new_len + n >= self._overlap
 
     def feed(self, chunk: bytes) -> list[Finding]:
         """Findings that this chunk lets the scanner be sure of (often none until enough
