@@ -64,12 +64,12 @@ SLICE = 64 * 1024  # decoded bytes scanned between looks at the budget (and, whe
 # balance never exceeds SCAN_BURST: that bounds how long one request can hold every other
 # client up. Buffered bodies and WebSocket messages give the loop back between slices, so
 # their balance is not capped.
-# Measured (bench/scanner_bench.py --wedge, 2 vCPU): ordinary text scans at 40-60 MB/s and
-# the worst legitimate mix (a prefix every 40 bytes) at ~10 MB/s: ~0.1 us a byte. 1 us a
-# sent byte leaves 10x headroom for that, or a 10:1 compressed body of it; 0.25 s lets a
-# 2 MiB burst of the worst mix through at once while holding the loop no longer than a
-# slow disk would. A 30 KB gzip body of PEM headers (64 MiB decoded) is refused after
-# ~0.28 s instead of scanning for seconds.
+# Measured (bench/scanner_bench.py --wedge, 2 vCPU): ordinary traffic costs ~0.02 us of CPU a
+# byte, the slowest ordinary text (a token-like prefix every ~40 bytes, runs of PEM headers)
+# 0.1-0.25 us. 1 us a sent byte covers any uncompressed body 4x over, and compressed ones up to
+# ~4:1 of the slowest text or ~40:1 of ordinary text. 0.25 s lets ~1-2 MB of the slowest text
+# through at once and is the longest a streamed body can hold the loop. A 30 KB gzip of PEM
+# headers (12 MiB decoded, 20 s of scanning before issue 9) is refused after ~0.3 s.
 SCAN_BURST = 0.25
 SCAN_PER_BYTE = 1e-6
 _CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
