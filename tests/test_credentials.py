@@ -1,4 +1,4 @@
-"""Credentials never leave: end to end through a real `egress serve` / `egress run`.
+"""Credentials found and refused: end to end through a real `egress serve` / `egress run`.
 
 Every token here is made up to match its provider's format; none is real.
 """
