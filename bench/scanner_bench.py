@@ -48,7 +48,7 @@ import sys
 import time
 import urllib.parse
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.environ.get("EGRESS_BENCH_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from egress import detect  # noqa: E402
 from egress.detect import Detector  # noqa: E402
@@ -243,12 +243,138 @@ def stream_scan(det: Detector, data: bytes, chunk: int = 65536) -> list:
     return found + scanner.finish()
 
 
+# ------------------------------------------------------------------ wedging (--wedge)
+
+# Text dense with prefixes that are no token: what a slow legitimate body looks like.
+NEAR_MISS_LINE = b" ".join([b"ghp_short", b"sk-ant-api03-x", b"AKIAlower", b"eyJnotajwt", b"xoxb-1", b"glpat-",
+                            b"-----BEGIN RSA PRIVATE KEY-----", b"://user:@h", b"Basic Zm9v", b"AIza"] * 20) + b"\n"
+
+
+def _cpu(fn) -> tuple[float, object]:
+    t = time.thread_time()
+    result = fn()
+    return time.thread_time() - t, result
+
+
+def wedge_cases(one_byte: int) -> list[tuple[str, int, float, str]]:
+    """(case, bytes sent, CPU seconds, outcome) for the bodies that wedged the proxy, with the
+    detector that is imported (this tree, or --wedge-base's revision in a subprocess)."""
+    import gzip
+
+    from egress.detect import decode_content
+
+    det = Detector()
+    rows = []
+
+    def one_bytes():
+        scanner = det.stream()
+        data = build(one_byte, clean_piece, 5)
+        for i in range(len(data)):
+            scanner.feed(data[i:i + 1])
+        return scanner.finish()
+    t, found = _cpu(one_bytes)
+    rows.append((f"{one_byte // 1000} KB in one-byte chunks, StreamScanner", one_byte, t, f"{len(found)} found"))
+
+    for name, text, size in (("PEM headers", b"-----BEGIN RSA PRIVATE KEY-----\n", 30_000),
+                             ("near-miss text", NEAR_MISS_LINE, 110_000)):
+        body = gzip.compress(text * (64 * 2**20 // len(text)), 9)[:size]  # what fits in `size` bytes of gzip
+        body = gzip.compress(decode_content_prefix(body), 9)
+        plain = decode_content(body, "gzip")
+        t, found = _cpu(lambda: det.scan(plain))
+        rows.append((f"{len(body) // 1000} KB gzip of {name} ({len(plain) / 2**20:.0f} MiB decoded), Detector.scan",
+                     len(body), t, f"{len(found)} found"))
+    return rows
+
+
+def decode_content_prefix(truncated_gzip: bytes) -> bytes:
+    """What a cut gzip stream decodes to, as far as it goes."""
+    import zlib
+    return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(truncated_gzip)
+
+
+def guard_cases() -> list[tuple[str, int, float, str]]:
+    """The same gzip bodies through the credential guard's one body scanner, with its budget."""
+    import gzip
+
+    from egress.addons import credential_guard as cg
+
+    rows = []
+    for name, text, size in (("PEM headers", b"-----BEGIN RSA PRIVATE KEY-----\n", 30_000),
+                             ("near-miss text", NEAR_MISS_LINE, 110_000)):
+        body = gzip.compress(decode_content_prefix(gzip.compress(text * (64 * 2**20 // len(text)), 9)[:size]), 9)
+        budget = cg._Budget(cg.SCAN_BURST, cg.SCAN_PER_BYTE, float("inf"))
+        scan = cg._BodyScan(Detector(), "gzip", frozenset(), frozenset(), budget)
+
+        def run():
+            try:
+                return f"{len(scan.run_sync(body))} found"
+            except cg._OverBudget as e:
+                return f"refused: {e}"
+        t, outcome = _cpu(run)
+        rows.append((f"{len(body) // 1000} KB gzip of {name}, guard (budget {cg.SCAN_BURST} s + "
+                     f"{cg.SCAN_PER_BYTE * 1e6:g} us/byte)", len(body), t, outcome))
+    return rows
+
+
+def budget_rates() -> list[tuple[str, float]]:
+    """us of CPU per byte scanned, for the mixes the budget must let through."""
+    out = []
+    for name, data in (("clean mix", build(4 * 2**20, clean_piece, 1)),
+                       ("near-miss mix", build(4 * 2**20, near_miss_piece, 2)),
+                       ("near-miss lines", NEAR_MISS_LINE * (4 * 2**20 // len(NEAR_MISS_LINE))),
+                       ("PEM headers", b"-----BEGIN RSA PRIVATE KEY-----\n" * (4 * 2**20 // 32))):
+        t, _ = best_of(3, lambda: Detector().scan(data))
+        out.append((name, t / len(data) * 1e6))
+    return out
+
+
+def wedge_main(args) -> None:
+    if args.wedge_json:  # the child run for --wedge-base: print rows and leave
+        print(json.dumps(wedge_cases(args.one_byte)))
+        return
+    print(f"# scanner_bench --wedge: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPU, "
+          f"Python {platform.python_version()}; CPU seconds (thread_time), one run each")
+    base = {}
+    if args.wedge_base:
+        import subprocess
+        import tempfile
+        repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = subprocess.run(["git", "-C", repo, "archive", args.wedge_base, "egress"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            print(f"{args.wedge_base}: measuring (the old one-byte case takes a while)...", file=sys.stderr)
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), "--wedge", "--wedge-json",
+                                    "--one-byte", str(args.one_byte)], capture_output=True, text=True, check=True,
+                                   env={**os.environ, "PYTHONPATH": tmp, "EGRESS_BENCH_SRC": tmp})
+            base = {row[0]: row for row in json.loads(child.stdout)}
+    print(f"| case | bytes sent | {args.wedge_base or 'before'} CPU s | now CPU s | outcome now |")
+    print("|---|---|---|---|---|")
+    for case, n, t, outcome in wedge_cases(args.one_byte):
+        old = f"{base[case][2]:.2f}" if case in base else "-"
+        print(f"| {case} | {n} | {old} | {t:.3f} | {outcome} |")
+    for case, n, t, outcome in guard_cases():
+        print(f"| {case} | {n} | - | {t:.3f} | {outcome} |")
+    print()
+    print("| mix | us of CPU per byte scanned |")
+    print("|---|---|")
+    for name, rate in budget_rates():
+        print(f"| {name} | {rate:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=float, default=16, help="MiB per data set (default 16)")
     ap.add_argument("--repeat", type=int, default=5, help="best of N runs (default 5)")
     ap.add_argument("--quick", action="store_true", help="1 MiB, best of 2")
+    ap.add_argument("--wedge", action="store_true", help="the bodies that wedged the proxy, and the budget's rates")
+    ap.add_argument("--wedge-base", metavar="REV", help="with --wedge: also measure egress at this git revision")
+    ap.add_argument("--one-byte", type=int, default=34_000, help="with --wedge: bytes fed one at a time")
+    ap.add_argument("--wedge-json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.wedge:
+        wedge_main(args)
+        return
     size = int((1 if args.quick else args.size) * 2**20)
     repeat = 2 if args.quick else args.repeat
 

@@ -1,9 +1,9 @@
 """Decoding for the credential detector: HTTP content-encodings and the text layers
 (percent, JSON string escapes, base64, hex) a token can hide under.
 
-:func:`decode_content` undoes ``Content-Encoding`` (gzip, deflate, br, zstd) with a
-size cap; anything it cannot read raises :class:`UndecodableBody` so the caller can
-fail closed.
+:class:`ContentDecoder` undoes ``Content-Encoding`` (gzip, deflate, br, zstd) as a body
+arrives, in bounded pieces, with a size cap (:func:`decode_content`: all at once); anything
+it cannot read raises :class:`UndecodableBody` so the caller can fail closed.
 
 The layer functions find *segments* of a buffer that are encoded -- only where there
 is evidence (``%`` + two hex digits, a ``\\u``/``\\/`` escape, a long base64 or hex
@@ -19,125 +19,251 @@ import re
 import zlib
 from bisect import bisect_right
 
-__all__ = ["UndecodableBody", "decode_content", "Segment", "span", "layer_segments", "basic_segment",
+__all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
            "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE"]
 
 
 # ------------------------------------------------------------------ content-encoding
 
 
+DEFAULT_LIMIT = 64 * 2**20  # decoded bytes; more is a bomb
+KNOWN_CODINGS = ("identity", "gzip", "x-gzip", "deflate", "br", "zstd")
+
+
 class UndecodableBody(Exception):
     """A body whose content-encoding cannot be read (unknown, corrupt, truncated or too big)."""
 
 
-def decode_content(data: bytes, encoding: str, limit: int = 64 * 2**20) -> bytes:
+def decode_content(data: bytes, encoding: str, limit: int = DEFAULT_LIMIT) -> bytes:
     """``data`` with the ``Content-Encoding`` header value ``encoding`` undone.
 
     ``encoding`` may list several codings (``"gzip, br"``: applied in that order, so
     undone in reverse). Known: identity, gzip/x-gzip, deflate (zlib or raw), br, zstd.
-    Raises UndecodableBody for an unknown coding, corrupt or truncated data, or when a
-    decompressor's output would exceed ``limit`` bytes (a decompression bomb).
+    Raises UndecodableBody for an unknown coding, corrupt or truncated data, trailing
+    garbage, or when the output would exceed ``limit`` bytes (a decompression bomb).
+    The whole-body form of :class:`ContentDecoder`.
     """
-    codings = [c.strip().lower() for c in encoding.split(",") if c.strip()]
-    for coding in reversed(codings):
-        if coding == "identity":
-            continue
-        if coding in ("gzip", "x-gzip"):
-            data = _gunzip(data, limit)
-        elif coding == "deflate":
-            data = _inflate(data, limit)
-        elif coding == "br":
-            data = _unbrotli(data, limit)
-        elif coding == "zstd":
-            data = _unzstd(data, limit)
+    decoder = ContentDecoder(encoding, limit)
+    return b"".join([*decoder.feed(data), *decoder.finish()])
+
+
+def codings(encoding: str) -> list[str]:
+    """The codings a ``Content-Encoding`` value names, lower-cased, identity left out."""
+    return [c for c in (c.strip().lower() for c in encoding.split(",")) if c and c != "identity"]
+
+
+class ContentDecoder:
+    """Undoes ``Content-Encoding`` as a body arrives, for scanning it as it streams.
+
+    :meth:`feed` and :meth:`finish` return iterators over the decoded bytes they make
+    available, in pieces of at most ``piece`` bytes, so a caller can stop -- or look at its
+    time budget -- between pieces, and never holds more than a piece (plus what one
+    decompressor call makes: brotli up to ~16 MiB from 16 input bytes) in memory.
+    An unknown coding raises UndecodableBody here, before a byte has been relayed;
+    corrupt or truncated data, trailing garbage and more than ``limit`` decoded bytes
+    raise it while iterating.
+    """
+
+    def __init__(self, encoding: str, limit: int = DEFAULT_LIMIT, piece: int = 2**18):
+        self._stages = []
+        for coding in reversed(codings(encoding)):
+            if coding in ("gzip", "x-gzip"):
+                self._stages.append(_Inflate(True, piece))
+            elif coding == "deflate":
+                self._stages.append(_Inflate(False, piece))
+            elif coding == "br":
+                self._stages.append(_Brotli())
+            elif coding == "zstd":
+                self._stages.append(_Zstd())
+            else:
+                raise UndecodableBody(f"unknown content-encoding {coding!r}")
+        self._limit = limit
+        self._piece = piece
+        self._sizes = [0] * (len(self._stages) + 1)  # bytes out of each stage so far (the last: decoded)
+
+    @property
+    def identity(self) -> bool:
+        """Nothing to undo: what goes in comes out."""
+        return not self._stages
+
+    @property
+    def size(self) -> int:
+        """Decoded bytes produced so far."""
+        return self._sizes[-1]
+
+    def feed(self, data: bytes):
+        return self._push(0, data)
+
+    def finish(self):
+        return self._close(0)
+
+    def _push(self, i: int, data: bytes):
+        if not data:
+            return
+        if i == len(self._stages):
+            yield from self._out(data)
+            return
+        for out in self._stages[i].feed(data):
+            yield from self._through(i, out)
+
+    def _close(self, i: int):
+        if i == len(self._stages):
+            return
+        for out in self._stages[i].finish():
+            yield from self._through(i, out)
+        yield from self._close(i + 1)
+
+    def _through(self, i: int, out: bytes):
+        # every stage's output counts against the cap, not only the last one's
+        self._sizes[i] += len(out)
+        if self._sizes[i] > self._limit:
+            raise _too_big(self._limit)
+        yield from self._push(i + 1, out)
+
+    def _out(self, data: bytes):
+        self._sizes[-1] += len(data)
+        if self._sizes[-1] > self._limit:
+            raise _too_big(self._limit)
+        piece = self._piece
+        if len(data) <= piece:
+            yield data
         else:
-            raise UndecodableBody(f"unknown content-encoding {coding!r}")
-    return data
+            for k in range(0, len(data), piece):
+                yield data[k:k + piece]
 
 
 def _too_big(limit: int) -> UndecodableBody:
     return UndecodableBody(f"decoded body exceeds {limit} bytes")
 
 
-def _zlib_stream(data: bytes, wbits: int, limit: int) -> tuple[bytes, bytes]:
-    """Inflate one zlib/gzip/raw stream; returns (output, unused input after its end)."""
-    d = zlib.decompressobj(wbits)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as e:
-        raise UndecodableBody(f"corrupt data: {e}") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise _too_big(limit)
-    if not d.eof:
-        raise UndecodableBody("truncated data")
-    return out, d.unused_data
+class _Inflate:
+    """gzip (members one after another, zero padding after the last tolerated) or deflate
+    (RFC 9110's zlib format, or raw deflate as some senders use: told apart by the header)."""
 
+    def __init__(self, gzip: bool, piece: int):
+        self.gzip = gzip
+        self.piece = piece
+        self.d = None  # the stream (member) being inflated
+        self.pending = b""  # a start too short to tell what it is
+        self.started = False
+        self.padding = False
 
-def _gunzip(data: bytes, limit: int) -> bytes:
-    parts, size = [], 0
-    while True:
-        out, rest = _zlib_stream(data, 16 + zlib.MAX_WBITS, limit - size)
-        parts.append(out)
-        size += len(out)
-        if not rest.strip(b"\0"):  # padding after the last member is tolerated
-            return b"".join(parts)
-        if not rest.startswith(b"\x1f\x8b"):
-            raise UndecodableBody("trailing garbage after gzip data")
-        data = rest
+    def feed(self, data: bytes):
+        data = self.pending + data
+        self.pending = b""
+        while data:
+            if self.padding:
+                if data.strip(b"\0"):
+                    raise UndecodableBody("trailing garbage after gzip data")
+                return
+            if self.d is None:
+                if len(data) < 2:
+                    self.pending = data
+                    return
+                if self.gzip:
+                    if self.started and data[:2] != b"\x1f\x8b":
+                        if data[0] == 0:
+                            self.padding = True
+                            continue
+                        raise UndecodableBody("trailing garbage after gzip data")
+                    wbits = 16 + zlib.MAX_WBITS
+                else:
+                    if self.started:
+                        raise UndecodableBody("trailing garbage after deflate data")
+                    zlib_header = data[0] & 0x0F == 8 and data[0] >> 4 <= 7 and (data[0] << 8 | data[1]) % 31 == 0
+                    wbits = zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
+                self.d = zlib.decompressobj(wbits)
+                self.started = True
+            d = self.d
+            while True:  # max_length keeps each piece small; drain what the input holds
+                try:
+                    out = d.decompress(data, self.piece)
+                except zlib.error as e:
+                    raise UndecodableBody(f"corrupt data: {e}") from None
+                if out:
+                    yield out
+                if d.eof:
+                    data = d.unused_data
+                    self.d = None
+                    break
+                data = d.unconsumed_tail
+                if not data and len(out) < self.piece:
+                    break
 
-
-def _inflate(data: bytes, limit: int) -> bytes:
-    # RFC 9110 deflate is the zlib format; some senders use raw deflate.
-    try:
-        out, _ = _zlib_stream(data, zlib.MAX_WBITS, limit)
-        return out
-    except UndecodableBody as e:
-        if "exceeds" in str(e):
-            raise
-    out, _ = _zlib_stream(data, -zlib.MAX_WBITS, limit)
-    return out
-
-
-def _unbrotli(data: bytes, limit: int) -> bytes:
-    try:
-        import brotli
-    except ImportError:  # pragma: no cover - mitmproxy depends on it
-        raise UndecodableBody("br: the brotli module is not installed") from None
-    # brotli's Decompressor has no output cap: feed small pieces so that one call
-    # cannot produce much more than what is left of the budget (measured: ~0.6 MiB of
-    # output per input byte at most), and check after each.
-    d = brotli.Decompressor()
-    parts, size, pos = [], 0, 0
-    try:
-        while pos < len(data):
-            step = max(16, (limit - size) >> 20)
-            out = d.process(data[pos:pos + step])
-            pos += step
-            size += len(out)
-            if size > limit:
-                raise _too_big(limit)
-            parts.append(out)
-        if not d.is_finished():
+    def finish(self):
+        if self.pending or (self.d is not None):
             raise UndecodableBody("truncated data")
-    except brotli.error as e:
-        raise UndecodableBody(f"corrupt data: {e}") from None
-    return b"".join(parts)
+        return iter(())
 
 
-def _unzstd(data: bytes, limit: int) -> bytes:
-    try:
-        import io
-        import zstandard
-    except ImportError:
-        raise UndecodableBody("zstd: the zstandard module is not installed") from None
-    try:
-        reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True)
-        out = reader.read(limit + 1)
-    except zstandard.ZstdError as e:
-        raise UndecodableBody(f"corrupt data: {e}") from None
-    if len(out) > limit:
-        raise _too_big(limit)
-    return out
+class _Brotli:
+    # brotli's Decompressor has no output cap (one input byte can finish an 8 MiB block):
+    # feed 16 bytes at a time so that one call cannot make much more than that.
+    STEP = 16
+
+    def __init__(self):
+        try:
+            import brotli
+        except ImportError:  # pragma: no cover - mitmproxy depends on it
+            raise UndecodableBody("br: the brotli module is not installed") from None
+        self.error = brotli.error
+        self.d = brotli.Decompressor()
+        self.started = False
+
+    def feed(self, data: bytes):
+        self.started = True
+        process, step = self.d.process, self.STEP
+        try:
+            for pos in range(0, len(data), step):
+                out = process(data[pos:pos + step])
+                if out:
+                    yield out
+        except self.error as e:
+            raise UndecodableBody(f"corrupt data: {e}") from None
+
+    def finish(self):
+        if self.started and not self.d.is_finished():
+            raise UndecodableBody("truncated data")
+        return iter(())
+
+
+class _Zstd:
+    # One input byte can finish a 128 KiB block: 64 bytes at a time keep a call's output small.
+    STEP = 64
+
+    def __init__(self):
+        try:
+            import zstandard
+        except ImportError:
+            raise UndecodableBody("zstd: the zstandard module is not installed") from None
+        self.error = zstandard.ZstdError
+        self.new = zstandard.ZstdDecompressor().decompressobj
+        self.d = None
+        self.pending = b""
+
+    def feed(self, data: bytes):
+        step = self.STEP
+        pos = 0
+        while pos < len(data):
+            if self.d is None:  # frames one after another, as mitmproxy reads them
+                self.d = self.new()
+            try:
+                out = self.d.decompress(data[pos:pos + step])
+            except self.error as e:
+                raise UndecodableBody(f"corrupt data: {e}") from None
+            pos += step
+            if out:
+                yield out
+            if self.d.eof:
+                rest = self.d.unused_data
+                self.d = None
+                if rest:
+                    yield from self.feed(rest)
+
+    def finish(self):
+        if self.d is not None:
+            raise UndecodableBody("truncated data")
+        return iter(())
 
 
 # ------------------------------------------------------------------------- layers

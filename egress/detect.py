@@ -6,7 +6,8 @@ What it finds
       under an AWS name, an Azure storage key after ``AccountKey=``); and 3 generic kinds:
       JWTs, PEM/OpenSSH/PGP/PuTTY private keys, passwords in URL userinfo. The closed set of
       kinds, with what each is, is :data:`KINDS`;
-    * stored secrets: exact values given at construction, each reported under its label;
+    * stored secrets: values given at construction, in any ASCII case (a secret upper-cased on
+      its way out, or lower-cased in a host name, is the same secret), each reported under its label;
     * both through percent-encoding, JSON string escapes, base64 (``Authorization: Basic``
       included) and hex, decoded only where there is evidence and at most two layers deep.
 
@@ -282,8 +283,9 @@ def _url_password_check(m: re.Match) -> bool:
     return True
 
 
-_PEM_HEADER = re.compile(rb"(-----BEGIN|---- BEGIN) ((?:[A-Z0-9]+ )*)PRIVATE KEY(?: BLOCK)?( ?-{4,5})")
-_PEM_FOOTER = re.compile(rb"(?:-----END|---- END) (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)? ?-{4,5}")
+_PEM_HEADER = re.compile(rb"(-----BEGIN|---- BEGIN) ((?:[A-Z0-9]{1,32} ){0,6})PRIVATE KEY(?: BLOCK)?( ?-{4,5})")
+_PEM_FOOTER = re.compile(rb"(?:-----END|---- END) (?:[A-Z0-9]{1,32} ){0,6}PRIVATE KEY(?: BLOCK)? ?-{4,5}")
+_PEM_NEXT = re.compile(rb"-----BEGIN |---- BEGIN ")
 # Without an END line: base64 lines (raw or \n-escaped newlines) and armor headers.
 _PEM_BODY = re.compile(rb"(?:[A-Za-z0-9+/=]+|\\/|[ \t]*(?:\r?\n|\\r\\n|\\n)[ \t]*|[A-Za-z-]+: [^\r\n\\]*)*")
 _NON_B64 = bytes(c for c in range(256) if c not in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
@@ -293,18 +295,25 @@ _PEM_MAX = 16384
 def _pem_match(data: bytes, pos: int) -> tuple[int, int] | None:
     """A private key block from its BEGIN line to its END line, with at least 64 base64
     characters. Without an END line: to the end of the data if that is near (a block cut
-    short, or still arriving on a stream), else to where the base64 body stops."""
+    short, or still arriving on a stream), else to where the base64 body stops.
+
+    A block ends at the next BEGIN line at the latest: every search stops there, so a run
+    of headers costs what its bytes cost (each header looking 16 KiB ahead made 30 KB of
+    gzipped headers a 19 s scan)."""
     m = _PEM_HEADER.match(data, pos)
     if m is None:
         return None
-    footer = _PEM_FOOTER.search(data, m.end(), m.end() + _PEM_MAX)
+    head = m.end()
+    nxt = _PEM_NEXT.search(data, head, head + _PEM_MAX)
+    stop = nxt.start() if nxt else head + _PEM_MAX
+    footer = _PEM_FOOTER.search(data, head, stop)
     if footer:
         end = footer.end()
-    elif len(data) - m.end() <= _PEM_MAX:
+    elif nxt is None and len(data) - head <= _PEM_MAX:
         end = len(data)
     else:
-        end = _PEM_BODY.match(data, m.end(), m.end() + _PEM_MAX).end()
-    body = data[m.end():end].replace(b"\\n", b"").translate(None, _NON_B64)
+        end = _PEM_BODY.match(data, head, stop).end()
+    body = data[head:end].replace(b"\\n", b"").translate(None, _NON_B64)
     if len(body) < 64 or len(set(body)) < 16:
         return None
     return pos, end
@@ -314,7 +323,8 @@ _PUTTY_MAC = re.compile(rb"Private-MAC: [0-9a-fA-F]{20,128}")
 
 
 def _putty_match(data: bytes, pos: int) -> tuple[int, int] | None:
-    k = data.find(b"Private-MAC: ", pos, pos + _PEM_MAX)
+    nxt = data.find(b"PuTTY-User-Key-File-", pos + 1, pos + _PEM_MAX)  # as for PEM: stop at the next key
+    k = data.find(b"Private-MAC: ", pos, nxt if nxt >= 0 else pos + _PEM_MAX)
     if k < 0 or data.find(b"Private-Lines:", pos, k) < 0:
         return None
     m = _PUTTY_MAC.match(data, k)
@@ -477,6 +487,30 @@ def _literal_anchor(text: str | bytes, boundary: str, leads: bytes = _LEADS) -> 
                    raw[i - 1:i] or None, raw[i + 1:i + 2] or None)
 
 
+def _both_cases(c: bytes) -> bytes:
+    return bytes(sorted(set(c.lower() + c.upper())))
+
+
+def _caseless_anchors(raw: bytes, leads: bytes) -> list[_Anchor]:
+    """Anchors that find ``raw`` in any mix of ASCII case. The lead character is one that
+    has no case if there is one; a letter leads as two anchors (one per case), since a pass
+    starts with one literal character."""
+    def rank(c: bytes) -> int:  # as _lead_of, and a new pass costs a little more
+        return leads.find(c) if c in leads else len(leads) + 8 + _RARITY.find(c)
+
+    def cost(i: int) -> int:
+        c = raw[i:i + 1]
+        return max(rank(c.lower()), rank(c.upper()))
+
+    i = min(range(len(raw)), key=cost)
+    before, after = raw[:i], raw[i + 1:]
+    before_re = b"(?i:" + re.escape(before) + b")" if before else b""
+    after_re = b"(?i:" + re.escape(after) + b")" if after else b""
+    prev = _both_cases(raw[i - 1:i]) if i else None
+    nxt = _both_cases(raw[i + 1:i + 2]) if after else None
+    return [_Anchor(bytes([lead]), before_re, i, after_re, b"", prev, nxt) for lead in _both_cases(raw[i:i + 1])]
+
+
 # A rule's anchors need the character before them to be a boundary when the rule's
 # pattern does (a cheap early reject in the prefilter for prefixes like sk- and hf_).
 _NO_BOUNDARY = {"aws-secret-access-key", "slack-webhook", "azure-storage-key", "url-password", "private-key",
@@ -604,12 +638,16 @@ def _merge(findings: list[Finding], priority: Callable[[str], int]) -> list[Find
 class Detector:
     """Finds credentials in buffers. Immutable once built; safe to share between threads."""
 
-    def __init__(self, secrets: Iterable[tuple[str, str | bytes]] = ()):
+    def __init__(self, secrets: Iterable[tuple[str, str | bytes]] = (), formats: bool = True):
         """``secrets``: (label, value) pairs of the install's own secrets, found by exact
         value (raw, and through the encoded layers) and reported under ``label``.
+        ``formats=False``: find only those, none of the well-known token formats.
         Raises ValueError for a value shorter than MIN_SECRET_LENGTH."""
-        anchors = list(_STATIC_ANCHORS)
-        actions = list(_STATIC_ACTIONS)
+        if formats:
+            anchors, actions = list(_STATIC_ANCHORS), list(_STATIC_ACTIONS)
+        else:  # "Basic " only: it is how short credentials get decoded
+            anchors = [a for a, act in zip(_STATIC_ANCHORS, _STATIC_ACTIONS) if act == ["basic"]]
+            actions = [["basic"]] * len(anchors)
         leads = _LEADS
         self._labels: set[str] = set()
         longest = 0
@@ -629,15 +667,18 @@ class Detector:
             if b" " in raw:  # form-encoding writes a space as "+", which the percent layer keeps
                 forms.add(raw.replace(b" ", b"+"))
             for form in forms:
-                anchor = _literal_anchor(form, "", leads)
-                if anchor.lead not in leads:  # a new pass: let later secrets share it
-                    leads += anchor.lead
-                anchors.append(anchor)
-                actions.append([("secret", label, len(form))])
+                # The value and its "+" form in any case (a secret upper-cased on its way out
+                # is the same secret; host names are lower-cased); base64 forms as they are.
+                caseless = form == raw or form == raw.replace(b" ", b"+")
+                for anchor in _caseless_anchors(form, leads) if caseless else [_literal_anchor(form, "", leads)]:
+                    if anchor.lead not in leads:  # a new pass: let later secrets share it
+                        leads += anchor.lead
+                    anchors.append(anchor)
+                    actions.append([("secret", label, len(form))])
                 longest = max(longest, len(form))
         self._anchors = anchors
         self._actions = actions
-        self._passes = _STATIC_PASSES if len(anchors) == len(_STATIC_ANCHORS) else _compile_passes(anchors)
+        self._passes = _STATIC_PASSES if anchors == _STATIC_ANCHORS else _compile_passes(anchors)
         # A token split between two chunks is found when both halves are in the carried
         # window: the longest rule (PEM blocks, JWTs: up to ~16 KiB encoded) or secret form.
         self._overlap = max(16384, 3 * longest + 1024)
@@ -824,58 +865,95 @@ def _run_origin(buf: bytes, cut: int, origin: int | None, base: int) -> int | No
 
 
 class StreamScanner:
-    """Scans a stream chunk by chunk, carrying :attr:`Detector.overlap` bytes over so that a
-    token split between chunks is still found. Offsets are in the whole stream.
+    """Scans a stream chunk by chunk; offsets are in the whole stream.
 
-    A finding is reported by the very ``feed`` that completes it -- the proxy forwards a
-    chunk once it is scanned, so waiting for the next chunk would let it out -- and only
-    once: if more data later makes it longer (a variable-length token, a key block whose
-    END line arrives) the longer span overlaps the one reported and is not reported again.
-    The price: a token that ends exactly at a chunk end cannot have its right boundary
-    checked yet, so ``AKIA`` + 16 characters there is reported even if the next chunk
-    continues the run (about 1e-11 per chunk in random base64). A token whose encoded form
-    is longer than the overlap can be missed when it straddles a chunk boundary.
+    Linear in the bytes: chunks are gathered until at least :attr:`Detector.overlap` new
+    bytes wait (or the stream ends), then scanned together with the :attr:`Detector.overlap`
+    bytes carried from the last scan, so a token split between chunks is still found and
+    no byte is scanned more than about twice, whatever the chunk sizes (re-scanning the
+    carried window for every chunk made 34 KB of one-byte chunks cost two minutes).
+
+    :attr:`settled` says how far the stream is done with: every finding that starts before
+    it has been reported, so a proxy may relay those bytes and must hold back the rest.
+    A finding is reported with all the context a one-shot scan would give it: one that
+    reaches the end of the scanned data (it may still grow: a longer token, a key block
+    whose END line has not come) waits for the next scan, and stays unsettled until then.
+    Reported once: a later, longer span that overlaps one reported is not reported again.
+    A token whose encoded form is longer than the overlap can be missed when it straddles
+    a scan boundary.
     """
+
+    _CONTEXT = 512  # bytes kept before a finding that waits: rules look back (url userinfo, AWS names)
 
     def __init__(self, detector: Detector):
         self._detector = detector
-        self._buf = b""
-        self._base = 0  # stream offset of _buf[0]
-        self._origin: int | None = None  # stream offset of the run holding _buf[0]
+        self._overlap = detector.overlap
+        self._kept = b""  # scanned already; carried as context
+        self._new: list[bytes] = []  # not scanned yet
+        self._new_len = 0
+        self._base = 0  # stream offset of _kept[0]
+        self._origin: int | None = None  # stream offset of the run holding _kept[0]
         self._reported: list[tuple[int, int]] = []  # spans already reported (stream offsets)
 
+    @property
+    def settled(self) -> int:
+        """Stream offset before which every byte has been scanned and every finding reported."""
+        return self._base
+
+    @property
+    def held(self) -> int:
+        """Bytes fed and not settled yet."""
+        return len(self._kept) + self._new_len
+
+    def would_scan(self, n: int) -> bool:
+        """Whether feeding ``n`` more bytes makes a scan happen (else a feed only keeps them)."""
+        return self._new_len + n >= self._overlap
+
     def feed(self, chunk: bytes) -> list[Finding]:
-        """Findings completed by ``chunk``."""
-        if not chunk:
+        """Findings that this chunk lets the scanner be sure of (often none until enough
+        bytes have come to scan)."""
+        if chunk:
+            self._new.append(bytes(chunk))
+            self._new_len += len(chunk)
+        if self._new_len < self._overlap:
             return []
-        self._buf += chunk
         return self._process(final=False)
 
     def finish(self) -> list[Finding]:
-        """Findings not reported yet at the end of the stream (rare: a chunked scan reports
-        as it goes)."""
+        """Every finding not reported yet; the stream is settled to its end."""
         found = self._process(final=True)
-        self._buf, self._reported = b"", []
+        self._base += len(self._kept)
+        self._kept, self._reported, self._origin = b"", [], None
         return found
 
     def _process(self, final: bool) -> list[Finding]:
-        buf, base = self._buf, self._base
+        buf = self._kept + b"".join(self._new) if self._new else self._kept
+        self._new, self._new_len = [], 0
+        base, n = self._base, len(buf)
+        cut = n if final else _safe_cut(buf, n - self._overlap, self._origin, base)
         new = []
         for f in self._detector.scan(buf):
             if f.start == 0 and base > 0:
                 continue  # the tail of something that began before the carried window
+            if not final and f.end >= n - 3 and f.start >= max(cut, self._CONTEXT):
+                # it may grow with more data (-3: a base64 quantum): scan it again then,
+                # with context before it
+                cut = min(cut, _safe_cut(buf, f.start - self._CONTEXT, self._origin, base))
+                continue
             span = (f.start + base, f.end + base)
             if any(s < span[1] and span[0] < e for s, e in self._reported):
                 continue
             self._reported.append(span)
             new.append(Finding(f.kind, *span))
-        if not final:
-            cut = _safe_cut(buf, len(buf) - self._detector.overlap, self._origin, base)
-            if cut > 0:
-                self._origin = _run_origin(buf, cut, self._origin, base)
-                self._buf = buf[cut:]
-                self._base = base + cut
-                self._reported = [(s, e) for s, e in self._reported if e > self._base]
+        if final:
+            self._kept = buf
+        elif cut > 0:
+            self._origin = _run_origin(buf, cut, self._origin, base)
+            self._kept = buf[cut:]
+            self._base = base + cut
+            self._reported = [(s, e) for s, e in self._reported if e > self._base]
+        else:
+            self._kept = buf
         return new
 
 

@@ -9,11 +9,7 @@ state) and also emptied on disconnect: a connection's state cannot outlive it.
     state.host, state.port          # the destination, parsed once by the policy guard
     engine.conn(flow.client_conn).tunnel
 
-Legacy string keys: ``credential_guard.py`` and ``tunnels.py`` still read and write
-``flow.metadata["egress.host" | "egress.refused" | "egress.masked" | "egress.substituted"]``.
-Until they use FlowState, the policy guard keeps writing ``egress.host`` and
-:func:`refused` / :func:`masked` read the legacy keys too (see ``LEGACY_*`` below);
-delete those lines once both files are converted.
+Every addon reads and writes this state; no string keys remain in flow.metadata besides KEY.
 """
 
 from __future__ import annotations
@@ -23,12 +19,6 @@ from dataclasses import dataclass, field
 from .hosts import Host, IPAddress
 
 KEY = "egress"
-
-# Written by credential_guard.py / read by tunnels.py and credential_guard.py (not converted yet).
-LEGACY_HOST = "egress.host"
-LEGACY_REFUSED = "egress.refused"
-LEGACY_MASKED = "egress.masked"
-
 
 @dataclass(slots=True, eq=False)
 class FlowState:
@@ -57,14 +47,14 @@ def flow_state(flow) -> FlowState:
 
 
 def refused(flow) -> bool:
-    """Whether a guard refused the flow (its own state, or the legacy key of an unconverted guard)."""
+    """Whether a guard refused the flow."""
     state = flow.metadata.get(KEY)
-    return (state is not None and state.refused) or bool(flow.metadata.get(LEGACY_REFUSED))
+    return state is not None and state.refused
 
 
 def masked(flow) -> str | None:
     state = flow.metadata.get(KEY)
-    return (state.masked if state is not None else None) or flow.metadata.get(LEGACY_MASKED)
+    return state.masked if state is not None else None
 
 
 @dataclass(slots=True, eq=False)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from mitmproxy import connection, ctx, http
 
 from . import reasons
-from .flowstate import LEGACY_REFUSED, flow_state
+from .flowstate import flow_state
 
 BLOCK_HEADER = "X-Egress-Blocked"
 ERROR_HEADER = "X-Egress-Error"
@@ -85,7 +85,7 @@ def refuse(engine, target: http.HTTPFlow | connection.Client, decision, *, how: 
     host = clean(decision.host)
     if isinstance(target, http.HTTPFlow):
         state = flow_state(target)
-        if state.reported or state.refused or target.metadata.get(LEGACY_REFUSED):
+        if state.reported or state.refused:
             return None
         # A host name may carry a secret. The canonical name is lower-cased, which can hide
         # a token's shape from the redactor: then show the name as the client wrote it, redacted.

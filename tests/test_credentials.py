@@ -1,4 +1,4 @@
-"""Credentials never leave: end to end through a real `egress serve` / `egress run`.
+"""Credentials found and refused: end to end through a real `egress serve` / `egress run`.
 
 Every token here is made up to match its provider's format; none is real.
 """
@@ -10,13 +10,16 @@ import gzip
 import json
 import os
 import random
+import select
 import string
 import subprocess
 import sys
+import urllib.parse
+import zlib
 
 import pytest
 
-from conftest import DEFAULT_POLICY, TEST_NAMES, clean_env, egress_command, proxied_session
+from conftest import DEFAULT_POLICY, TEST_NAMES, clean_env, egress_command, proxied_session, run_curl
 
 _RANDOM = random.Random(20261202)
 
@@ -248,7 +251,9 @@ import threading
 
 
 class RawUpstream:
-    """A TLS server on 127.0.0.1 that records every byte it receives and answers as told."""
+    """A TLS server on 127.0.0.1 that records every byte it receives and answers as told
+    (``answer``: bytes, or made from the bytes received so far once the request head is
+    complete -- None to wait for more)."""
 
     def __init__(self, test_ca, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"):
         cert = test_ca.issue_cert("allowed.test", "other.test")
@@ -280,8 +285,10 @@ class RawUpstream:
                         return
                     self.received += data
                     if not answered and b"\r\n\r\n" in self.received:
-                        tls.sendall(self.answer)
-                        answered = True
+                        reply = self.answer(self.received) if callable(self.answer) else self.answer
+                        if reply is not None:  # None: not yet (the body is still coming)
+                            tls.sendall(reply)
+                            answered = True
         except OSError:
             return
 
@@ -343,22 +350,59 @@ def test_a_token_split_across_stream_chunks_never_leaves(guarded, test_ca):
         upstream.close()
 
 
-def test_websocket_messages_are_scanned(guarded, test_ca):
-    upstream = RawUpstream(test_ca, answer=b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
-                                          b"Connection: Upgrade\r\nSec-WebSocket-Accept: "
-                                          b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+WS_ACCEPT = (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+
+
+def ws_frame(opcode: int, payload: bytes) -> bytes:
+    """A masked client frame (payloads under 126 bytes)."""
+    mask = b"\x01\x02\x03\x04"
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def ws_open(proxy, upstream, version: bytes = b"Sec-WebSocket-Version: 13\r\n"):
+    tls = tunnel(proxy, upstream.port)
+    tls.sendall(f"GET /ws HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n".encode() + version + b"\r\n")
+    return tls
+
+
+@pytest.mark.parametrize("opcode,payload", [
+    (0x1, f"token={GITHUB}".encode()),  # a text message
+    (0x9, GITHUB.encode()),  # a ping: no hook in mitmproxy, relayed unread before
+    (0xA, f"k={STORED}".encode()),  # a pong
+    (0x8, b"\x03\xe8" + f"bye {GITHUB}".encode()),  # a close reason
+], ids=["message", "ping", "pong", "close"])
+def test_websocket_frames_are_scanned_and_a_refusal_closes_the_websocket(guarded, test_ca, opcode, payload):
+    upstream = RawUpstream(test_ca, answer=WS_ACCEPT)
     try:
-        tls = tunnel(guarded, upstream.port)
-        tls.sendall(f"GET /ws HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\nUpgrade: websocket\r\n"
-                    f"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                    f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        tls = ws_open(guarded, upstream)
         assert tls.recv(4096).startswith(b"HTTP/1.1 101")
-        payload = f"token={GITHUB}".encode()
-        mask = b"\x01\x02\x03\x04"
-        frame = bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        tls.sendall(frame)
-        read_all(tls)
-        assert GITHUB.encode() not in upstream.received
+        tls.sendall(ws_frame(0x1, b"hello"))
+        tls.sendall(ws_frame(opcode, payload))
+        answer = read_all(tls)
+        # a close frame (1008, policy violation) reaches the client: not a hang, not a bare reset
+        assert answer[:1] == b"\x88" and answer[2:4] == (1008).to_bytes(2, "big"), answer
+        assert GITHUB.encode() not in upstream.received and STORED.encode() not in upstream.received
+        events = guarded.wait_for_audit(lambda e: e["method"] == "WEBSOCKET")
+        assert [(e["method"], e["reason"]) for e in events if e["decision"] == "block"] == [("WEBSOCKET", "credential")]
+    finally:
+        upstream.close()
+
+
+def test_a_websocket_upgrade_mitmproxy_would_relay_as_raw_tcp_is_refused(guarded, test_ca):
+    # Without Sec-WebSocket-Version: 13 mitmproxy relays what follows a 101 as raw TCP, unread.
+    upstream = RawUpstream(test_ca, answer=WS_ACCEPT)
+    try:
+        tls = ws_open(guarded, upstream, version=b"")
+        try:
+            tls.sendall(f"raw bytes {GITHUB}".encode())
+        except OSError:
+            pass
+        answer = read_all(tls)
+        assert not answer.startswith(b"HTTP/1.1 101") and GITHUB.encode() not in upstream.received
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "protocol")
+        assert [(e["decision"], e["reason"]) for e in events if e["method"] != "CONNECT"] == [("block", "protocol")]
     finally:
         upstream.close()
 
@@ -376,10 +420,163 @@ def test_other_upgrades_are_refused_not_relayed(guarded, test_ca):
             pass
         read_all(tls)
         assert GITHUB.encode() not in upstream.received
-        events = guarded.wait_for_audit(lambda e: e["reason"] == "protocol")
-        assert any(e["reason"] == "protocol" for e in events)
+        guarded.wait_for_audit(lambda e: e["reason"] == "protocol")
+        # one event for the refused upgrade, not a block and then an upstream connect-failed
+        # (mitmproxy runs the error hook of a killed flow before closing the client)
+        assert [(e["decision"], e["reason"]) for e in guarded.audit() if e["method"] != "CONNECT"] == \
+            [("block", "protocol")]
     finally:
         upstream.close()
+
+
+def after_the_body(received: bytes):
+    """An answer for RawUpstream once the whole (Content-Length) body has come: an upstream
+    that answers early would end the upload before the part under test."""
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" if len(body) >= length else None
+
+
+def post_streamed(proxy, upstream, body: bytes, parts, headers: str = ""):
+    """POST ``body`` (over 1 MiB: mitmproxy streams it) through a tunnel, sent in ``parts``
+    (split offsets); returns the client's answer."""
+    tls = tunnel(proxy, upstream.port)
+    tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n{headers}"
+                f"Content-Length: {len(body)}\r\n\r\n".encode())
+    try:
+        for a, b in zip([0, *parts], [*parts, len(body)]):
+            tls.sendall(body[a:b])
+    except OSError:
+        pass
+    return read_all(tls)
+
+
+def dechunk(data: bytes) -> tuple[bytes, bytes]:
+    """A chunked body's data, and whatever follows its last (zero) chunk."""
+    out = b""
+    while True:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out, data[2:]
+        out, data = out + data[:n], data[n + 2:]
+
+
+def test_a_held_back_chunked_upload_reaches_upstream_whole(guarded, test_ca):
+    # While bytes were held back the stream function returned b"", which mitmproxy sends on
+    # as an empty chunk: "0\r\n\r\n", the end of the body, and the rest of the upload
+    # reached the upstream as a request of its own.
+    data = os.urandom(30_000).hex().encode()
+    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                           if r.endswith(b"\r\n0\r\n\r\n") else None)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
+        for k in range(0, len(data), 1000):
+            tls.sendall(b"%x\r\n%s\r\n" % (1000, data[k:k + 1000]))
+        tls.sendall(b"0\r\n\r\n")
+        assert tls.recv(4096).startswith(b"HTTP/1.1 200")
+        body, after = dechunk(upstream.received.partition(b"\r\n\r\n")[2])
+        assert body == data and after == b""
+    finally:
+        upstream.close()
+
+
+def test_a_streamed_base64_token_never_leaves(guarded, test_ca):
+    # Where the proxy's chunks cut a base64 run decided what the old stream window decoded
+    # (tests/addons/test_credential_guard.py tries every split); here every alignment of
+    # the run through the real proxy, read as TLS records give it.
+    for pad in range(4):
+        head = b'{"file": "' + b" " * pad
+        blob = base64.b64encode(os.urandom(1_500_000) + f" token={GITHUB} ".encode() + os.urandom(3000))
+        body = head + blob + b'"}'
+        at = len(head) + 2_000_000  # where the token's base64 starts
+        upstream = RawUpstream(test_ca, answer=after_the_body)
+        try:
+            post_streamed(guarded, upstream, body, [at - 70_000, at + 17])
+            relayed = upstream.received.partition(b"\r\n\r\n")[2][len(head):]
+            assert len(relayed) < len(blob)
+            assert GITHUB[:8].encode() not in base64.b64decode(relayed[:len(relayed) // 4 * 4]), pad
+        finally:
+            upstream.close()
+    events = guarded.wait_for_audit(lambda e: len([x for x in guarded.audit() if x["reason"] == "credential"]) >= 4)
+    assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * 4
+
+
+def test_a_streamed_gzip_upload_is_scanned_decoded_and_held_back(guarded, test_ca):
+    # A streamed body was scanned as sent: compressed, a token passed unseen.
+    plain = os.urandom(800_000).hex().encode() + f" token={GITHUB} ".encode() + os.urandom(400_000).hex().encode()
+    body = gzip.compress(plain)
+    upstream = RawUpstream(test_ca, answer=after_the_body)
+    try:
+        post_streamed(guarded, upstream, body, list(range(0, len(body), 50_000))[1:], "Content-Encoding: gzip\r\n")
+        relayed = upstream.received.partition(b"\r\n\r\n")[2]
+        assert len(relayed) < len(body)
+        shown = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(relayed)  # as far as it goes
+        assert b"ghp_" not in shown and plain.startswith(shown)
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
+        assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"]
+    finally:
+        upstream.close()
+
+
+@pytest.mark.parametrize("headers,chunked", [("Content-Encoding: x-mystery\r\n", False),
+                                             (f"X-Key: {GITHUB}\r\n", False), (f"X-Key: {GITHUB}\r\n", True)],
+                         ids=["unknown-coding", "token-in-a-header", "token-in-a-header-chunked"])
+def test_a_large_upload_refused_by_its_head_is_closed_before_it_streams(guarded, test_ca, headers, chunked):
+    # mitmproxy cannot answer a request whose body streams: it crashed, and (chunked) kept
+    # the whole body in memory to answer after it. The connection is closed instead,
+    # before a byte goes upstream, one event recorded.
+    upstream = RawUpstream(test_ca)
+    try:
+        if chunked:
+            tls = tunnel(guarded, upstream.port)
+            tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n{headers}"
+                        f"Transfer-Encoding: chunked\r\n\r\n".encode())
+            try:
+                for _ in range(40):
+                    tls.sendall(b"10000\r\n" + b"x" * 65536 + b"\r\n")
+            except OSError:
+                pass
+            answer = read_all(tls)
+        else:
+            answer = post_streamed(guarded, upstream, b"\x00" * 2_000_000, [100], headers)
+        assert answer == b"" and upstream.received == b""
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
+        assert [e["reason"] for e in events if e["method"] != "CONNECT"] == ["credential"]
+        assert "crashed" not in "".join(guarded.stderr_lines)
+    finally:
+        upstream.close()
+
+
+@pytest.mark.parametrize("args", [["-H", f"{GITHUB}: 1"], ["-X", GITHUB], ["-H", f"X-Key: {STORED.upper()}"]],
+                         ids=["header-name", "method", "upper-cased-stored-secret"])
+def test_method_header_names_and_any_case_are_scanned(guarded, https_upstream, curl_path, tmp_path, args):
+    result = run_curl(curl_path, guarded, https_upstream.url("allowed.test"), "-i", *args, home=tmp_path)
+    assert b"HTTP/1.1 403 Forbidden" in result.stdout and b"reason=credential" in result.stdout, result
+    assert GITHUB.encode() not in result.stdout and STORED.upper().encode() not in result.stdout
+    assert https_upstream.requests == []
+
+
+NEAR_MISS = b" ".join([b"ghp_short", b"sk-ant-api03-x", b"AKIAlower", b"eyJnotajwt", b"xoxb-1", b"glpat-",
+                       b"-----BEGIN RSA PRIVATE KEY-----", b"://user:@h", b"Basic Zm9v", b"AIza"] * 20) + b"\n"
+
+
+def test_a_body_too_slow_to_scan_is_refused_and_others_are_served_meanwhile(guarded, http_upstream):
+    # ~110 KB of gzip that decodes to 28 MB of text dense with near-misses: seconds of
+    # scanning (it held the loop for all of it); now refused when its budget is spent.
+    body = gzip.compress(NEAR_MISS * 12000)
+    slow = socket.create_connection(("127.0.0.1", guarded.port), timeout=30)
+    slow.sendall(f"POST {http_upstream.url('allowed.test', '/echo')} HTTP/1.1\r\nHost: allowed.test:"
+                 f"{http_upstream.port}\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                 + body)
+    other = proxied_session(guarded).get(http_upstream.url("allowed.test", "/small"), timeout=30)
+    assert other.status_code == 200
+    assert select.select([slow], [], [], 0)[0] == []  # the slow one is still being scanned
+    answer = read_all(slow)
+    assert answer.startswith(b"HTTP/1.1 403") and b"could not be scanned in time" in answer
+    assert [r["path"] for r in http_upstream.requests] == ["/small"]
 
 
 def test_transfer_codings_other_than_chunked_are_refused(guarded, test_ca):
@@ -390,9 +587,11 @@ def test_transfer_codings_other_than_chunked_are_refused(guarded, test_ca):
         tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
                     f"Transfer-Encoding: gzip, chunked\r\n\r\n".encode() +
                     b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-        answer = read_all(tls)
-        assert answer.startswith(b"HTTP/1.1 403") and b"reason=credential" in answer
-        assert b"gzip" not in upstream.received
+        # a chunked body may grow past 1 MiB: refused by closing (see the test above)
+        assert read_all(tls) == b"" and upstream.received == b""
+        events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
+        assert [e["detail"] for e in events if e["reason"] == "credential"] == \
+            ["an unreadable body (transfer-encoding 'gzip, chunked')"]
     finally:
         upstream.close()
 
@@ -435,6 +634,44 @@ def test_a_bound_host_echoing_the_secret_gives_back_the_placeholder(tmp_path, ht
     echoed = json.loads(result.stdout)
     assert echoed["Authorization"] != f"token {GITHUB}" and echoed["Authorization"].startswith("token ghp_")
     assert GITHUB not in result.stdout
+
+
+def echo_answer(encode, coding: str = ""):
+    """A RawUpstream answer echoing the request's Authorization header, as ``encode`` makes it."""
+    def answer(received: bytes) -> bytes:
+        auth = received.split(b"uthorization: ", 1)[1].split(b"\r\n", 1)[0]
+        body = encode(b"you sent: " + auth)
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n" + (f"Content-Encoding: {coding}\r\n" if coding else "")
+        return head.encode() + b"\r\n" + body
+    return answer
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+@pytest.mark.parametrize("encode,coding,refused", [
+    (gzip.compress, "gzip", True),  # gzip-compressed: cannot be put back in place
+    (base64.b64encode, "", True),  # base64: neither
+    (lambda b: urllib.parse.quote(b).encode(), "", False),  # percent-encoded: put back, same length
+], ids=["gzip", "base64", "percent"])
+def test_a_bound_host_echoing_the_secret_encoded_never_gives_it_to_the_command(tmp_path, test_ca, test_ca_file,
+                                                                             curl_path, encode, coding, refused):
+    upstream = RawUpstream(test_ca, answer=echo_answer(encode, coding))
+    policy = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n' \
+             '[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\n'
+    script = (f'echo "$GITHUB_TOKEN"; curl -sS --compressed -H "Authorization: token $GITHUB_TOKEN" '
+              f'https://allowed.test:{upstream.port}/echo')
+    try:
+        result = egress_run(tmp_path, policy, {"GITHUB_TOKEN": GITHUB}, "sh", "-c", script, upstream_ca=test_ca_file)
+    finally:
+        upstream.close()
+    placeholder, _, shown = result.stdout.partition("\n")
+    assert f"token {GITHUB}".encode() in upstream.received  # the bound host got the real value
+    for form in (GITHUB, base64.b64encode(f"token {GITHUB}".encode()).decode()[8:40], GITHUB.upper()):
+        assert form not in result.stdout and form not in result.stderr
+    if refused:
+        assert "EGRESS_BLOCKED allowed.test (the request carries a credential)" in result.stderr, result.stderr
+        assert "you sent" not in shown
+    else:
+        assert shown == urllib.parse.quote(f"you sent: token {placeholder}")
 
 
 JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." \

@@ -18,6 +18,9 @@ import zlib
 import brotli
 import pytest
 
+import zstandard
+
+from egress.decode import ContentDecoder
 from egress.detect import (KINDS, MIN_SECRET_LENGTH, RULES, Detector, Finding, StreamRedactor, UndecodableBody,
                            decode_content, is_secret_name)
 
@@ -238,20 +241,28 @@ def test_basic_auth(case):
     assert_found(data, kind, (b_start + ds * 4 // 3, b_start + -(-de * 4 // 3)))
 
 
+def stream_scan(scanner, chunks) -> list[Finding]:
+    """Feed ``chunks``; check the held-back rule after every feed: nothing a later finding
+    starts in has been settled (a proxy relays settled bytes)."""
+    found, settled = [], []
+    for chunk in chunks:
+        found += scanner.feed(chunk)
+        settled.append((scanner.settled, len(found)))
+    found += scanner.finish()
+    for mark, reported in settled:
+        assert all(f.start >= mark for f in found[reported:]), (mark, found[reported:])
+    return found
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_split_across_stream_chunks(case):
     kind, text, secret = materialise(case)
-    data = f"{rnd(3000, string.ascii_lowercase + ' ')} {text} tail".encode()
+    # enough before it that the scanner scans (and settles) before the token is complete
+    data = f"{rnd(DET.overlap + 3000, string.ascii_lowercase + ' ')} {text} tail".encode()
     start = data.index(secret.encode())
     cut = start + len(secret) // 2
-    scanner = DET.stream()
-    first = scanner.feed(data[:cut])
-    second = scanner.feed(data[cut:])
-    assert scanner.finish() == []
-    if first:  # a variable-length token whose first half already fits: reported at once, once
-        assert [(f.kind, f.start) for f in first] == [(kind, start)] and second == []
-    else:
-        assert [tuple(f) for f in second] == [(kind, start, start + len(secret))]
+    found = stream_scan(DET.stream(), [data[:cut], data[cut:]])
+    assert [tuple(f) for f in found] == [(kind, start, start + len(secret))]
 
 
 def test_placements_beyond_the_table():
@@ -435,6 +446,30 @@ def test_stored_secret_found_through_encodings(encode):
     assert SECRET.encode() not in redacted and encode(SECRET).encode() not in redacted
 
 
+@pytest.mark.parametrize("secret", [
+    "9f2c4e7a1b3d5f60718293a4b5c6d7e8f9012345",  # hex: leads with a digit
+    "QwErTyUiOpAsDfGhJkLz",  # letters only: leads with a letter, in both cases
+    "s3cr3t_Value-With.Punct",
+], ids=["hex", "letters", "punctuated"])
+@pytest.mark.parametrize("change", [str.upper, str.lower, str.swapcase], ids=["upper", "lower", "swapcase"])
+def test_stored_secrets_match_in_any_case(secret, change):
+    det = Detector([("MY_TOKEN", secret)])
+    shown = change(secret)
+    for data in (f"x {shown} y", f"q={urllib.parse.quote(shown)}", base64.b64encode(f"u:{shown}".encode()).decode(),
+                 f"{shown}.attacker.example"):
+        assert kinds(det.scan(data.encode())) == ["MY_TOKEN"], data
+
+
+def test_a_run_of_key_headers_ends_each_block_at_the_next():
+    # A key block ends at the next BEGIN line at the latest: each header of a run looking
+    # 16 KiB ahead (to a far END line) was quadratic (30 KB of gzip: a 19 s scan).
+    key = pem()
+    headers = "-----BEGIN RSA PRIVATE KEY-----\n" * 2000
+    found = DET.scan((headers + key).encode())
+    assert [tuple(f) for f in found] == [("private-key", len(headers), len(headers) + len(key))]
+    assert DET.scan(headers.encode()) == []
+
+
 def test_stored_secret_label_wins_and_short_values_refused():
     token = "ghp_" + rnd(36)
     det = Detector([("placeholder:GITHUB_TOKEN", token)])
@@ -493,16 +528,31 @@ def chunked(data: bytes, sizes) -> list[bytes]:
 def test_stream_scanner_agrees_with_one_shot(seed):
     data = stream_text()
     r = random.Random(seed)
-    scanner = DET.stream()
-    found = []
-    for chunk in chunked(data, [r.choice([1, 7, 100, 3000, 20000]) for _ in range(400)]):
-        found += scanner.feed(chunk)
-    found += scanner.finish()
-    one_shot = DET.scan(data)
-    # the same findings; one reported while it was still growing may be shorter
-    assert [(f.kind, f.start) for f in found] == [(f.kind, f.start) for f in one_shot]
-    assert all(f.end <= g.end for f, g in zip(found, one_shot))
-    assert sum(f.end == g.end for f, g in zip(found, one_shot)) >= len(one_shot) - 5
+    found = stream_scan(DET.stream(), chunked(data, [r.choice([1, 7, 100, 3000, 20000]) for _ in range(400)]))
+    # the same findings, spans included: one that reaches the end of what was scanned
+    # waits for more data instead of being reported short
+    assert found == DET.scan(data)
+
+
+class CountingDetector(Detector):
+    """A real detector that also counts the bytes it is asked to scan."""
+
+    scanned = 0
+
+    def scan(self, data):
+        self.scanned += len(data)
+        return super().scan(data)
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 65536])
+def test_stream_scanner_is_linear_in_the_bytes(size):
+    # Re-scanning the carried window for every chunk made 34 KB of one-byte chunks cost
+    # two minutes of CPU: each byte may be scanned about twice, whatever the chunk size.
+    det = CountingDetector()
+    data = stream_text() * 3
+    found = stream_scan(det.stream(), chunked(data, [size] * (len(data) // size)))
+    assert det.scanned <= 2.1 * len(data) + det.overlap
+    assert found == DET.scan(data)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -520,12 +570,25 @@ def test_stream_redactor_equals_one_shot(seed):
             assert out == DET.redact(data)
 
 
-def test_stream_scanner_reports_in_the_feed_that_completes_a_token():
+def test_stream_scanner_holds_back_a_token_until_it_is_reported():
     akia = "AKIA" + rnd(16, UPPER_DIGITS)
+    pad = rnd(DET.overlap, string.ascii_lowercase + " ").encode()
     scanner = DET.stream()
-    assert scanner.feed(b"id: " + akia[:10].encode()) == []
-    assert scanner.feed(akia[10:].encode()) == [Finding("aws-access-key-id", 4, 24)]  # not a chunk later
-    assert scanner.feed(b" more") == [] and scanner.finish() == []
+    assert scanner.feed(pad + b" id: " + akia[:10].encode()) == []
+    start = len(pad) + 5
+    assert scanner.settled <= start  # scanned, but not far enough to be sure of what follows
+    assert scanner.feed(akia[10:].encode()) == []  # too little new data to scan again
+    assert scanner.settled <= start
+    assert scanner.finish() == [Finding("aws-access-key-id", start, start + 20)]
+    assert scanner.settled == start + 20
+
+
+def test_stream_scanner_waits_for_a_token_that_may_grow():
+    # AKIA + 16 at the end of a scan is no token if the next chunk continues the run
+    pad = rnd(DET.overlap + 100, string.ascii_lowercase + " ").encode()
+    scanner = DET.stream()
+    assert scanner.feed(pad + b" AKIA" + rnd(16, UPPER_DIGITS).encode()) == []
+    assert scanner.feed(b"MORE" + b" " * DET.overlap) == [] and scanner.finish() == []
 
 
 def test_stream_scanner_window_start_is_not_a_boundary():
@@ -653,3 +716,53 @@ def test_decode_content_bomb_cap(compress, encoding):
     with pytest.raises(UndecodableBody, match="exceeds"):
         decode_content(bomb, encoding, limit=2**20)
     assert len(decode_content(bomb, encoding, limit=8 * 2**20)) == 8 * 2**20
+
+
+def _deflate_raw(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-15)
+    return c.compress(data) + c.flush()
+
+
+CODED = [  # (Content-Encoding, how the body was coded)
+    ("gzip", gzip.compress),
+    ("x-gzip", lambda b: gzip.compress(b[:999]) + gzip.compress(b[999:])),  # two members
+    ("gzip", lambda b: gzip.compress(b) + b"\0" * 10),  # zero padding after the last member
+    ("deflate", zlib.compress),
+    ("deflate", _deflate_raw),
+    ("br", lambda b: brotli.compress(b, quality=5)),
+    ("zstd", zstandard.ZstdCompressor().compress),
+    ("zstd", lambda b: zstandard.ZstdCompressor().compress(b[:777]) + zstandard.ZstdCompressor().compress(b[777:])),
+    ("gzip, br", lambda b: brotli.compress(gzip.compress(b), quality=5)),
+    ("identity", lambda b: b),
+]
+
+
+@pytest.mark.parametrize("encoding,code", CODED, ids=[f"{e}-{i}" for i, (e, _) in enumerate(CODED)])
+@pytest.mark.parametrize("size", [1, 13, 4096])
+def test_content_decoder_streams_what_the_whole_body_decodes_to(encoding, code, size):
+    body = json.dumps({"token": "ghp_" + rnd(36), "pad": rnd(60000)}).encode()
+    coded = code(body)
+    decoder = ContentDecoder(encoding, piece=2**12)
+    pieces = [p for k in range(0, len(coded), size) for p in decoder.feed(coded[k:k + size])]
+    pieces += list(decoder.finish())
+    assert b"".join(pieces) == body == decode_content(coded, encoding)
+    assert max(map(len, pieces)) <= 2**12 and decoder.size == len(body)
+
+
+def test_content_decoder_refuses_an_unknown_coding_before_any_byte():
+    with pytest.raises(UndecodableBody, match="unknown content-encoding 'x-mystery'"):
+        ContentDecoder("gzip, x-mystery")
+
+
+@pytest.mark.parametrize("compress,encoding", [
+    (gzip.compress, "gzip"), (zlib.compress, "deflate"), (brotli.compress, "br"),
+    (zstandard.ZstdCompressor().compress, "zstd"),
+])
+def test_content_decoder_stops_a_bomb_in_small_pieces(compress, encoding):
+    bomb = compress(b"\0" * (8 * 2**20))
+    decoder = ContentDecoder(encoding, limit=2**20, piece=2**16)
+    seen = []
+    with pytest.raises(UndecodableBody, match="exceeds"):
+        for piece in decoder.feed(bomb):
+            seen.append(len(piece))
+    assert sum(seen) <= 2**20 and all(n <= 2**16 for n in seen)

@@ -1,55 +1,99 @@
-"""Credentials never leave: find them in a request, refuse or mask them, broker the bound ones.
+"""Credentials: find them in what leaves, refuse or mask them, broker the bound ones.
 
-Where a request can hold a secret: the URL (host labels, path, query, userinfo),
-every header (Basic auth and cookies included: the detector decodes base64 and
-percent layers), and the body (decoded from gzip/deflate/br first; an encoding we
-cannot read is refused: fail closed).
+Where a request can hold a secret: the host name (before any DNS query), the method, the
+URL (path, query, userinfo), every header name and value (Basic auth and cookies included:
+the detector decodes base64 and percent layers), the body, and WebSocket messages and
+control frames (ping, pong, close).
 
 * ``block`` (default): the request is refused before it leaves, ``reason=credential``,
   naming the kind (``github-token``) and where it was, never the value.
-* ``mask``: the value is replaced by ``[redacted:<kind>]`` and the request goes on.
+* ``mask``: a value in the URL, a header value or a buffered body is replaced by
+  ``[redacted:<kind>]`` and the request goes on (a method or header name cannot be masked:
+  refused).
 * A stored secret bound to hosts passes to those hosts (and their subdomains) only.
-* Brokered secrets: the command holds a placeholder; on a TLS-intercepted request to
-  the secret's own hosts the placeholder is swapped for the real value; anywhere else
-  the placeholder itself is refused. A request carrying a swapped-in secret may not
-  use a method that echoes it back (TRACE, TRACK).
+* Brokered secrets: the command holds a placeholder; on a TLS-intercepted request to the
+  secret's own hosts the placeholder is swapped for the real value; anywhere else the
+  placeholder itself is refused. A request carrying a swapped-in secret may not use a
+  method that echoes it back (TRACE, TRACK), and its response may not give the value
+  back in any layer the detector reads: replaced in place (raw or %-escaped, same length),
+  else refused.
 
-Bodies larger than mitmproxy's streaming threshold are scanned chunk by chunk;
-there a finding ends the request (both connections are closed) in either mode,
-since bytes already relayed cannot be called back.
+One scanner behind every body: :class:`_BodyScan` undoes the content coding piece by
+piece (gzip, deflate, br, zstd; an unknown one is refused before a byte is relayed) and
+feeds a :class:`~egress.detect.StreamScanner`, within a time budget. Buffered bodies,
+streamed uploads (chunked, or over mitmproxy's 1 MiB stream_large_bodies), WebSocket
+messages and control frames, and brokered responses all go through it. A streamed body is
+relayed only as far as it has been scanned (the held-back rule: no byte of a token split
+across chunks leaves before the token has been seen); a finding there ends the request in
+either mode (both connections closed), since bytes already relayed cannot be called back.
+
+Every refusal of this guard goes through :meth:`CredentialGuard._refuse`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import bisect
 import json
+import time
 import urllib.parse
+from collections import deque
 
+import wsproto.events
 from mitmproxy import ctx, http
 
 from .. import refusal
 from ..credentials import Credentials, StoredSecret
-from ..detect import Detector, UndecodableBody, decode_content
-from ..engine import Engine, client_label
+from ..decode import KNOWN_CODINGS, ContentDecoder, UndecodableBody, codings
+from ..detect import Detector, Finding
+from ..engine import Engine
+from ..failclosed import fail_closed
+from ..flowstate import flow_state
 from ..policy import Decision, Policy
+from .tunnels import websocket_layer
 
 ECHO_METHODS = {"TRACE", "TRACK"}
 BODY_SCAN_LIMIT = 64 * 2**20  # decoded bytes; a bigger (bomb) body is refused
 PLACEHOLDER_LABEL = "placeholder"
+SLICE = 64 * 1024  # decoded bytes scanned between looks at the budget (and, when buffered, the event loop)
+
+# The scanning time budget, in CPU seconds of the proxy's one event-loop thread (thread_time:
+# other processes on the machine do not count). A request starts with SCAN_BURST and earns
+# SCAN_PER_BYTE for every byte it sends (as sent, before decoding); each slice of decoding and
+# scanning is paid for; a request whose balance goes below zero is refused. A streamed body
+# is scanned inside mitmproxy's synchronous stream call, where nothing else runs, so its
+# balance never exceeds SCAN_BURST: that bounds how long one request can hold every other
+# client up. Buffered bodies and WebSocket messages give the loop back between slices, so
+# their balance is not capped.
+# Measured (bench/scanner_bench.py --wedge, 2 vCPU): ordinary traffic costs ~0.02 us of CPU a
+# byte, the slowest ordinary text (a token-like prefix every ~40 bytes, runs of PEM headers)
+# 0.1-0.25 us. 1 us a sent byte covers any uncompressed body 4x over, and compressed ones up to
+# ~4:1 of the slowest text or ~40:1 of ordinary text. 0.25 s lets ~1-2 MB of the slowest text
+# through at once and is the longest a streamed body can hold the loop. A 30 KB gzip of PEM
+# headers (12 MiB decoded, 20 s of scanning before issue 9) is refused after ~0.3 s.
+SCAN_BURST = 0.25
+SCAN_PER_BYTE = 1e-6
+_CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
 
 
 class CredentialGuard:
-    def __init__(self, engine: Engine, credentials: Credentials):
+    def __init__(self, engine: Engine, credentials: Credentials, *, burst: float = SCAN_BURST,
+                 per_byte: float = SCAN_PER_BYTE):
         self.engine = engine
         self.action = credentials.action
-        self.ignore_kinds = credentials.ignore_kinds
+        self.ignore_kinds = frozenset(credentials.ignore_kinds)
         self.secrets = credentials.secrets
+        self.burst, self.per_byte = burst, per_byte
         labelled = [(s.label, s.value) for s in credentials.secrets]
         labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered]
+        # Stored secrets match in any case: host names reach DNS lower-cased, and an
+        # upper-cased secret is the same secret.
         self.detector = Detector(labelled)
-        # Host names reach DNS lower-cased: a secret written in upper case must still be seen.
-        self.host_detector = Detector([(label, value.lower()) for label, value in labelled])
+        # What a response to a request with a swapped-in secret must not give back.
+        self.brokered = {s.label: s for s in credentials.brokered}
+        self.echo_detector = Detector([(s.label, s.value) for s in credentials.brokered], formats=False) \
+            if self.brokered else None
         # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
         engine.recorder.clean = self.clean
         self._cleaned: dict[str, str] = {}
@@ -68,128 +112,112 @@ class CredentialGuard:
         if cached is None:
             if len(self._cleaned) > 4096:  # host names repeat; keep the cache bounded
                 self._cleaned.clear()
-            cached = self._cleaned[text] = self._clean(text)
+            data = text.encode("utf-8", "surrogateescape")
+            cached = self._cleaned[text] = self.detector.redact(data).decode("utf-8", "surrogateescape")
         return cached
 
-    def _clean(self, text: str) -> str:
-        data = text.encode("utf-8", "surrogateescape")
-        cleaned = self.detector.redact(data)
-        if self.host_detector.scan(cleaned.lower()):
-            cleaned = self.host_detector.redact(cleaned.lower())
-        return cleaned.decode("utf-8", "surrogateescape")
-
-    def _host_finding(self, host: str):
-        """The first credential in a host name, as written or as it will be resolved."""
-        if host not in self._host_findings:
-            if len(self._host_findings) > 4096:
-                self._host_findings.clear()
-            findings = [f for f in self.detector.scan_text(host) or self.host_detector.scan_text(host.lower())
-                        if f.kind not in self.ignore_kinds]
-            self._host_findings[host] = findings[0] if findings else None
-        return self._host_findings[host]
-
-    def _scan(self, data: bytes):
-        """Findings that count: all but the well-known kinds this install lets through."""
-        findings = self.detector.scan(data)
-        if self.ignore_kinds and findings:
-            findings = [f for f in findings if f.kind not in self.ignore_kinds]
-        return findings
-
+    @fail_closed
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
         if flow.response is None:
             finding = self._host_finding(flow.request.host)
             if finding is not None:
-                self._refuse(flow, flow.request.host, finding.kind, "the host name")
+                self._refuse(flow, flow.request.host, f"{finding.kind} in the host name")
 
-    def websocket_message(self, flow: http.HTTPFlow) -> None:
-        message = flow.websocket.messages[-1]
-        if not message.from_client:
-            return
-        host = flow.metadata.get("egress.host") or flow.request.host
-        bound = self._bound_to(host)
-        findings = self._scan(_neutralise(message.content, bound))
-        if findings:
-            message.drop()
-            detail = f"{findings[0].kind} in a WebSocket message"
-            self.engine.record_refusal(client_label(flow.client_conn.peername), "WEBSOCKET",
-                                       Decision(host, flow.request.port, False, "credential", detail=detail))
-            flow.kill()
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        # A bound host may reflect what it received (echo endpoints, error pages): the command
-        # must get back the placeholder it sent, never the real value.
-        if not flow.metadata.get("egress.substituted") or flow.response is None:
-            return
-        brokered = [s for s in self._bound_to(flow.metadata.get("egress.host") or flow.request.host)
-                    if s.placeholder]
-        pairs = [(s.value.encode(), s.placeholder.encode()) for s in brokered]
-        flow.response.headers.fields = tuple(
-            (name, _replace_all(value, pairs)) for name, value in flow.response.headers.fields)
-        flow.response.stream = _Replacer(pairs)
-
+    @fail_closed
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
-        host = flow.metadata.get("egress.host") or flow.request.host
+        host = _host(flow)
         bound = self._bound_to(host)
         intercepted = flow.request.scheme == "https"
         if intercepted and self._substitute_head(flow, bound):
-            flow.metadata["egress.substituted"] = True
+            flow_state(flow).substituted = True
             if flow.request.method.upper() in ECHO_METHODS:
-                self._refuse(flow, host, "a brokered secret", f"{flow.request.method} would echo it back")
+                self._refuse(flow, host, f"a brokered secret in the request ({flow.request.method} would echo it back)")
                 return
         found = self._scan_head(flow, host, bound)
         if found and not self._act_on_head(flow, host, found):
             return
-        codings = [c.strip().lower() for c in flow.request.headers.get("transfer-encoding", "").split(",") if c.strip()]
-        if any(c not in ("chunked", "identity") for c in codings):
-            self._refuse(flow, host, "an unreadable body", f"transfer-encoding {', '.join(codings)!r}")
+        transfer = [c.strip().lower() for c in flow.request.headers.get("transfer-encoding", "").split(",") if c.strip()]
+        if any(c not in ("chunked", "identity") for c in transfer):
+            self._refuse(flow, host, f"an unreadable body (transfer-encoding {', '.join(transfer)!r})")
+            return
+        has_body = transfer or flow.request.headers.get("content-length", "0").strip() not in ("", "0")
+        if not has_body:
+            return
+        # A body in a coding we cannot read is refused now, before any of it can stream.
+        encoding = flow.request.headers.get("content-encoding", "")
+        unknown = [c for c in codings(encoding) if c not in KNOWN_CODINGS]
+        if unknown:
+            self._refuse(flow, host, f"an unreadable body (content-encoding {unknown[0]!r} is unknown)")
             return
         # A large upload is scanned as it streams. So is one of unknown length (chunked):
         # mitmproxy would switch it to streaming past 1 MiB, after this hook, unscanned.
-        if flow.request.stream or (codings and "content-length" not in flow.request.headers):
-            flow.request.stream = _StreamGuard(self, flow, host, bound)
+        if flow.request.stream or (transfer and "content-length" not in flow.request.headers):
+            flow.request.stream = _Relay(self, flow, host, self._body_scan(bound, encoding, streamed=True))
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    @fail_closed
+    def request(self, flow: http.HTTPFlow):
         if flow.response is not None or flow.request.stream or not flow.request.raw_content:
+            return None
+        work = self._check_body(flow)
+        if len(flow.request.raw_content) <= SLICE and not codings(flow.request.headers.get("content-encoding", "")):
+            for _ in work:  # one slice: no need to give the loop back
+                pass
+            return None
+        return _drive(work)
+
+    @fail_closed
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        # A bound host may reflect what it received (echo endpoints, error pages): the command
+        # must get back the placeholder it sent, never the real value.
+        if not flow_state(flow).substituted or flow.response is None or flow_state(flow).refused:
             return
-        host = flow.metadata.get("egress.host") or flow.request.host
-        bound = self._bound_to(host)
-        encoding = flow.request.headers.get("content-encoding", "")
+        host = _host(flow)
+        response = flow.response
+        response.headers.fields = tuple((name, self._unswap(value)) for name, value in response.headers.fields)
+        left = self.echo_detector.scan(b"\n".join(b for field in response.headers.fields for b in field))
+        if left:
+            self._refuse(flow, host, f"{left[0].kind} given back in a response header", stage="response")
+            return
+        encoding = response.headers.get("content-encoding", "")
         try:
-            body = decode_content(flow.request.raw_content, encoding, BODY_SCAN_LIMIT) if encoding \
-                else flow.request.raw_content
+            scan = _BodyScan(self.echo_detector, encoding, frozenset(), frozenset(), self._budget(streamed=True))
         except UndecodableBody as e:
-            self._refuse(flow, host, "an unreadable body", f"content-encoding {encoding!r}: {e}")
+            self._refuse(flow, host, f"a brokered response that cannot be read (content-encoding {encoding!r}: {e})",
+                         stage="response")
             return
-        if flow.request.scheme == "https" and bound:
-            substituted = self._swap(body, bound)
-            if substituted != body:
-                body = substituted
-                flow.request.content = body  # mitmproxy re-encodes and fixes Content-Length
-                flow.metadata["egress.substituted"] = True
-        findings = self._scan(_neutralise(body, bound))
-        if not findings:
-            return
-        refused = [f for f in findings if self._must_refuse(f.kind)]
-        if refused:
-            self._refuse(flow, host, refused[0].kind, "the body")
-            return
-        flow.request.content = _mask(body, findings)
-        self._record_mask(flow, host, findings, "the body")
+        response.stream = _Relay(self, flow, host, scan, echo=True)
+
+    @fail_closed
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        # Messages come to websocket_message; ping, pong and close frames come to no hook:
+        # read them (and close the WebSocket when told to) where mitmproxy takes the frames.
+        ws = websocket_layer(flow)
+        if ws is None:
+            return  # websocket_message falls back to closing the connections
+        flow.metadata[_CLOSE] = False
+        for conn, from_client in ((ws.client_ws, True), (ws.server_ws, False)):
+            conn.events = _guard_frames(self, flow, from_client, conn.events)
+
+    @fail_closed
+    def websocket_message(self, flow: http.HTTPFlow):
+        message = flow.websocket.messages[-1]
+        if message.injected:
+            return None
+        work = self._check_message(flow, message)
+        if len(message.content) <= SLICE:
+            for _ in work:
+                pass
+            return None
+        return _drive(work)
 
     # -------------------------------------------------------------- bindings
 
     def _bound_to(self, host: str) -> list[StoredSecret]:
         """The bound secrets that may go to ``host``."""
         return [secret for secret, hosts in self._bindings if hosts.decide(host).allowed]
-
-    def _swap(self, data: bytes, bound: list[StoredSecret]) -> bytes:
-        for secret in bound:
-            if secret.placeholder:
-                data = data.replace(secret.placeholder.encode(), secret.value.encode())
-        return data
 
     def _substitute_head(self, flow: http.HTTPFlow, bound: list[StoredSecret]) -> bool:
         brokered = [s for s in bound if s.placeholder]
@@ -205,7 +233,7 @@ class CredentialGuard:
             flow.request.path = path
         fields = []
         for name, value in flow.request.headers.fields:
-            new = self._swap(value, brokered)
+            new = _swap(value, brokered)
             if name.lower() == b"authorization" and new[:6].lower() == b"basic ":
                 new = _swap_basic(new, brokered)
             changed |= new != value
@@ -213,31 +241,72 @@ class CredentialGuard:
         flow.request.headers.fields = tuple(fields)
         return changed
 
+    def _unswap(self, data: bytes) -> bytes:
+        """``data`` with every brokered value, as sent or in the forms a header carries it,
+        put back to its placeholder."""
+        for secret in self.brokered.values():
+            for real, fake in _forms(secret.value, secret.placeholder):
+                data = data.replace(real.encode(), fake.encode())
+            if data[:6].lower() == b"basic ":
+                decoded = _decode_basic(data)
+                if decoded is not None and secret.value.encode() in decoded:
+                    data = b"Basic " + base64.b64encode(decoded.replace(secret.value.encode(),
+                                                                        secret.placeholder.encode()))
+        return data
+
     # ---------------------------------------------------------------- scanning
 
+    def _host_finding(self, host: str):
+        """The first credential in a host name, in whatever case it was written."""
+        if host not in self._host_findings:
+            if len(self._host_findings) > 4096:
+                self._host_findings.clear()
+            findings = [f for f in self.detector.scan_text(host) if f.kind not in self.ignore_kinds]
+            self._host_findings[host] = findings[0] if findings else None
+        return self._host_findings[host]
+
+    def _counts(self, findings, bound: list[StoredSecret]):
+        """Findings that count: not a secret this host may have, not a kind this install lets through."""
+        if not findings:
+            return findings
+        allowed = {s.label for s in bound}
+        return [f for f in findings if f.kind not in allowed and f.kind not in self.ignore_kinds]
+
+    def _budget(self, streamed: bool) -> "_Budget":
+        return _Budget(self.burst, self.per_byte, self.burst if streamed else float("inf"))
+
+    def _body_scan(self, bound: list[StoredSecret], encoding: str, streamed: bool, keep: bool = False) -> "_BodyScan":
+        return _BodyScan(self.detector, encoding, frozenset(s.label for s in bound), self.ignore_kinds,
+                         self._budget(streamed), keep)
+
     def _scan_head(self, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
-        """Findings in the host, the URL and each header: [(where, finding, field index)]."""
+        """Findings in the host, the URL, the method and each header: [(where, finding, field)];
+        field is "path", a header's index (its value, which can be masked) or None (refuse)."""
         found = []
         finding = self._host_finding(host)
         if finding is not None:
             found.append(("the host name", finding, None))
         target = flow.request.path.encode("utf-8", "surrogateescape")
-        for finding in self._scan(_neutralise(target, bound)):
+        for finding in self._counts(self.detector.scan(target), bound):
             found.append(("the URL", finding, "path"))
-        # All header values in one scan (one pass of the prefilter), mapped back to their header.
-        values, starts, at = [], [], 0
-        for name, value in flow.request.headers.fields:
-            scanned = _neutralise(value, bound)
-            if name.lower() == b"authorization" and scanned[:6].lower() == b"basic ":
-                scanned = _neutralise_basic(scanned, bound)
-            values.append(scanned)
-            starts.append(at)
-            at += len(scanned) + 1
+        # The method, then every header name and value, in one scan (one pass of the
+        # prefilter), each finding mapped back to where it was.
         fields = flow.request.headers.fields
-        for finding in self._scan(b"\n".join(values)):
-            index = bisect.bisect_right(starts, finding.start) - 1
-            local = finding._replace(start=finding.start - starts[index], end=finding.end - starts[index])
-            found.append((f"the {fields[index][0].decode('latin-1')} header", local, index))
+        parts = [flow.request.data.method] + [b for field in fields for b in field]
+        starts, at = [], 0
+        for part in parts:
+            starts.append(at)
+            at += len(part) + 1
+        for finding in self._counts(self.detector.scan(b"\n".join(parts)), bound):
+            i = bisect.bisect_right(starts, finding.start) - 1
+            local = finding._replace(start=finding.start - starts[i], end=finding.end - starts[i])
+            if i == 0:
+                found.append(("the method", local, None))
+            elif i % 2:
+                found.append(("a header name", local, None))
+            else:
+                index = (i - 1) // 2
+                found.append((f"the {fields[index][0].decode('latin-1')} header", local, index))
         return found
 
     def _must_refuse(self, kind: str) -> bool:
@@ -247,7 +316,7 @@ class CredentialGuard:
         """Refuse or mask what was found in the URL and headers; False if refused."""
         for where, finding, field in found:
             if self._must_refuse(finding.kind) or field is None:
-                self._refuse(flow, host, finding.kind, where)
+                self._refuse(flow, host, f"{finding.kind} in {where}")
                 return False
         path = flow.request.path.encode("utf-8", "surrogateescape")
         path_findings = [f for _, f, field in found if field == "path"]
@@ -259,23 +328,380 @@ class CredentialGuard:
             header_findings = [f for _, f, field in found if field == index]
             fields[index] = (name, _mask(value, header_findings))
         flow.request.headers.fields = tuple(fields)
-        self._record_mask(flow, host, [f for _, f, _ in found], ", ".join(sorted({w for w, _, _ in found})))
+        self._record_mask(flow, [f for _, f, _ in found], ", ".join(sorted({w for w, _, _ in found})))
         return True
+
+    def _check_body(self, flow: http.HTTPFlow):
+        """A buffered request body: swap placeholders on their own hosts, then refuse or mask.
+        A generator: it yields between slices, where the async driver gives the loop back."""
+        host = _host(flow)
+        bound = self._bound_to(host)
+        raw = flow.request.raw_content
+        encoding = flow.request.headers.get("content-encoding", "")
+        swappable = flow.request.scheme == "https" and any(s.placeholder for s in bound)
+        rewrite = self.action == "mask" or swappable
+        try:
+            scan = self._body_scan(bound, encoding, streamed=False, keep=rewrite)
+            findings = yield from scan.run(raw)
+            body = scan.body() if rewrite else raw
+            placeholders = {f.kind for f in findings if f.kind.startswith(PLACEHOLDER_LABEL + ":")}
+            if swappable and placeholders:
+                swapped = _swap(body, bound)
+                if swapped != body:
+                    body = swapped
+                    flow.request.content = body  # mitmproxy re-encodes and fixes Content-Length
+                    flow_state(flow).substituted = True
+                    # again: the swapped-in value may go here; a placeholder the swap could
+                    # not reach (inside base64, say) may not
+                    findings = yield from self._body_scan(bound, "", streamed=False).run(body)
+        except UndecodableBody as e:
+            self._refuse(flow, host, f"an unreadable body (content-encoding {encoding!r}: {e})")
+            return
+        except _OverBudget as e:
+            self._refuse(flow, host, f"a body that could not be scanned in time ({e})")
+            return
+        if not findings:
+            return
+        refused = [f for f in findings if self._must_refuse(f.kind)]
+        if refused:
+            self._refuse(flow, host, f"{refused[0].kind} in the body")
+            return
+        flow.request.content = _mask(body, findings)
+        self._record_mask(flow, findings, "the body")
+
+    def _check_message(self, flow: http.HTTPFlow, message):
+        """A WebSocket message (a generator, as _check_body): from the client, scanned like a
+        body; from a server that was given a swapped-in secret, put back to placeholders."""
+        host = _host(flow)
+        try:
+            if message.from_client:
+                bound = self._bound_to(host)
+                findings = yield from self._body_scan(bound, "", streamed=False).run(message.content)
+                if findings:
+                    self._refuse_message(flow, message, host, f"{findings[0].kind} in a WebSocket message")
+            elif flow_state(flow).substituted:
+                scan = _BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=False))
+                findings = yield from scan.run(message.content)
+                content = self._put_back(message.content, findings, 0)
+                if content is None:
+                    self._refuse_message(flow, message, host, f"{findings[0].kind} given back in a WebSocket message")
+                elif findings:
+                    message.content = content
+        except _OverBudget as e:
+            self._refuse_message(flow, message, host, f"a WebSocket message that could not be scanned in time ({e})")
+
+    def _refuse_message(self, flow, message, host: str, detail: str) -> None:
+        message.drop()
+        self._refuse(flow, host, detail, stage="websocket")
+
+    def _check_frame(self, flow: http.HTTPFlow, from_client: bool, payload: bytes) -> bool:
+        """A ping, pong or close payload: False if it may not pass."""
+        if from_client:
+            detector, allowed, ignore = self.detector, frozenset(s.label for s in self._bound_to(_host(flow))), \
+                self.ignore_kinds
+        elif flow_state(flow).substituted:
+            detector, allowed, ignore = self.echo_detector, frozenset(), frozenset()
+        else:
+            return True
+        try:
+            findings = list(_BodyScan(detector, "", allowed, ignore, self._budget(streamed=True)).run_sync(payload))
+        except _OverBudget:
+            findings = [Finding("an unscannable payload", 0, len(payload))]
+        if findings:
+            where = "a WebSocket control frame" if from_client else "a WebSocket control frame from the server"
+            self._refuse(flow, _host(flow), f"{findings[0].kind} in {where}", stage="websocket")
+        return not findings
+
+    def _put_back(self, data: bytes, findings, offset: int) -> bytes | None:
+        """``data`` (starting at stream offset ``offset``) with each brokered value found in it
+        replaced by its placeholder in the same shape (raw or %-escaped, any case: the length
+        stays); None if one is in a form that cannot be (base64, a JSON escape, compressed)."""
+        if not findings:
+            return data
+        out, last = [], 0
+        for f in findings:
+            s, e = f.start - offset, f.end - offset
+            secret = self.brokered.get(f.kind)
+            if secret is None or s < last:
+                return None
+            shaped = _same_shape(data[s:e], secret.value.encode(), secret.placeholder.encode())
+            if shaped is None:
+                return None
+            out += [data[last:s], shaped]
+            last = e
+        out.append(data[last:])
+        return b"".join(out)
 
     # ---------------------------------------------------------------- outcomes
 
-    def _refuse(self, flow: http.HTTPFlow, host: str, kind: str, where: str) -> None:
-        detail = f"{kind} in {where}"
-        host = self.clean(host)
-        flow.response = refusal.refusal(host, "credential", detail)
-        flow.metadata["egress.refused"] = True
-        self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method,
-                                   Decision(host, flow.request.port, False, "credential", detail=detail))
+    def _refuse(self, flow: http.HTTPFlow, host: str, detail: str, stage: str = "request") -> None:
+        """Every refusal of this guard: one event (reason=credential, the detail naming the
+        kind and where, never the value), then the flow stopped as its stage allows:
 
-    def _record_mask(self, flow: http.HTTPFlow, host: str, findings, where: str) -> None:
+        * ``request``: nothing has left; the client gets the documented 403 -- unless its
+          body is still to come and may stream (over 1 MiB, or chunked): mitmproxy cannot
+          answer such a request (it crashes: "Can't set a response and enable streaming"),
+          so it is killed and the client connection closed;
+        * ``stream``: an upload is under way; both connections are closed;
+        * ``response``: a response to the command; killed before its body (or, streaming,
+          both connections closed);
+        * ``websocket``: a close frame (1008) to both sides at the next frame.
+        """
+        method = "WEBSOCKET" if stage == "websocket" else flow.request.method
+        # One event, through the one refusal function (the first refusal of a flow stands); this
+        # guard stops the flow itself, as its stage allows. A flow already reported as allowed
+        # (an upgraded WebSocket, a response under way) gets this refusal as an event of its own.
+        state = flow_state(flow)
+        if state.reported and not state.refused:
+            state.reported = False
+        refusal.refuse(self.engine, flow, Decision(host, flow.request.port, False, "credential", detail=detail),
+                       how=refusal.NONE, method=method)
+        state.refused = True
+        host = self.clean(host)
+        if stage == "request":
+            if flow.request.raw_content is None and (flow.request.stream or _chunked(flow)):
+                flow.kill()
+            else:
+                flow.response = refusal.refusal(host, "credential", detail)
+        elif stage == "websocket" and flow.metadata.get(_CLOSE) is not None:
+            flow.metadata[_CLOSE] = True
+        elif stage == "response" and flow.killable and not callable(flow.response.stream):
+            flow.kill()
+        else:
+            _abort(flow)
+
+    def _record_mask(self, flow: http.HTTPFlow, findings, where: str) -> None:
         kinds = ", ".join(sorted({f.kind for f in findings}))
-        flow.metadata["egress.masked"] = f"{kinds} in {where}"
+        flow_state(flow).masked = f"{kinds} in {where}"
         self.engine.recorder.metrics.requests.labels("mask", "credential").inc()
+
+
+# ------------------------------------------------------------------ the scanner
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _Budget:
+    """CPU time a request may still spend scanning (see SCAN_BURST): earned by the bytes it
+    sends, paid for each slice of work."""
+
+    __slots__ = ("left", "per_byte", "cap", "mark", "spent")
+
+    def __init__(self, burst: float, per_byte: float, cap: float):
+        self.left, self.per_byte, self.cap = burst, per_byte, cap
+        self.mark = 0.0
+        self.spent = 0.0
+
+    def earn(self, n: int) -> None:
+        self.left = min(self.cap, self.left + n * self.per_byte)
+
+    def start(self) -> None:
+        self.mark = time.thread_time()
+
+    def charge(self) -> None:
+        now = time.thread_time()
+        self.left -= now - self.mark
+        self.spent += now - self.mark
+        self.mark = now
+        if self.left < 0:
+            raise _OverBudget(f"{self.spent:.2f} s of scanning spent")
+
+
+class _BodyScan:
+    """The one scanner behind every body path: the content coding undone piece by piece
+    (ContentDecoder, BODY_SCAN_LIMIT), each piece fed to a StreamScanner, the budget paid
+    after each; findings of the secrets this host may have, or of ignored kinds, dropped.
+
+    :attr:`releasable` is how far the body *as sent* may be relayed: bytes whose decoded
+    form has all been scanned and settled (for a coded body, whole chunks: a client could
+    decode no more from them than our decoder did).
+    """
+
+    def __init__(self, detector: Detector, encoding: str, allowed: frozenset, ignore: frozenset,
+                 budget: _Budget, keep: bool = False):
+        decoder = ContentDecoder(encoding, BODY_SCAN_LIMIT, SLICE)  # raises for an unknown coding
+        self.decoder = None if decoder.identity else decoder
+        self.scanner = detector.stream()
+        self.allowed, self.ignore = allowed, ignore
+        self.budget = budget
+        self.raw = 0  # bytes as sent, fed so far
+        self.marks: deque[tuple[int, int]] = deque()  # (raw end, decoded end) of each chunk not yet releasable
+        self.released = 0
+        self.kept: list[bytes] | None = [] if keep else None
+
+    # Feeding is a generator of slices: run() for the generator (the caller may yield to the
+    # event loop between slices), feed()/finish() for a stream function, run_sync() for both.
+
+    def run(self, data: bytes):
+        """Scan a whole body; a generator that yields between slices and returns the findings."""
+        found = yield from self._steps(self._pieces(data))
+        found += yield from self._steps(self._end())
+        return found
+
+    def run_sync(self, data: bytes) -> list[Finding]:
+        return _exhaust(self.run(data))
+
+    def feed(self, chunk: bytes) -> list[Finding]:
+        found = _exhaust(self._steps(self._pieces(chunk)))
+        if self.decoder is not None:
+            self.marks.append((self.raw, self.decoder.size))
+        return found
+
+    def finish(self) -> list[Finding]:
+        found = _exhaust(self._steps(self._end()))
+        self.marks.clear()
+        self.released = self.raw
+        return found
+
+    @property
+    def releasable(self) -> int:
+        settled = self.scanner.settled
+        if self.decoder is None:
+            return settled
+        while self.marks and self.marks[0][1] <= settled:
+            self.released = self.marks.popleft()[0]
+        return self.released
+
+    def body(self) -> bytes:
+        """The decoded body (kept only when asked for: to rewrite it)."""
+        return b"".join(self.kept)
+
+    def _pieces(self, data: bytes):
+        self.raw += len(data)
+        self.budget.earn(len(data))
+        if self.decoder is not None:
+            return self.decoder.feed(data)
+        return [data[k:k + SLICE] for k in range(0, len(data), SLICE)] if len(data) > SLICE else (data,)
+
+    def _end(self):
+        if self.decoder is not None:
+            yield from self.decoder.finish()
+        yield None  # the scanner's own end
+
+    def _steps(self, pieces):
+        budget, scanner, kept = self.budget, self.scanner, self.kept
+        found: list[Finding] = []
+        if type(pieces) is tuple and pieces[0] and not scanner.would_scan(len(pieces[0])):
+            # a small chunk the scanner only keeps: no work to pay for (a client sending a
+            # byte at a time must not drain its budget on bookkeeping)
+            if kept is not None:
+                kept.append(pieces[0])
+            scanner.feed(pieces[0])
+            return found
+        budget.start()
+        for piece in pieces:  # decoding happens as this loop asks for the next piece
+            if piece is None:
+                found += scanner.finish()
+            else:
+                if kept is not None:
+                    kept.append(piece)
+                found += scanner.feed(piece)
+            budget.charge()
+            yield
+            budget.start()
+        budget.charge()
+        if found:
+            found = [f for f in found if f.kind not in self.allowed and f.kind not in self.ignore]
+        return found
+
+
+def _exhaust(steps):
+    try:
+        while True:
+            next(steps)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def _drive(work) -> None:
+    """Run a scanning generator, giving the event loop back between slices: other clients
+    are served while a large body is scanned."""
+    for _ in work:
+        await asyncio.sleep(0)
+
+
+class _Relay:
+    """A mitmproxy stream function: relays a body as far as it has been scanned.
+
+    Uploads: a finding ends the request. Responses to a request that carried a swapped-in
+    secret (``echo``): a brokered value is put back to its placeholder in place if it can
+    be (same length: the Content-Length has been sent), else the response is cut off.
+
+    Nothing to relay yet is an empty list, never b"": mitmproxy sends an empty chunk of a
+    chunked body as "0\r\n\r\n", the end of the body, and what follows would reach the
+    upstream as a request of its own.
+    """
+
+    def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, scan: _BodyScan, echo: bool = False):
+        self.guard, self.flow, self.host, self.scan, self.echo = guard, flow, host, scan, echo
+        self.held = b""
+        self.offset = 0  # stream offset of held[0]
+        self.stopped = False
+
+    def __call__(self, chunk: bytes) -> bytes | list:
+        if self.stopped:
+            return []
+        where = "the response body" if self.echo else "the body"
+        try:
+            findings = self.scan.feed(chunk) if chunk else self.scan.finish()
+        except UndecodableBody as e:
+            return self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
+        except _OverBudget as e:
+            return self._stop(f"{where} could not be scanned in time ({e})")
+        self.held += chunk
+        if findings:
+            if not self.echo or self.scan.decoder is not None:
+                return self._stop(f"{findings[0].kind} {'given back ' if self.echo else ''}in {where}")
+            put_back = self.guard._put_back(self.held, findings, self.offset)
+            if put_back is None:
+                return self._stop(f"{findings[0].kind} given back in {where}")
+            self.held = put_back
+        upto = self.scan.releasable - self.offset
+        out, self.held = self.held[:upto], self.held[upto:]
+        self.offset += len(out)
+        return out or []
+
+    def _stop(self, detail: str) -> list:
+        self.stopped = True
+        self.held = b""
+        self.guard._refuse(self.flow, self.host, detail, stage="response" if self.echo else "stream")
+        return []
+
+
+def _guard_frames(guard: CredentialGuard, flow: http.HTTPFlow, from_client: bool, events):
+    """``events`` of one side's wsproto connection, with its ping, pong and close payloads
+    checked, and a close (1008, policy violation) put in when the guard asks for one."""
+    def guarded():
+        for event in events():
+            if flow.metadata.get(_CLOSE):
+                break
+            payload = None
+            if isinstance(event, (wsproto.events.Ping, wsproto.events.Pong)):
+                payload = bytes(event.payload)
+            elif isinstance(event, wsproto.events.CloseConnection):
+                payload = (event.reason or "").encode()
+            if payload and not guard._check_frame(flow, from_client, payload):
+                break
+            yield event
+            if flow.metadata.get(_CLOSE):  # set by websocket_message while this event was out
+                break
+        if flow.metadata.get(_CLOSE):
+            flow.metadata[_CLOSE] = "sent"
+            yield wsproto.events.CloseConnection(1008, "egress: refused (credential)")
+    return guarded
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _host(flow: http.HTTPFlow) -> str:
+    return flow_state(flow).host_name or flow.request.host
+
+
+def _chunked(flow: http.HTTPFlow) -> bool:
+    return "chunked" in flow.request.headers.get("transfer-encoding", "").lower()
 
 
 def _forms(fake: str, real: str):
@@ -284,21 +710,16 @@ def _forms(fake: str, real: str):
     quoted = urllib.parse.quote(fake, safe="")
     if quoted != fake:
         yield quoted, urllib.parse.quote(real, safe="")
+    escaped = json.dumps(fake)[1:-1]
+    if escaped != fake:
+        yield escaped, json.dumps(real)[1:-1]
 
 
-def _neutralise(data: bytes, bound: list[StoredSecret]) -> bytes:
-    """``data`` with the values allowed to go to this host blanked out (for scanning only)."""
+def _swap(data: bytes, bound: list[StoredSecret]) -> bytes:
     for secret in bound:
-        for form in _value_forms(secret.value):
-            if form in data:
-                data = data.replace(form, b"x" * len(form))
+        if secret.placeholder:
+            data = data.replace(secret.placeholder.encode(), secret.value.encode())
     return data
-
-
-def _value_forms(value: str) -> list[bytes]:
-    forms = {value.encode(), urllib.parse.quote(value, safe="").encode(),
-             json.dumps(value)[1:-1].encode()}
-    return sorted(forms, key=len, reverse=True)
 
 
 def _decode_basic(value: bytes) -> bytes | None:
@@ -306,14 +727,6 @@ def _decode_basic(value: bytes) -> bytes | None:
         return base64.b64decode(value[6:].strip(), validate=True)
     except ValueError:
         return None
-
-
-def _neutralise_basic(value: bytes, bound: list[StoredSecret]) -> bytes:
-    decoded = _decode_basic(value)
-    if decoded is None:
-        return value
-    cleaned = _neutralise(decoded, bound)
-    return value if cleaned == decoded else b"Basic " + base64.b64encode(cleaned)
 
 
 def _swap_basic(value: bytes, brokered: list[StoredSecret]) -> bytes:
@@ -326,34 +739,25 @@ def _swap_basic(value: bytes, brokered: list[StoredSecret]) -> bytes:
     return value if swapped == decoded else b"Basic " + base64.b64encode(swapped)
 
 
-def _replace_all(data: bytes, pairs) -> bytes:
-    for real, fake in pairs:
-        data = data.replace(real, fake)
-    return data
+_HEX = b"0123456789abcdefABCDEF"
 
 
-class _Replacer:
-    """A response stream function putting placeholders back where the real values were echoed.
-
-    Holds back the last len(value) - 1 bytes of each chunk, so a value split across
-    chunks is still found.
-    """
-
-    def __init__(self, pairs):
-        self.pairs = pairs
-        self.keep = max((len(real) for real, _ in pairs), default=1) - 1
-        self.tail = b""
-
-    def __call__(self, chunk: bytes) -> bytes:
-        if not chunk:  # end of body
-            out, self.tail = _replace_all(self.tail, self.pairs), b""
-            return out
-        data = _replace_all(self.tail + chunk, self.pairs)
-        if self.keep <= 0 or len(data) <= self.keep:
-            self.tail = data if self.keep > 0 else b""
-            return b"" if self.keep > 0 else data
-        self.tail = data[-self.keep:]
-        return data[:-self.keep]
+def _same_shape(text: bytes, real: bytes, fake: bytes) -> bytes | None:
+    """``text`` -- ``real`` as found: its bytes raw or %XX-escaped one by one, in any case --
+    with each byte replaced by ``fake``'s byte at the same place, escaped the same way: the
+    same length, and it decodes to ``fake``. None if ``text`` is not such a form of ``real``."""
+    out = bytearray()
+    i = k = 0
+    while i < len(text) and k < len(real):
+        if text[i] == 0x25 and i + 2 < len(text) and text[i + 1] in _HEX and text[i + 2] in _HEX:
+            b, escaped, i = int(text[i + 1:i + 3], 16), True, i + 3
+        else:
+            b, escaped, i = text[i], False, i + 1
+        if bytes([b]).lower() != real[k:k + 1].lower():
+            return None
+        out += b"%%%02X" % fake[k] if escaped else fake[k:k + 1]
+        k += 1
+    return bytes(out) if i == len(text) and k == len(real) else None
 
 
 def _mask(data: bytes, findings) -> bytes:
@@ -366,47 +770,10 @@ def _mask(data: bytes, findings) -> bytes:
     return b"".join(out)
 
 
-class _StreamGuard:
-    """A mitmproxy stream function: scans an upload as it streams; a finding ends the request.
-
-    The last ``detector.overlap`` bytes are held back until the next chunk has been
-    scanned with them: a token that starts near the end of one chunk is complete by
-    then, and none of its bytes has left.
-    """
-
-    def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
-        self.guard, self.flow, self.host, self.bound = guard, flow, host, bound
-        self.keep = guard.detector.overlap
-        self.held = b""
-        self.stopped = False
-
-    def __call__(self, chunk: bytes) -> bytes:
-        if self.stopped:
-            return b""
-        window = self.held + chunk
-        findings = self.guard._scan(_neutralise(window, self.bound))
-        if findings:
-            self._stop(findings[0].kind)
-            return b""
-        if not chunk:  # end of body: the rest has been scanned
-            self.held = b""
-            return window
-        cut = max(0, len(window) - self.keep)
-        self.held = window[cut:]
-        return window[:cut]
-
-    def _stop(self, kind: str) -> None:
-        self.stopped = True
-        self.flow.metadata["egress.refused"] = True
-        self.guard.engine.record_refusal(client_label(self.flow.client_conn.peername), self.flow.request.method,
-                                         Decision(self.host, self.flow.request.port, False, "credential",
-                                                  detail=f"{kind} in the body"))
-        _abort(self.flow)
-
-
 def _abort(flow: http.HTTPFlow) -> None:
     """Close both sides of a flow whose bytes are already moving."""
-    handler = ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
     if handler is None:
         return
     for connection in (flow.server_conn, flow.client_conn):

@@ -20,7 +20,7 @@ from mitmproxy import http
 
 from ..engine import Engine
 from ..failclosed import fail_closed
-from ..flowstate import LEGACY_HOST, FlowState, flow_state
+from ..flowstate import FlowState, flow_state
 from ..hosts import Host, InvalidHost, parse_authority, parse_host
 from ..policy import Decision
 from ..refusal import refuse
@@ -104,4 +104,3 @@ class PolicyGuard:
     def _remember(flow: http.HTTPFlow, state: FlowState, decision: Decision) -> None:
         """What later addons report: the rule that allowed it (the host is already in state)."""
         state.rule = decision.rule  # formatted only when an event is written
-        flow.metadata[LEGACY_HOST] = state.host.name  # read by credential_guard.py and tunnels.py

@@ -6,16 +6,27 @@ Two small addons around mitmproxy's NextLayer, which picks the protocol layer:
   ``passthrough`` list are relayed as opaque bytes, never intercepted (pinned
   certificates, non-HTTP protocols such as ssh).
 * :class:`ProtocolGuard` runs *after* NextLayer: any other tunnel must carry
-  HTTP (in TLS or not); raw TCP, DNS or UDP is refused with ``protocol``.
+  HTTP (in TLS or not); raw TCP, DNS or UDP is refused with ``protocol``. After an
+  HTTP ``101``, only a WebSocket (whose messages the credential guard reads) may
+  follow: mitmproxy relays any other upgrade -- a ``websocket`` one without
+  ``Sec-WebSocket-Version: 13`` included -- as raw, unscanned TCP, so it is refused.
+
+:func:`websocket_layer` finds the layer relaying a WebSocket flow, for the guards that
+must act on its frames (close it properly, read ping/pong/close payloads).
 """
 
 from __future__ import annotations
 
-from mitmproxy import http
+import wsproto.handshake
+from mitmproxy import ctx, http
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
+from mitmproxy.proxy.layers.websocket import WebsocketLayer
 
-from ..engine import Engine, client_label
+from .. import refusal
+from ..engine import Engine
+from ..failclosed import fail_closed
+from ..flowstate import flow_state
 from ..hosts import InvalidHost, parse_host
 from ..policy import Decision
 
@@ -24,6 +35,7 @@ class Passthrough:
     def __init__(self, engine: Engine):
         self.engine = engine
 
+    @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         context = nextlayer.context
         if nextlayer.layer is not None or context.server.address is None or context.client.tls:
@@ -41,6 +53,7 @@ class ProtocolGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
 
+    @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         chosen = nextlayer.layer
         opaque = (isinstance(chosen, TCPLayer) and chosen.flow is not None) or isinstance(
@@ -51,19 +64,57 @@ class ProtocolGuard:
         name, port, *_ = context.server.address or ("unknown", 0)
         decision = Decision(name, port, False, "protocol",
                             detail="add the host to passthrough to relay it untouched")
-        self.engine.record_refusal(client_label(context.client.peername), "TUNNEL", decision)
+        refusal.refuse(self.engine, context.client, decision, how=refusal.NONE, method="TUNNEL")
         nextlayer.layer = _Close(context)
 
-
+    @fail_closed
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        # After a 101, mitmproxy relays whatever follows as raw TCP unless it is a WebSocket
-        # (whose messages the credential guard reads): any other upgrade is refused.
-        if flow.response is not None and flow.response.status_code == 101 and \
-                flow.request.headers.get("upgrade", "").strip().lower() != "websocket":
-            decision = Decision(flow.metadata.get("egress.host") or flow.request.host, flow.request.port,
-                                False, "protocol", detail=f"upgrade to {flow.request.headers.get('upgrade', '?')[:40]!r}")
-            self.engine.record_refusal(client_label(flow.client_conn.peername), flow.request.method, decision)
-            flow.kill()
+        # After a 101, mitmproxy relays what follows as raw TCP unless it makes a WebSocket of
+        # it, by its own test (below): anything else is refused, one event.
+        if flow.response is None or flow.response.status_code != 101 or becomes_websocket(flow):
+            return
+        upgrade = flow.request.headers.get("upgrade", "?").strip()[:40]
+        if upgrade.lower() == "websocket":
+            detail = "a WebSocket upgrade mitmproxy would relay as raw TCP (no Sec-WebSocket-Version: 13)"
+        else:
+            detail = f"upgrade to {upgrade!r}"
+        decision = Decision(flow_state(flow).host_name or flow.request.host, flow.request.port,
+                            False, "protocol", detail=detail)
+        refusal.refuse(self.engine, flow, decision, how=refusal.KILL)
+        flow_state(flow).refused = True  # keeps the reporter from adding an upstream error for the killed flow
+
+
+def becomes_websocket(flow: http.HTTPFlow) -> bool:
+    """Whether mitmproxy will relay what follows this 101 as WebSocket messages: the test
+    of its HttpStream.send_response, which otherwise makes a raw TCP relay."""
+    return (flow.response.headers.get("upgrade", "").lower() == "websocket"
+            and flow.request.headers.get("Sec-WebSocket-Version", "").encode() == wsproto.handshake.WEBSOCKET_VERSION
+            and ctx.options.websocket)
+
+
+def websocket_layer(flow: http.HTTPFlow) -> WebsocketLayer | None:
+    """The layer relaying ``flow``'s WebSocket, found from its client connection's layer
+    stack (mitmproxy hands addons the flow, not the layer); None if it is not there."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+    todo = [handler.layer] if handler is not None else []
+    seen = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, WebsocketLayer) and node.flow is flow:
+            return node
+        # the ways mitmproxy's layers hold their children: NextLayer.layer, child_layer
+        # (tunnels, HTTP streams), the HTTP layer's streams, and modes that hand their
+        # events straight to a child (HttpProxy sets _handle_event to the child's)
+        todo += [getattr(node, "layer", None), getattr(node, "child_layer", None)]
+        todo += list(getattr(node, "streams", {}).values())
+        delegate = getattr(getattr(node, "_handle_event", None), "__self__", None)
+        if isinstance(delegate, layer.Layer):
+            todo.append(delegate)
+    return None
 
 
 class _Close(layer.Layer):

@@ -78,3 +78,16 @@ def context(*addons):
             yield tctx
         finally:
             tctx.master._legacy_log_events.uninstall()
+
+
+class KeepingRecorder(Recorder):
+    """A recorder that also keeps each event as it is recorded (its observers run on threads of
+    their own, so a test reading right after a hook would race them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kept: list = []
+
+    def record(self, event) -> None:
+        super().record(event)
+        self.kept.append(event)
