@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+
+import wsproto.handshake
 from dataclasses import dataclass
 
 from mitmproxy import connection, ctx, http
@@ -24,6 +26,7 @@ from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
+from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.mode_specs import ProxyMode
 
@@ -162,3 +165,89 @@ class _Close(layer.Layer):
 def closing_layer(context) -> layer.Layer:
     """A layer that closes the client connection as soon as it starts."""
     return _Close(context)
+
+
+# ------------------------------------------------------------- WebSockets
+
+
+def becomes_websocket(flow: http.HTTPFlow) -> bool:
+    """Whether mitmproxy will relay what follows this 101 as WebSocket messages: the test
+    of its HttpStream.send_response, which otherwise makes a raw TCP relay."""
+    return (flow.response.headers.get("upgrade", "").lower() == "websocket"
+            and flow.request.headers.get("Sec-WebSocket-Version", "").encode() == wsproto.handshake.WEBSOCKET_VERSION
+            and ctx.options.websocket)
+
+
+def websocket_layer(flow: http.HTTPFlow) -> WebsocketLayer | None:
+    """The layer relaying ``flow``'s WebSocket, found from its client connection's layer
+    stack (mitmproxy hands addons the flow, not the layer); None if it is not there."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+    todo = [handler.layer] if handler is not None else []
+    seen = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, WebsocketLayer) and node.flow is flow:
+            return node
+        # the ways mitmproxy's layers hold their children: NextLayer.layer, child_layer
+        # (tunnels, HTTP streams), the HTTP layer's streams, and modes that hand their
+        # events straight to a child (HttpProxy sets _handle_event to the child's)
+        todo += [getattr(node, "layer", None), getattr(node, "child_layer", None)]
+        todo += list(getattr(node, "streams", {}).values())
+        delegate = getattr(getattr(node, "_handle_event", None), "__self__", None)
+        if isinstance(delegate, layer.Layer):
+            todo.append(delegate)
+    return None
+
+
+# ------------------------------------------------- connections by their client
+
+
+def client_handler(client: connection.Client):
+    """The proxy server's handler of ``client``'s connection; None once it is gone, or with no
+    proxy server (an in-process test)."""
+    try:
+        return ctx.master.addons.get("proxyserver").connections.get(client.id)
+    except AttributeError:
+        return None
+
+
+def is_open(client: connection.Client, conn: connection.Connection | None = None) -> bool:
+    """Whether ``conn`` (default: the client's own) is still served by a running task."""
+    handler = client_handler(client)
+    io = handler.transports.get(conn or client) if handler is not None else None
+    return io is not None and io.handler is not None
+
+
+def unsent_bytes(client: connection.Client) -> int:
+    """Bytes the proxy has queued for ``client`` and not yet written (0 if unknown)."""
+    handler = client_handler(client)
+    io = handler.transports.get(client) if handler is not None else None
+    transport = getattr(getattr(io, "writer", None), "transport", None)
+    return transport.get_write_buffer_size() if transport is not None else 0
+
+
+def cancel(client: connection.Client, *conns: connection.Connection | None, reason: str) -> bool:
+    """Stop serving these connections of ``client`` now, from anywhere in the loop (their tasks
+    are cancelled; mitmproxy then closes them). False if the client's connection is gone."""
+    handler = client_handler(client)
+    if handler is None:
+        return False
+    for conn in conns:
+        io = handler.transports.get(conn) if conn is not None else None
+        if io is not None and io.handler is not None:
+            io.handler.cancel(reason)
+    return True
+
+
+def set_idle_timeout(client: connection.Client, seconds: float) -> bool:
+    """Close ``client``'s connection after ``seconds`` without traffic (mitmproxy's watchdog
+    reads its timeout at each wake-up). False if the connection is gone."""
+    handler = client_handler(client)
+    if handler is None:
+        return False
+    handler.timeout_watchdog.timeout = seconds
+    return True

@@ -11,7 +11,7 @@ and gives the client the refusal (or kills what can no longer be answered).
 
 from __future__ import annotations
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import connection, http
 
 from . import reasons
 from .flowstate import flow_state
@@ -153,15 +153,8 @@ def _kill(flow: http.HTTPFlow) -> None:
 
 def close(client: connection.Client, server: connection.Server | None = None) -> None:
     """Close a client connection (and a server connection of it) now, from anywhere in the loop."""
-    try:
-        handler = ctx.master.addons.get("proxyserver").connections.get(client.id)
-    except Exception:  # no master (an in-process test without a proxy server)
-        handler = None
-    if handler is None:
+    from . import mitm
+
+    if not mitm.cancel(client, server, client, reason="closed by egress"):
         client.error = client.error or "closed by egress"
-        return
-    for conn in (server, client):
-        io = handler.transports.get(conn) if conn is not None else None
-        if io is not None and io.handler is not None:
-            io.handler.cancel("closed by egress")
 

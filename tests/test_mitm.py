@@ -143,6 +143,29 @@ def test_close_connections_ends_a_live_flow_at_the_socket(confdir, http_upstream
     assert answer == b""  # closed before any response
 
 
+def test_client_connection_helpers_drive_the_live_connection(confdir, http_upstream):
+    seen = {}
+
+    class Probe:
+        def request(self, flow: http.HTTPFlow) -> None:
+            client = flow.client_conn
+            seen["handler"] = mitm.client_handler(client) is not None
+            seen["open"] = mitm.is_open(client)
+            seen["unsent"] = mitm.unsent_bytes(client)
+            seen["timeout"] = mitm.set_idle_timeout(client, 123.0)
+            seen["watchdog"] = mitm.client_handler(client).timeout_watchdog.timeout
+            seen["cancel"] = mitm.cancel(client, client, reason="closed by the test")
+
+    async def body(master, own, addresses):
+        return await asyncio.to_thread(exchange, addresses[0][1], get(http_upstream.url("127.0.0.1")))
+
+    answer = run_master(confdir, body, Probe())
+    assert seen == {"handler": True, "open": True, "unsent": 0, "timeout": True, "watchdog": 123.0, "cancel": True}
+    assert answer == b""  # cancelled before any response
+    gone = connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2), timestamp_start=time.time())
+    assert (mitm.client_handler(gone), mitm.is_open(gone), mitm.cancel(gone, gone, reason="x")) == (None, False, False)
+
+
 def test_feed_server_response_arrives_as_the_servers_own(confdir, http_upstream):
     flows = []
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 
-from mitmproxy import ctx, http
+from mitmproxy import http
 from mitmproxy.proxy import server_hooks
 
+from .. import mitm
 from ..addresses import classify
 from ..engine import Engine
 from ..failclosed import fail_closed
@@ -59,7 +60,7 @@ class AddressGuard:
                 return
             ip = result[0]
         if ip.is_loopback or ip.is_unspecified:
-            own = {addr[1] for addr in ctx.master.addons.get("proxyserver").listen_addrs()}
+            own = {addr[1] for addr in mitm.listen_addrs()}
             if port in own:  # it would be served by this very proxy, again and again
                 data.server.error = f"EGRESS_BLOCKED {host.name}: {port} is this proxy's own port"
                 return
@@ -76,7 +77,7 @@ class AddressGuard:
         # address), so the guard is bypassed deliberately.
         name = self._names.pop(data.server.id, None)
         if name is not None and data.server.address:
-            object.__setattr__(data.server, "address", (name, data.server.address[1]))
+            mitm.relabel_server_address(data.server, (name, data.server.address[1]))
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._names.pop(data.server.id, None)

@@ -41,9 +41,9 @@ import urllib.parse
 from collections import deque
 
 import wsproto.events
-from mitmproxy import ctx, http
+from mitmproxy import http
 
-from .. import refusal
+from .. import mitm, refusal
 from ..credentials import Credentials, StoredSecret
 from ..decode import KNOWN_CODINGS, ContentDecoder, UndecodableBody, codings
 from ..detect import Detector, Finding
@@ -51,7 +51,7 @@ from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import flow_state
 from ..policy import Decision, Policy
-from .tunnels import websocket_layer
+from ..mitm import websocket_layer
 
 ECHO_METHODS = {"TRACE", "TRACK"}
 BODY_SCAN_LIMIT = 64 * 2**20  # decoded bytes; a bigger (bomb) body is refused
@@ -772,11 +772,4 @@ def _mask(data: bytes, findings) -> bytes:
 
 def _abort(flow: http.HTTPFlow) -> None:
     """Close both sides of a flow whose bytes are already moving."""
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
-    if handler is None:
-        return
-    for connection in (flow.server_conn, flow.client_conn):
-        transport = handler.transports.get(connection)
-        if transport is not None and transport.writer is not None:
-            transport.writer.close()
+    mitm.close_connections(flow, flow.server_conn, flow.client_conn)

@@ -62,6 +62,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server, make_body_reader
 
+from .. import mitm
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import ConnState, flow_state
@@ -152,9 +153,7 @@ class Limits:
                 return
             self.per_client[address] = count + 1
             state.counted = address
-        handler = _handler(client)
-        if handler is not None:  # mitmproxy's watchdog reads its timeout at each wake-up
-            handler.timeout_watchdog.timeout = self.idle_timeout
+        mitm.set_idle_timeout(client, self.idle_timeout)
 
     def client_disconnected(self, client: connection.Client) -> None:
         state = self.engine.connections.get(client)
@@ -206,25 +205,15 @@ class Limits:
             since = state.waiting_since
             if since is None or since > deadline:
                 continue
-            handler = _handler(client)
-            io = handler.transports.get(client) if handler is not None else None
-            if io is None or io.handler is None:
+            if not mitm.is_open(client):
                 continue
-            transport = getattr(io.writer, "transport", None)
-            if transport is not None and transport.get_write_buffer_size():
+            if mitm.unsent_bytes(client):
                 continue  # still sending it our last answer: the client is reading
             state.waiting_since = None
-            io.handler.cancel("egress: no complete request head in time")
+            mitm.cancel(client, client, reason="egress: no complete request head in time")
             self.metrics.connections_limited.labels("head-timeout").inc()
             closed += 1
         return closed
-
-
-def _handler(client: connection.Client):
-    try:
-        return ctx.master.addons.get("proxyserver").connections.get(client.id)
-    except AttributeError:  # no proxy server (an in-process test)
-        return None
 
 
 class StrictHttp1Server(Http1Server):

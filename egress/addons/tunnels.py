@@ -17,13 +17,11 @@ must act on its frames (close it properly, read ping/pong/close payloads).
 
 from __future__ import annotations
 
-import wsproto.handshake
-from mitmproxy import ctx, http
-from mitmproxy.proxy import commands, events, layer
-from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
-from mitmproxy.proxy.layers.websocket import WebsocketLayer
+from mitmproxy import http
+from mitmproxy.proxy import layer
 
-from .. import refusal
+from .. import mitm, refusal
+from ..mitm import becomes_websocket
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import flow_state
@@ -46,7 +44,7 @@ class Passthrough:
         except InvalidHost:
             return
         if self.engine.policy.passthrough(host, port) is not None:
-            nextlayer.layer = TCPLayer(context, ignore=True)
+            nextlayer.layer = mitm.opaque_relay(context)
 
 
 class ProtocolGuard:
@@ -56,16 +54,14 @@ class ProtocolGuard:
     @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         chosen = nextlayer.layer
-        opaque = (isinstance(chosen, TCPLayer) and chosen.flow is not None) or isinstance(
-            chosen, (DNSLayer, UDPLayer))
-        if not opaque:
+        if not mitm.is_opaque(chosen):
             return
         context = nextlayer.context
         name, port, *_ = context.server.address or ("unknown", 0)
         decision = Decision(name, port, False, "protocol",
                             detail="add the host to passthrough to relay it untouched")
         refusal.refuse(self.engine, context.client, decision, how=refusal.NONE, method="TUNNEL")
-        nextlayer.layer = _Close(context)
+        nextlayer.layer = mitm.closing_layer(context)
 
     @fail_closed
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -82,44 +78,3 @@ class ProtocolGuard:
                             False, "protocol", detail=detail)
         refusal.refuse(self.engine, flow, decision, how=refusal.KILL)
         flow_state(flow).refused = True  # keeps the reporter from adding an upstream error for the killed flow
-
-
-def becomes_websocket(flow: http.HTTPFlow) -> bool:
-    """Whether mitmproxy will relay what follows this 101 as WebSocket messages: the test
-    of its HttpStream.send_response, which otherwise makes a raw TCP relay."""
-    return (flow.response.headers.get("upgrade", "").lower() == "websocket"
-            and flow.request.headers.get("Sec-WebSocket-Version", "").encode() == wsproto.handshake.WEBSOCKET_VERSION
-            and ctx.options.websocket)
-
-
-def websocket_layer(flow: http.HTTPFlow) -> WebsocketLayer | None:
-    """The layer relaying ``flow``'s WebSocket, found from its client connection's layer
-    stack (mitmproxy hands addons the flow, not the layer); None if it is not there."""
-    proxyserver = ctx.master.addons.get("proxyserver")
-    handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
-    todo = [handler.layer] if handler is not None else []
-    seen = set()
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, WebsocketLayer) and node.flow is flow:
-            return node
-        # the ways mitmproxy's layers hold their children: NextLayer.layer, child_layer
-        # (tunnels, HTTP streams), the HTTP layer's streams, and modes that hand their
-        # events straight to a child (HttpProxy sets _handle_event to the child's)
-        todo += [getattr(node, "layer", None), getattr(node, "child_layer", None)]
-        todo += list(getattr(node, "streams", {}).values())
-        delegate = getattr(getattr(node, "_handle_event", None), "__self__", None)
-        if isinstance(delegate, layer.Layer):
-            todo.append(delegate)
-    return None
-
-
-class _Close(layer.Layer):
-    """Closes the client connection and ignores everything else."""
-
-    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
-        if isinstance(event, events.Start):
-            yield commands.CloseConnection(self.context.client)

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import asyncio
 
-from mitmproxy import ctx, http
-from mitmproxy.net.http import http1
-from mitmproxy.proxy import events
+from mitmproxy import http
 
-from .. import refusal
+from .. import mitm, refusal
 from ..failclosed import fail_closed
 from ..flowstate import flow_state
 
@@ -50,17 +48,13 @@ class UpstreamTimeout:
 
     def _expire(self, flow: http.HTTPFlow) -> None:
         self._timers.pop(flow.id, None)
-        handler = ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
-        if handler is None or flow.response is not None or not flow.live:
+        if mitm.connection_handler(flow) is None or flow.response is not None or not flow.live:
             return
         state = flow_state(flow)
         state.upstream_error = "upstream-timeout"
-        if flow.server_conn.tls:
-            transport = handler.transports.get(flow.server_conn)
-            if transport is not None and transport.writer is not None:
-                transport.writer.close()
+        if flow.server_conn.tls:  # bytes fed in would be read as ciphertext: close it instead
+            mitm.close_connections(flow, flow.server_conn)
             return
         host = state.host_name or flow.request.host
-        response = refusal.upstream_error(host, "upstream-timeout", f"no response within {self.seconds:g} s")
-        raw = http1.assemble_response(response)
-        asyncio.ensure_future(handler.server_event(events.DataReceived(flow.server_conn, raw)))
+        mitm.feed_server_response(
+            flow, refusal.upstream_error(host, "upstream-timeout", f"no response within {self.seconds:g} s"))

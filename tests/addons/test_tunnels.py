@@ -17,7 +17,8 @@ from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 
 from egress.addons.reporter import Reporter
-from egress.addons.tunnels import ProtocolGuard, websocket_layer
+from egress.addons.tunnels import ProtocolGuard
+from egress.mitm import websocket_layer
 from egress.engine import Engine
 from egress.metrics import Metrics
 from egress.policy import Policy
