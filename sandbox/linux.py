@@ -9,12 +9,15 @@ Process tree::
 
     caller --fork--> helper (caller's PID ns) --fork--> init (PID 1) --posix_spawn--> command (PID 2)
 
-The helper unshares new user, network, mount, IPC and PID namespaces, maps the caller's own
-uid/gid, sets `lo` up, makes the listening socket and sends it to the caller over a Unix
-socket pair (SCM_RIGHTS), then waits for init. Init mounts a private /proc, enters the
-working directory, finds the program on the spec's PATH, applies Landlock to itself (its
-children inherit it) and spawns the command with vfork+exec, so that no third copy of the
-caller's memory is made. It then reaps orphans and exits with the command's status as soon
+The helper lists the host's Unix sockets (before its own network namespace hides them),
+unshares new user, network, mount, IPC and PID namespaces, maps the caller's own uid/gid,
+sets `lo` up, makes the listening socket and sends it to the caller over a Unix socket pair
+(SCM_RIGHTS), then waits for init. Init builds the command's view of the filesystem
+(sandbox/mounts.py: the host read-only, socket folders masked, host sockets covered, egress's
+state hidden), mounts a private /proc, enters the working directory, finds the program on the
+spec's PATH, applies Landlock, the seccomp filter (sandbox/seccomp.py), a new session keyring
+and an empty capability bounding set to itself (its children inherit them) and spawns the
+command with vfork+exec, so that no third copy of the caller's memory is made. It then reaps orphans and exits with the command's status as soon
 as the command ends: the kernel kills whatever else is left in the PID namespace. Init and
 the helper send the caller pidfds of their own children (only a parent can open one without
 racing the child's reaping); exit statuses travel up as exit codes. The caller learns of
@@ -25,8 +28,8 @@ Root or not, the command always gets a user namespace. Without one, root inside 
 real capabilities and could `setns` back into the host's network namespace through
 /proc/PID/ns/net, move interfaces in, or unmount what hides the host. With one, its
 capabilities reach only namespaces owned by that user namespace, so it cannot undo the
-confinement. Inside, it keeps the caller's uid: root stays uid 0 (with capabilities over the
-sandbox's own namespaces only), anyone else has no capabilities after exec. Files owned by
+confinement. Inside, it keeps the caller's uid: root stays uid 0, but with the bounding set
+emptied no one holds a capability after exec. Files owned by
 other ids appear as `nobody`. If user namespaces are refused, start() fails: it never runs
 the command unconfined. /sys is the host's (sysfs shows the network namespace of whoever
 mounted it): inside, /sys/class/net lists the host's interfaces, while `ip link` and
