@@ -78,6 +78,7 @@ import select
 import signal
 import socket
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
@@ -115,6 +116,8 @@ class SandboxSpec:
     env: the command's whole environment (nothing is inherited).
     writable: trees the command may modify (must exist); /dev/null, ttys, a private /dev/shm are added.
     read_only: folders inside the writable trees that the command may not change (egress's own code).
+    readable: folders kept visible (read-only) even where a mask would hide them; the caller's own
+        interpreter trees (sys.prefix, base_prefix) always are: a venv under /tmp stays runnable.
     hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
     replaced: files the command sees with other contents (secret files -> their placeholders).
     network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
@@ -125,7 +128,7 @@ class SandboxSpec:
     """
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
-                 "read_only", "hidden", "replaced", "stdin", "stdout", "stderr")
+                 "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr")
 
     def __init__(
         self,
@@ -137,6 +140,7 @@ class SandboxSpec:
         proxy_port: int = 3128,
         fs_confinement: bool = True,
         read_only: Sequence[str] = (),
+        readable: Sequence[str] = (),
         hidden: Sequence[str] = (),
         replaced: Mapping[str, bytes] | None = None,
         stdin: int | None = None,
@@ -155,6 +159,7 @@ class SandboxSpec:
         self.proxy_port = int(proxy_port)
         self.fs_confinement = bool(fs_confinement)
         self.read_only = [os.path.abspath(p) for p in read_only]
+        self.readable = list(dict.fromkeys(os.path.abspath(p) for p in (*readable, *_interpreter_trees())))
         self.hidden = [os.path.abspath(p) for p in hidden]
         self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
@@ -389,7 +394,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
     host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # to tell the caller our pids
     try:
         mounts.build_view(spec.writable, read_only_host=spec.fs_confinement, mask_tmp=spec.fs_confinement,
-                          readable=[spec.cwd], read_only=spec.read_only, hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
+                          readable=[spec.cwd, *spec.readable], read_only=spec.read_only, hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "mounts", f"cannot make the command's view of the filesystem: {e.strerror}")
     namespaces.mount_proc()
@@ -444,6 +449,17 @@ def _send_pidfd(chan: socket.socket, tag: bytes, child: int, host_proc: int | No
         _send_fd(chan, tag, fd)
     finally:
         os.close(fd)
+
+
+def _interpreter_trees() -> list[str]:
+    """The caller's own interpreter: its prefixes, and the folder of its executable (with the
+    virtual environment around it: under `python -S` sys.prefix does not name the venv)."""
+    trees = [sys.prefix, sys.exec_prefix, sys.base_prefix]
+    if sys.executable:
+        folder = os.path.dirname(sys.executable)
+        venv = os.path.dirname(folder)
+        trees.append(venv if os.path.isfile(os.path.join(venv, "pyvenv.cfg")) else folder)
+    return trees
 
 
 def _find_program(name: str, env: Mapping[str, str]) -> str:
