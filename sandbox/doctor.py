@@ -162,10 +162,11 @@ def check_protections() -> list[Check]:
               "the host is read-only inside: no write, chmod, chown, utime or xattr outside the writable folders",
               f"chmod on the host was not refused with EROFS ({seen['chmod']})"),
     ]
-    # The probe's own (writable) folder is put back inside the masks; anything else is a leak.
-    real_work = os.path.realpath(work)
-    leftovers = {d: [n for n in entries if not real_work.startswith(os.path.join(d, n) + "/")
-                     and real_work != os.path.join(d, n)]
+    # The probe's own (writable) folder and the interpreter's trees are put back inside the
+    # masks, read-only; anything else is a leak.
+    exposed = [os.path.realpath(p) for p in [work, *SandboxSpec(["true"], {}, "/").readable]]
+    leftovers = {d: [n for n in entries
+                     if not any(p == os.path.join(d, n) or p.startswith(os.path.join(d, n) + "/") for p in exposed)]
                  for d, entries in seen["masked"].items()}
     leftovers = {d: entries for d, entries in leftovers.items() if entries}
     sockets = [p for p in mounts.host_sockets(home=os.environ.get("HOME"), skip=mounts.MASKED)
