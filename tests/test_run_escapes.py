@@ -69,18 +69,8 @@ def test_the_command_cannot_type_into_the_callers_terminal(tmp_path):
             print("refused", e.errno)
     """)
     try:
-        process = subprocess.Popen(run_args(tmp_path, project, sys.executable, "-c", script),
-                                   stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
-                                   env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
-                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-        seen = b""
-        while process.poll() is None or _readable(master):
-            if _readable(master, 0.2):
-                try:
-                    seen += os.read(master, 4096)
-                except OSError:
-                    break
-        process.wait(timeout=60)
+        seen, _ = on_terminal(master, slave, run_args(tmp_path, project, sys.executable, "-c", script),
+                              project, tmp_path)
         pending = array.array("i", [0])
         fcntl.ioctl(slave, termios.FIONREAD, pending)  # bytes waiting in the terminal's input queue
     finally:
@@ -89,6 +79,22 @@ def test_the_command_cannot_type_into_the_callers_terminal(tmp_path):
     assert f"refused {errno.EPERM}".encode() in seen, seen
     assert pending[0] == 0  # nothing for the caller's shell to run
     assert not (tmp_path / "PWNED").exists()
+
+
+def on_terminal(master: int, slave: int, args: list[str], project, tmp_path) -> tuple[bytes, int]:
+    """Run ``args`` with the pty's slave as its controlling terminal, as a shell would; return
+    everything it wrote there and its exit status."""
+    process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
+                               env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
+                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    seen = b""
+    while process.poll() is None or _readable(master):
+        if _readable(master, 0.2):
+            try:
+                seen += os.read(master, 4096)
+            except OSError:
+                break
+    return seen, process.wait(timeout=60)
 
 
 def _readable(fd, timeout=0.0):
@@ -269,18 +275,8 @@ def test_report_lines_reach_a_terminal_the_command_took_over(tmp_path, http_upst
             print("refused", getattr(e, "code", e))
     """)
     try:
-        process = subprocess.Popen(run_args(tmp_path, project, sys.executable, "-c", script, extra=["--headless"]),
-                                   stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
-                                   env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
-                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-        seen = b""
-        while process.poll() is None or _readable(master):
-            if _readable(master, 0.2):
-                try:
-                    seen += os.read(master, 4096)
-                except OSError:
-                    break
-        status = process.wait(timeout=60)
+        seen, status = on_terminal(master, slave, run_args(tmp_path, project, sys.executable, "-c", script,
+                                                            extra=["--headless"]), project, tmp_path)
         tostop = termios.tcgetattr(slave)[3] & termios.TOSTOP
     finally:
         os.close(master)
