@@ -65,7 +65,7 @@ NONE = "none"  # the event only: the caller answers (a layer) or mitmproxy alrea
 
 
 def refuse(engine, target: http.HTTPFlow | connection.Client, decision, *, how: str = ANSWER,
-           status: int = 403, method: str | None = None) -> http.Response | None:
+           status: int = 403, method: str | None = None, after_allow: bool = False) -> http.Response | None:
     """Refuse ``target`` (a flow, or a client connection that has no flow) for ``decision``.
 
     Records exactly one ``block`` event per flow (a flow already refused or reported is
@@ -77,6 +77,9 @@ def refuse(engine, target: http.HTTPFlow | connection.Client, decision, *, how: 
     * ``KILL``: ``flow.kill()``; ``CLOSE``: both connections closed at once (stream functions,
       which run outside hooks); ``NONE``: the event only.
 
+    ``after_allow``: a flow already reported as allowed (an upgraded WebSocket, a response
+    under way) still gets this refusal as an event of its own; only a refusal stands first.
+
     Host names and details pass through ``engine.recorder.clean`` (no secret reaches the
     client or the log). ``decision`` is an :class:`egress.policy.Decision` (allowed=False).
     Returns the refusal response made, if any.
@@ -85,7 +88,7 @@ def refuse(engine, target: http.HTTPFlow | connection.Client, decision, *, how: 
     host = clean(decision.host)
     if isinstance(target, http.HTTPFlow):
         state = flow_state(target)
-        if state.reported or state.refused:
+        if state.refused or (state.reported and not after_allow):
             return None
         # A host name may carry a secret. The canonical name is lower-cased, which can hide
         # a token's shape from the redactor: then show the name as the client wrote it, redacted.

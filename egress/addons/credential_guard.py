@@ -448,15 +448,12 @@ class CredentialGuard:
         * ``websocket``: a close frame (1008) to both sides at the next frame.
         """
         method = "WEBSOCKET" if stage == "websocket" else flow.request.method
-        # One event, through the one refusal function (the first refusal of a flow stands); this
-        # guard stops the flow itself, as its stage allows. A flow already reported as allowed
-        # (an upgraded WebSocket, a response under way) gets this refusal as an event of its own.
-        state = flow_state(flow)
-        if state.reported and not state.refused:
-            state.reported = False
+        # One event, through the one refusal function (the first refusal of a flow stands, even
+        # after the flow was reported as allowed); this guard stops the flow itself, as its
+        # stage allows.
         refusal.refuse(self.engine, flow, Decision(host, flow.request.port, False, "credential", detail=detail),
-                       how=refusal.NONE, method=method)
-        state.refused = True
+                       how=refusal.NONE, method=method, after_allow=True)
+        flow_state(flow).refused = True
         host = self.clean(host)
         if stage == "request":
             if flow.request.raw_content is None and (flow.request.stream or _chunked(flow)):
