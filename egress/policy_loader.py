@@ -268,11 +268,33 @@ def builtin_dir() -> Path:
         return Path(__file__).resolve().parent.parent / "policies"
 
 
+@functools.cache
+def _builtin_sets() -> dict[Path, str]:
+    """Every shipped set's file (resolved) and text, read once per process.
+
+    They are package data, not user files: a reinstall under a running ``serve``
+    (``pip install -e .`` replacing site-packages) deletes them, and the next live
+    reload must still find them, not look for ``dev`` in the working directory.
+    """
+    sets = {}
+    for path in sorted(builtin_dir().glob("*.toml")):
+        try:
+            sets[path.resolve()] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # reported as a missing set where it is named
+    return sets
+
+
 def builtin_path(name: str) -> Path | None:
     """The file of built-in set ``name`` (``dev``), or None if there is no such set."""
     file = BUILTIN_SETS.get(name, f"{name}.toml")
-    path = builtin_dir() / file
-    return path if path.is_file() else None
+    path = (builtin_dir() / file).resolve()
+    return path if path in _builtin_sets() else None
+
+
+def _is_set_name(text: str) -> bool:
+    """A bare word (no slash, no .toml) names a built-in set, never a file in the working directory."""
+    return "/" not in text and not text.endswith(".toml")
 
 
 def read_file(path: Path) -> str:
@@ -307,7 +329,7 @@ class _Loader:
             return  # a diamond include: the same rules once
         self.loaded.add(path)
         try:
-            text = self.read(given.absolute())
+            text = _builtin_sets().get(path) or self.read(given.absolute())
         except ReadRefused as e:
             self.problems.append(Problem(str(given.absolute()), None, str(e)))
             return
@@ -368,7 +390,7 @@ class _Loader:
             if not isinstance(name, str):
                 problem(f"include: entries must be strings, not {name!r}", key="include")
                 continue
-            bare = "/" not in name and not name.endswith(".toml")
+            bare = _is_set_name(name)
             target = builtin_path(name) if bare else None
             missing = None
             if target is None:
@@ -455,10 +477,8 @@ def read_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None 
     with _gc_paused():
         for source in sources:
             path = Path(source)
-            if not path.exists() and "/" not in source and not source.endswith(".toml"):
-                builtin = builtin_path(source)
-                if builtin is not None:
-                    path = builtin
+            if _is_set_name(source):
+                path = builtin_path(source) or path  # not a set: the file's problem names it
             loader.load_file(path, ())
     policy.allow_all = policy.network == "all"
     return policy, problems

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 from conftest import DEFAULT_POLICY, proxied_session
 
@@ -151,3 +152,23 @@ def test_reload_by_control_command_and_doctor_sees_the_proxy(proxy_factory):
     doctor = subprocess.run([*egress_command(), "doctor"], capture_output=True, text=True, timeout=60, env=env)
     line = next(l for l in doctor.stdout.splitlines() if "control sockets" in l)
     assert f"serve-{proxy.process.pid}" in line and "metrics http://127.0.0.1:" in line
+
+
+def test_a_reinstall_under_a_running_serve_keeps_its_built_in_sets(proxy_factory, http_upstream, tmp_path):
+    # `pip install -e .` under a running serve deletes the installed package's policies/;
+    # the serve's next reload must still know `dev`, never look for ./dev in its cwd.
+    import shutil
+
+    repo = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    for package in ("egress", "sandbox"):
+        shutil.copytree(repo / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "policies", site / "egress" / "policies", ignore=shutil.ignore_patterns("__pycache__"))
+    proxy = proxy_factory('include = ["dev"]\n' + DEFAULT_POLICY, env={"PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"})  # not the checkout in the cwd
+    shutil.rmtree(site / "egress" / "policies")
+    proxy.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: any("policy reloaded" in line or "not reloaded" in line for line in proxy.stderr_lines),
+             "the reload")
+    assert not any("not reloaded" in line for line in proxy.stderr_lines), "".join(proxy.stderr_lines)
+    assert any(str(site) in line for line in proxy.stderr_lines if "policy reloaded" in line), "".join(proxy.stderr_lines)
+    assert status(proxy, http_upstream.url("allowed.test")) == 200

@@ -909,3 +909,10 @@ def test_allow_private_entries_take_no_port(tmp_path):
     with pytest.raises(PolicyError) as error:
         load_policy([str(path)])
     assert f"{path}:2: allow_private: 'db.example.org:5432': a port means nothing here" in str(error.value)
+
+
+def test_a_set_name_is_never_a_file_in_the_working_directory(tmp_path, monkeypatch):
+    write(tmp_path, "dev", 'allow = ["only.example"]\n')
+    monkeypatch.chdir(tmp_path)
+    assert load_policy(["dev"]).files == [str(builtin_path("dev"))]
+    assert load_policy(["./dev"]).decide("only.example", 443).allowed  # a path is a path
