@@ -11,6 +11,12 @@ The command shares the terminal, so the question is hardened against it: input
 already queued when the question is asked (typed ahead, or pushed by the command) is
 discarded first, and only an exact answer allows (:data:`ALLOW_ANSWERS`, whitespace
 aside); anything else, escape sequences included, keeps the host blocked.
+
+The answer is one key, read with the terminal out of line mode (no Enter needed,
+as the prompt shows it). What arrives in one read is the answer: a key, a key and
+Enter, or a paste; so a pasted ``ab`` or an arrow key's escape sequence is not an
+``a``. The terminal's modes are restored and what was typed after is dropped, so
+the command's next read does not get the rest of the answer.
 """
 
 from __future__ import annotations
@@ -92,8 +98,8 @@ class TerminalAsker:
                 self._write(fd, f"\negress: `{self.command}` wants to reach {host}, which is not on the allow list.\n"
                                 f"  [a] Allow for this run   [k] Keep blocked   (held {self.hold:g} s) > ")
                 answer = self._read_answer(fd, future)
+                self._write(fd, "\n")
                 if answer is None:
-                    os.write(fd, b"\n")
                     return
                 allowed = allows(answer)
                 self._write(fd, f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n")
@@ -110,19 +116,24 @@ class TerminalAsker:
         os.write(fd, terminal.for_person(text, terminal.is_terminal(fd)).encode())
 
     def _read_answer(self, fd: int, future) -> str | None:
-        """A line from the terminal, or None once the question was settled elsewhere."""
-        line = b""
-        while not future.done():
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if not ready:
-                continue
-            chunk = os.read(fd, 256)
-            if not chunk:
-                return None
-            line += chunk
-            if b"\n" in line or b"\r" in line:
-                return line.decode(errors="replace")
-        return None
+        """One key (what one read returns) from the terminal, or None once the question was
+        settled elsewhere. The terminal's modes are restored and later input dropped."""
+        saved = termios.tcgetattr(fd)
+        one_key = list(saved)
+        one_key[3] = saved[3] & ~(termios.ICANON | termios.ECHO)
+        one_key[6] = list(saved[6])
+        one_key[6][termios.VMIN], one_key[6][termios.VTIME] = 1, 0
+        termios.tcsetattr(fd, termios.TCSANOW, one_key)
+        try:
+            while not future.done():
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if ready:
+                    chunk = os.read(fd, 256)
+                    return chunk.decode(errors="replace") if chunk else None
+            return None
+        finally:
+            termios.tcflush(fd, termios.TCIFLUSH)
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 class NeverAsk:

@@ -219,6 +219,7 @@ def ask_on_pty(typed_before: str, answer: str) -> tuple[bool, str]:
         thread.join(60)
         read_until("egress: other.test ")
         assert result[0] == ("other.test" in state.grants)
+        assert termios.tcgetattr(slave)[3] & termios.ICANON, "the terminal is left out of line mode"
         return result[0], seen
     finally:
         os.close(slave)
@@ -226,6 +227,9 @@ def ask_on_pty(typed_before: str, answer: str) -> tuple[bool, str]:
 
 
 @pytest.mark.parametrize("typed_before, answer, allowed", [
+    ("", "a", True),  # one key, no Enter: what the prompt shows
+    ("", "Y", True),
+    ("", "k", False),
     ("", "a\n", True),
     ("", "  yes \n", True),
     ("", "ALLOW\n", True),
