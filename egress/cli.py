@@ -174,7 +174,7 @@ def validate(files: tuple[str, ...]) -> None:
         else:
             for warning in loaded.warnings:
                 click.echo(warning.as_warning(), err=True)
-            click.echo(f"{file}: OK ({loaded.rule_count} entries from {len(loaded.files)} file(s))")
+            click.echo(f"{file}: OK ({loaded.size} from {len(loaded.files)} file{'' if len(loaded.files) == 1 else 's'})")
     sys.exit(EXIT_REFUSED if failed else EXIT_OK)
 
 
@@ -376,7 +376,7 @@ def _serve(policies, config) -> None:
             click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
         if builder.metrics_url:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
-        click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.rule_count} entries); "
+        click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
                    f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
         try:
             await proxy.run_until_stopped()

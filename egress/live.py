@@ -114,4 +114,4 @@ class PolicyWatcher:
             return
         self.engine.replace_policy(policy)
         self._seen = self._marks()
-        self.report(f"policy reloaded: {policy.rule_count} entries from {', '.join(policy.files)}")
+        self.report(f"policy reloaded: {policy.size} from {', '.join(policy.files)}")

@@ -210,6 +210,11 @@ class Policy:
     def rule_count(self) -> int:
         return len(self._rules)
 
+    @property
+    def size(self) -> str:
+        """``1 entry``, ``19 entries``: how many rules, in words for a person."""
+        return f"{self.rule_count} {'entry' if self.rule_count == 1 else 'entries'}"
+
     # -- decisions (pure)
 
     def decide(self, host: str | Host, port: int | None = None) -> Decision:

@@ -238,7 +238,7 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
         checks.append(Check("policy", "unavailable", f"cannot be loaded: {e.problems[0]}",
                             "egress policy validate FILE lists every problem"))
     else:
-        checks.append(Check("policy", "ok", f"valid: {policy.rule_count} entries from "
+        checks.append(Check("policy", "ok", f"valid: {policy.size} from "
                                             f"{', '.join(policy.files)}"))
     return checks
 

@@ -66,6 +66,14 @@ def test_policy_validate_warns_of_a_passthrough_without_a_port_and_passes(tmp_pa
     assert "write 'pinned.example.org:443'" in result.stderr
 
 
+@pytest.mark.parametrize("entries, says", [(['"a.example"'], "1 entry from 1 file"),
+                                           (['"a.example"', '"b.example"'], "2 entries from 1 file")])
+def test_policy_validate_counts_in_words(tmp_path, entries, says):
+    policy = tmp_path / "p.toml"
+    policy.write_text(f"allow = [{', '.join(entries)}]\n")
+    assert egress(tmp_path, "policy", "validate", str(policy)).stdout == f"{policy}: OK ({says})\n"
+
+
 def test_serve_warns_at_start_up_of_a_passthrough_without_a_port(proxy_factory):
     proxy = proxy_factory()  # conftest's policy: passthrough = ["passthrough.test"]
     policy = proxy.audit_path.parent / "policy.toml"
