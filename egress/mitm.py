@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 import wsproto.handshake
 from dataclasses import dataclass
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import certs, connection, ctx, http
 from mitmproxy import master as _master
 from mitmproxy import options as _options
 from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
@@ -53,9 +54,50 @@ def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
 
     Must run inside an event loop (the master binds to the running one).
     """
+    _load_ca_once()
     master = _master.Master(_options.Options(**option_values))
     return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),
                              tlsconfig.TlsConfig())
+
+
+# ------------------------------------------------------------------ the CA, once
+
+# TlsConfig loads the CA (CertStore.from_store) on configure and again on running: each load
+# parses the CA's RSA key, which cryptography checks at length (~50-110 ms a load here, two per
+# proxy start). The store is the CA's key and certificate plus a cache of leaf certificates,
+# the same for every proxy of one process, so it is loaded once per CA file version, and the
+# warm server (egress.warmserver) loads it before it forks. Only the CA files' store is shared:
+# egress never sets mitmproxy's `certs` option (which would add certificates to it).
+_stores: dict[tuple, certs.CertStore] = {}
+
+
+def _load_ca_once() -> None:
+    current = certs.CertStore.__dict__["from_store"]
+    if getattr(current, "egress_once", False):
+        return
+    load = current.__func__
+
+    def from_store(cls, path, basename, key_size, passphrase=None):
+        ca = Path(path) / f"{basename}-ca.pem"
+        try:
+            info = ca.stat()
+        except OSError:  # not made yet: mitmproxy makes it
+            return load(cls, path, basename, key_size, passphrase)
+        key = (str(ca), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, key_size, passphrase)
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = load(cls, path, basename, key_size, passphrase)
+        return store
+
+    from_store.egress_once = True
+    certs.CertStore.from_store = classmethod(from_store)
+
+
+def preload_ca(confdir: Path) -> None:
+    """Load the CA in ``confdir`` now (if it exists), as a proxy started later will ask for it."""
+    _load_ca_once()
+    if (confdir / "mitmproxy-ca.pem").exists():
+        certs.CertStore.from_store(confdir, "mitmproxy", _options.KEY_SIZE)
 
 
 async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list[tuple[str, int]]:

@@ -124,6 +124,33 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
         handed.close()
 
 
+def test_the_ca_is_loaded_once_per_file_version(tmp_path):
+    # TlsConfig loads the CA on configure and again on running; egress.mitm makes both (and every
+    # later master's) the same store, until the CA file changes.
+    state = tmp_path / "state"
+    ensure_ca(state)
+
+    async def store():
+        master, own = mitm.new_master(listen_host="127.0.0.1", listen_port=0, mode=["regular"], server=False)
+        master.addons.add(own.core, own.proxyserver, own.next_layer, own.tls_config)
+        master.options.update(confdir=str(ca_dir(state)))
+        configured = own.tls_config.certstore
+        await mitm.start(master, own.proxyserver)  # the running hook configures it again
+        try:
+            assert own.tls_config.certstore is configured
+            return configured
+        finally:
+            mitm.stop(master)
+            await mitm.done(master)
+
+    first = asyncio.run(store())
+    assert asyncio.run(store()) is first
+    key = ca_dir(state) / "mitmproxy-ca.pem"
+    key.write_bytes(key.read_bytes())  # a new version of the file (mtime): loaded anew
+    later = asyncio.run(store())
+    assert later is not first and later.default_ca.serial == first.default_ca.serial
+
+
 # ---------------------------------------------------------- live connections
 
 
