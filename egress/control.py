@@ -155,6 +155,28 @@ def pidfd_user_namespace(pidfd: int) -> tuple[int, int]:
     return namespace
 
 
+def own_user_namespace() -> tuple[int, int] | None:
+    """Our user namespace, or None if /proc cannot tell (then every peer is refused)."""
+    try:
+        return _namespace("/proc/self/ns/user")
+    except OSError:
+        return None
+
+
+def peer_in_namespace(conn: socket.socket, namespace: tuple[int, int] | None) -> bool:
+    """True only if the peer of ``conn`` is known to live in user namespace ``namespace`` (ours:
+    so outside any sandbox). Anything that cannot be established refuses."""
+    try:
+        pidfd = peer_pidfd(conn)
+        try:
+            peer = pidfd_user_namespace(pidfd)
+        finally:
+            os.close(pidfd)
+    except Exception:  # whatever we could not establish refuses
+        return False
+    return namespace is not None and peer == namespace
+
+
 class _Handler(socketserver.StreamRequestHandler):
     server: "ControlServer"  # socketserver's handler, driven by ControlServer's own loop
 
@@ -224,10 +246,7 @@ class ControlServer:
         os.chmod(directory, 0o700)
         self.path = directory / f"{state.run_id}.sock"
         self.state = state
-        try:
-            self._user_namespace = _namespace("/proc/self/ns/user")
-        except OSError:
-            self._user_namespace = None  # no /proc: every peer is refused
+        self._user_namespace = own_user_namespace()  # None (no /proc): every peer is refused
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
         try:
@@ -262,15 +281,7 @@ class ControlServer:
 
     def peer_allowed(self, conn: socket.socket) -> bool:
         """True only if the peer is known to live in our own user namespace (so outside any sandbox)."""
-        try:
-            pidfd = peer_pidfd(conn)
-            try:
-                peer = pidfd_user_namespace(pidfd)
-            finally:
-                os.close(pidfd)
-        except Exception:  # whatever we could not establish refuses
-            return False
-        return self._user_namespace is not None and peer == self._user_namespace
+        return peer_in_namespace(conn, self._user_namespace)
 
     def close(self) -> None:
         self._wake_w.send(b"x")
