@@ -561,10 +561,14 @@ def redact(policies: tuple[str, ...]) -> None:
 @click.option("--ask", type=click.Choice(["tty", "never"]),
               help="Ask on the terminal to allow a refused host for this run (default: tty when there is one).")
 @click.option("--headless", is_flag=True, help="Never ask (same as --ask never).")
+@click.option("--proxy", "proxy_mode", type=click.Choice(["warm", "lazy"]), envvar="EGRESS_PROXY",
+              help="warm (default): the run's proxy is a child of your warm egress process (started on "
+                   "first use, gone after 10 idle minutes); lazy: it starts in this process when the "
+                   "command first connects. [env: EGRESS_PROXY]")
 @proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
-        proxy, command) -> None:
+        proxy_mode, proxy, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
@@ -580,7 +584,7 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
                          deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
                          fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
-                         ask="never" if headless else ask)
+                         ask="never" if headless else ask, proxy_mode=proxy_mode)
     try:
         status = launch(options)
     except LaunchError as e:

@@ -56,6 +56,7 @@ class RunOptions:
     proxy: ProxyConfig = ProxyConfig()  # immutable: one default serves every RunOptions
     redact: bool = False  # the command's stdout and stderr pass through the secret redactor
     ask: str | None = None  # "tty" | "never"; None: tty when egress run has a terminal
+    proxy_mode: str | None = None  # "warm" | "lazy"; None: $EGRESS_PROXY, else warm (egress.warm)
 
     @property
     def state_dir(self) -> Path | None:
@@ -83,12 +84,53 @@ def policy_reader():
     return PolicySnapshot()
 
 
-def seal_policy(reader, writable: list[str], read_only: list[str] = ()) -> None:
-    """The command runs from now on: files it can write are no longer read (only their text of now)."""
+def seal_policy(reader, writable: list[str], read_only: list[str] = ()) -> list[str]:
+    """The command runs from now on: files it can write are no longer read (only their text of now).
+    Returns the writable trees as the predicate takes them."""
     from sandbox.paths import command_writable
 
     trees = [os.path.join(os.getcwd(), tree) for tree in writable]  # as the sandbox took them
     reader.seal(lambda path: command_writable(path, trees, read_only))
+    return trees
+
+
+def proxy_mode(options: RunOptions) -> str:
+    """Where the run's proxy lives: "warm" (the per-user warm proxy, egress.warm) or "lazy" (this
+    process, started when the command first connects)."""
+    from egress.warm import MODE_ENV, MODES
+
+    mode = options.proxy_mode or os.environ.get(MODE_ENV) or "warm"
+    if mode not in MODES:
+        raise LaunchError(f"--proxy (or ${MODE_ENV}) must be one of {', '.join(MODES)}, not {mode!r}")
+    return mode
+
+
+def offer_warm(options: RunOptions, mode: str, reader, trees: list[str], own_code: list[str], credentials,
+               caller_env: dict, builder, run_id: str):
+    """The run's request to the warm proxy, sent now if it runs (see egress.warm.Handover); None
+    if it cannot be used (the run's proxy then starts in this process)."""
+    from egress.warm import Handover, installation
+
+    fds = {}
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            os.fstat(fd)
+            fds[name] = fd
+        except OSError:
+            pass
+    if builder.audit is not None and builder.audit is not sys.stdout:
+        fds["audit"] = builder.audit.fileno()
+    if builder.metrics_socket is not None:
+        fds["metrics"] = builder.metrics_socket.fileno()
+    umask = os.umask(0o077)
+    os.umask(umask)
+    request = {"installation": installation(), "run_id": run_id, "argv": options.argv, "cwd": os.getcwd(),
+               "umask": umask, "environ": caller_env, "config": options.proxy.to_dict(), "mode": mode,
+               "network": options.network, "policies": options.policies, "allow": options.allow,
+               "deny": options.deny,
+               "snapshot": {"recorded": reader.recorded(), "trees": trees, "read_only": own_code},
+               "credentials": credentials.to_dict() if credentials is not None else None}
+    return Handover.offer(options.state_dir, request, fds)
 
 
 def protect_own_code(writable: list[str]) -> list[str]:
@@ -201,6 +243,7 @@ def run(options: RunOptions) -> int:
         raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
     if options.proxy.listen is not None:  # the run's proxy serves its sandbox, and nothing else
         raise LaunchError("egress run's proxy listens only inside the sandbox; use egress serve to listen")
+    where = proxy_mode(options)
     project = options.project.resolve()
     if not project.is_dir():
         raise LaunchError(f"the project folder {options.project} does not exist")
@@ -228,7 +271,7 @@ def run(options: RunOptions) -> int:
 
     run_id = uuid.uuid4().hex[:12]
     tmpdir = Path(tempfile.mkdtemp(prefix=f"egress-run-{run_id}-"))
-    session = box = control = builder = terminal = None
+    session = box = control = builder = terminal = handover = None
     try:
         ca_bundle = None
         if networked:
@@ -265,6 +308,13 @@ def run(options: RunOptions) -> int:
                            replaced=_replaced_files(options, credentials),
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
+        if networked:
+            # From now on files the command can write are read no more (egress.snapshot): the
+            # warm proxy gets their texts of now, and builds the run's proxy while the sandbox starts.
+            trees = seal_policy(reader, spec.writable, own_code)
+            if where == "warm":
+                handover = offer_warm(options, mode, reader, trees, own_code, credentials, caller_env, builder,
+                                      run_id)
         terminal = _TerminalGuard()  # before the command can take the terminal's foreground
         try:
             box = start(spec)
@@ -276,14 +326,14 @@ def run(options: RunOptions) -> int:
             from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
-            builder.serve_metrics()  # its port was bound before the command started; threads only now
+            if handover is None:  # else the warm proxy serves them (or this process, if it falls back)
+                builder.serve_metrics()  # its port was bound before the command started; threads only now
             state = RunState(run_id, options.argv)
             if builder.metrics_url:
                 state.extra["metrics"] = builder.metrics_url
                 say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
             reporter = BlockReporter()
-            seal_policy(reader, spec.writable, own_code)  # before the proxy can start and read anything
 
             def on_event(event) -> None:
                 reporter(event)
@@ -292,7 +342,7 @@ def run(options: RunOptions) -> int:
             session = ProxySession(prepare, run_id, builder, on_event=on_event,
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
-                                   asker=_asker(options, state), state=state)
+                                   asker=_asker(options, state), state=state, warm=handover)
             session.serve_lazily(box.listen_socket)
         if outputs is not None:
             outputs.start()
@@ -312,6 +362,8 @@ def run(options: RunOptions) -> int:
     finally:
         if session is not None:
             session.stop()
+        elif handover is not None:
+            handover.close()  # the command never ran: the warm proxy's child ends at this EOF
         if control is not None:
             control.close()
         if builder is not None:
