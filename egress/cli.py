@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, NETWORK_MODES
+from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
 
@@ -202,9 +203,6 @@ def ca_path(state_dir: Path | None) -> None:
 # ------------------------------------------- the proxy's options (serve and run)
 
 
-# The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
-DEFAULT_LIMITS = {"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
-                  "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536}
 
 
 def proxy_options(*, metrics: str, audit_log: str):
@@ -579,22 +577,21 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)
         sys.exit(EXIT_LAUNCHER)
-    from sandbox.launcher import LaunchError, RunOptions, run as launch
+    from sandbox.launcher import main as launch
 
-    options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
-                         deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
-                         fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
-                         ask="never" if headless else ask, proxy_mode=proxy_mode)
-    try:
-        status = launch(options)
-    except LaunchError as e:
-        click.echo(f"egress: {e}", err=True)
-        sys.exit(e.status)
-    # Everything the run made is gone (launch cleans up before returning); skip the
-    # interpreter's teardown, which took 20 ms, and 0.2-0.3 s once mitmproxy was loaded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
+                       headless, proxy_mode, proxy, command))
+
+
+def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
+                headless, proxy_mode, proxy, command):
+    """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
+    from sandbox.launcher import RunOptions
+
+    return RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
+                      deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
+                      fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
+                      ask="never" if headless else ask, proxy_mode=proxy_mode)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 WARM_START_WAIT = 5.0  # seconds for a server started by this run to listen (its interpreter's start)
 WARM_SERVE_WAIT = 60.0  # seconds for the warm proxy to serve once it has the run (imports if it just started)

@@ -7,7 +7,6 @@ mitmproxy's file names; the private key is readable by its owner only.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -59,6 +58,8 @@ def upstream_bundle(extra_ca: Path, base: Path | None = None) -> Path:
     mitmproxy trusts one bundle for upstream servers; a company (or test) CA must
     be added to the public roots, not replace them.
     """
+    import hashlib  # here: every egress run imports this module, few need this function
+
     import certifi
 
     try:

@@ -27,6 +27,10 @@ from .contract import EXIT_LISTEN, EXIT_STATE
 
 _NOTHING = MappingProxyType({})  # an empty mapping no one can change, shared by every default
 
+# The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
+DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
+                                   "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536})
+
 
 class ProxyConfig(namedtuple("ProxyConfig", (
         "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
