@@ -219,7 +219,10 @@ class ProxySession:
         for _ in range(2):  # a server that is stopping refuses; its successor gets a second try
             if not link.sent and not self._wait_for_server(link):
                 return "fallback"
-            link.send({"op": "socket", "fds": ["listen"]}, [sock.fileno()])
+            try:
+                link.send({"op": "socket", "fds": ["listen"]}, [sock.fileno()])
+            except OSError:
+                pass  # a server that refused the run closed first: its answer is read next
             outcome = self._exchange(link, sock)
             if outcome != "again":
                 return outcome

@@ -214,7 +214,8 @@ class Server:
             if self.stale or code_fingerprint(self.folders) != self.fingerprint:
                 if not self.stale:
                     log("egress's code changed on disk since this server started: stale, exiting")
-                self.stale = self.stopping = True
+                    self.stale = self.stopping = True
+                    self._unlist()  # before the answer: the launcher's next try must not reach us
                 return _refuse(conn, "stale", "this warm server runs older code; a new one starts")
             if self.stopping:
                 return _refuse(conn, "stopping", "this warm server is stopping")
@@ -258,14 +259,18 @@ class Server:
             finally:
                 os._exit(code)
 
-    def shutdown(self) -> None:
-        """Stop listening (new runs then find no socket and start a new server), serve what
-        was already queued, then go."""
+    def _unlist(self) -> None:
+        """Remove our socket's name and our record: runs that come from now on start a new server."""
         try:
             self.paths.socket.unlink(missing_ok=True)
             self.paths.info.unlink(missing_ok=True)
         except OSError:
             pass
+
+    def shutdown(self) -> None:
+        """Stop listening (new runs then find no socket and start a new server), serve what
+        was already queued, then go."""
+        self._unlist()
         self.listener.setblocking(False)
         while True:
             try:
