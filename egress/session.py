@@ -147,7 +147,11 @@ class ProxySession:
         proxy can be built before the socket exists. ``before_serving()`` is asked just before
         the socket is served; False stops instead.
         """
+        if self._stopping.is_set():
+            return
         policy, credentials = self.prepare()
+        if self._stopping.is_set():  # the run ended while the policy was built: no proxy to start
+            return
         proxy = await self.builder.start(policy, credentials, session=self.session_id, asker=self.asker,
                                          on_event=[self.on_event] if self.on_event is not None else [])
         engine = self.builder.engine

@@ -144,6 +144,7 @@ class ChildRun:
 
         def prepare():
             policy = build_policy(options, mode, reader)
+            self._readable()  # a run that already ended (`true`) need not start a proxy
             return policy, credentials or load_credentials(policy, environ)
 
         config = ProxyConfig.from_dict(r["config"])
