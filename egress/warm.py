@@ -50,17 +50,19 @@ class WarmError(Exception):
 
 
 def installation() -> dict:
-    """What makes a server's code ours: the interpreter and where egress and sandbox come from."""
+    """What makes a server's code ours: the interpreter as invoked (a venv's python names the venv,
+    so its mitmproxy; resolving the link would name only the base interpreter), its prefix, and
+    where egress and sandbox come from."""
     import egress
     import sandbox
 
-    return {"python": os.path.realpath(sys.executable),
+    return {"python": os.path.abspath(sys.executable), "prefix": sys.prefix,
             "egress": os.path.dirname(os.path.realpath(egress.__file__)),
             "sandbox": os.path.dirname(os.path.realpath(sandbox.__file__))}
 
 
 def installation_key(identity: dict) -> str:
-    text = "\0".join(identity[k] for k in ("python", "egress", "sandbox"))
+    text = "\0".join(identity[k] for k in ("python", "prefix", "egress", "sandbox"))
     return f"{zlib.crc32(text.encode()):08x}"
 
 
