@@ -17,7 +17,7 @@ two untimed warm-up rounds), medians and p90 of the wall time (spawn to exit) an
 of everything the command made (this script's RUSAGE_CHILDREN, plus, for warm runs, the CPU
 the warm server's children used: its cutime+cstime):
 
-  true | egress run --proxy lazy -- true | egress run -- true (warm) | srt true
+  true | python -c pass | egress run --proxy lazy -- true | egress run -- true (warm) | srt true
   egress run --proxy lazy -- curl -sf URL | egress run -- curl -sf URL | srt curl -sf URL
 
 then the first proxied request: `sh -c 'curl; curl'`, curl's time_total of the first (for lazy:
@@ -216,8 +216,10 @@ def main() -> int:
             raise BenchError("the warm server never wrote its record")
         warm_pid = record["pid"]
 
+        python = str(Path(egress).parent / "python")  # the interpreter egress runs on
         variants = [
             ("true", ["true"], None),
+            ("python -c pass (egress's interpreter)", [python, "-c", "pass"], None),
             ("egress run --proxy lazy -- true", [*run, "--proxy", "lazy", "--", "true"], None),
             ("egress run -- true (warm)", [*run, "--", "true"], warm_pid),
             ("egress run --proxy lazy -- curl -sf URL", [*run, "--proxy", "lazy", "--", "curl", "-sf", url], None),
