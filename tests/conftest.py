@@ -133,6 +133,7 @@ def host_dir():
     try:
         yield path
     finally:
+        stop_warm_servers(path)  # a state folder in it has one; starting, it would make the folder again
         shutil.rmtree(path, ignore_errors=True)
 
 
