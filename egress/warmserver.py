@@ -45,6 +45,10 @@ from pathlib import Path
 from . import warm
 
 LOCK_WAIT = 3.0  # seconds to wait for a server that is stopping to release the lock
+# A spare child is forked ahead of the next run: forking this ~90 MB process took 3-15 ms, on the
+# run's critical path and competing with its sandbox for the CPUs. The next spare is forked this
+# long after a run was handed over, not to compete with that run's start.
+SPARE_PAUSE = 0.25
 REQUEST_WAIT = 30.0  # seconds a child waits for its run's request
 
 
@@ -122,11 +126,14 @@ def warm_up(state_dir: Path) -> None:
 
 
 class Server:
-    def __init__(self, paths: warm.Paths, idle: float):
+    def __init__(self, paths: warm.Paths, idle: float, lock: int = -1):
         self.paths = paths
         self.idle = idle
+        self.lock = lock  # the flock()ed descriptor: children close it, or they would keep it held
         self.listener: socket.socket | None = None
-        self.children: set[int] = set()
+        self.children: set[int] = set()  # those serving a run
+        self.spare: tuple[int, socket.socket] | None = None  # (pid, our end) of a child waiting for a run
+        self._spare_due: float | None = 0.0  # when to fork the next spare (None: not now)
         self.stopping = False
         self.stale = False
         self.fingerprint: tuple = ()
@@ -160,14 +167,20 @@ class Server:
         last_run = time.monotonic()
         while not self.stopping:
             self._reap()
+            now = time.monotonic()
             if not self.children:
                 last_run = max(last_run, self._last_exit)
-                remaining = last_run + self.idle - time.monotonic()
+                remaining = last_run + self.idle - now
                 if remaining <= 0:
                     log(f"idle for {self.idle:g} s: exiting")
                     break
             else:
                 remaining = None
+            if self.spare is None and self._spare_due is not None:
+                if now >= self._spare_due:
+                    self._fork_spare()
+                else:
+                    remaining = min(remaining, self._spare_due - now) if remaining is not None else self._spare_due - now
             try:
                 ready, _, _ = select.select([self.listener, self._wake_r], [], [], remaining)
             except InterruptedError:
@@ -189,7 +202,7 @@ class Server:
         self.stopping = True
 
     def _reap(self) -> None:
-        while self.children:
+        while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -197,8 +210,29 @@ class Server:
                 break
             if pid == 0:
                 break
+            if self.spare is not None and pid == self.spare[0]:  # it should only wait: fork another later
+                self.spare[1].close()
+                self.spare = None
+                self._spare_due = time.monotonic() + 1.0
+                continue
             self.children.discard(pid)
             self._last_exit = time.monotonic()
+
+    def _fork_spare(self) -> None:
+        self._spare_due = None
+        ours, theirs = socket.socketpair()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            log(f"cannot fork a spare: {e.strerror}")
+            ours.close()
+            theirs.close()
+            return
+        if pid == 0:
+            ours.close()
+            self._become_child(theirs, spare=True)  # never returns
+        theirs.close()
+        self.spare = (pid, ours)
 
     def _accept(self) -> None:
         try:
@@ -219,6 +253,18 @@ class Server:
                 return _refuse(conn, "stale", "this warm server runs older code; a new one starts")
             if self.stopping:
                 return _refuse(conn, "stopping", "this warm server is stopping")
+            self._spare_due = time.monotonic() + SPARE_PAUSE
+            if self.spare is not None:
+                pid, end = self.spare
+                self.spare = None
+                try:
+                    end.sendmsg([b"R"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", conn.fileno()))])
+                    self.children.add(pid)
+                    return
+                except OSError:  # the spare is gone: fork one for this run
+                    pass
+                finally:
+                    end.close()
             try:
                 pid = os.fork()
             except OSError as e:
@@ -237,7 +283,9 @@ class Server:
             return False
         return uid == os.geteuid() and peer_in_namespace(conn, self.namespace)
 
-    def _become_child(self, conn: socket.socket) -> None:
+    def _become_child(self, conn: socket.socket, spare: bool = False) -> None:
+        """The forked child's life: with ``spare``, ``conn`` is the pipe the run's connection
+        will come through (or its end, and then this child's)."""
         code = 1
         try:
             signal.set_wakeup_fd(-1)
@@ -245,10 +293,17 @@ class Server:
                 signal.signal(sig, signal.SIG_DFL)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            if self.lock >= 0:
+                os.close(self.lock)  # a replacement server must be able to take it when we go
             self.listener.close()
             gc.enable()
             from .warmrun import run_child
 
+            if spare:
+                conn = _wait_for_run(conn)
+                if conn is None:
+                    code = 0
+                    return
             code = run_child(conn, self.identity)
         except BaseException:  # noqa: BLE001 - whatever happens, the child ends here
             traceback.print_exc()
@@ -269,7 +324,7 @@ class Server:
 
     def shutdown(self) -> None:
         """Stop listening (new runs then find no socket and start a new server), serve what
-        was already queued, then go."""
+        was already queued, then go (a spare left waiting sees its pipe close, and ends)."""
         self._unlist()
         self.listener.setblocking(False)
         while True:
@@ -279,6 +334,23 @@ class Server:
                 break
             self._handle(conn)
         self.listener.close()
+        self._spare_due = None
+        if self.spare is not None:
+            self.spare[1].close()
+            self.spare = None
+
+
+def _wait_for_run(pipe: socket.socket) -> socket.socket | None:
+    """A spare's wait: the run's connection from the server, or None when the server lets it go."""
+    try:
+        _, ancillary, _, _ = pipe.recvmsg(1, socket.CMSG_SPACE(4))
+    except OSError:
+        return None
+    finally:
+        pipe.close()
+    fds = [struct.unpack("i", data[:4])[0] for level, kind, data in ancillary
+           if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS]
+    return socket.socket(fileno=fds[0]) if fds else None
 
 
 REFUSED = ("the warm proxy serves only its own user's egress run, outside egress sandboxes")
@@ -332,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             os.ftruncate(2, 0)  # the log is this server's: a start that found the lock taken only appended
     except OSError:
         pass
-    server = Server(paths, max(0.1, args.idle))
+    server = Server(paths, max(0.1, args.idle), lock)
     server.folders = code_folders()
     server.fingerprint = code_fingerprint(server.folders)  # before the imports: what they will read
     server.listen()
