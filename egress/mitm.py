@@ -109,13 +109,19 @@ async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list
     return [addr[:2] for addr in server.listen_addrs()]
 
 
-async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket) -> asyncio.Server:
-    """Serve connections from an already-listening socket (one made inside a sandbox) as a regular proxy."""
+async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket, on_accept=None) -> asyncio.Server:
+    """Serve connections from an already-listening socket (one made inside a sandbox) as a regular
+    proxy; ``on_accept()`` is called as each connection is taken."""
     instance = next(iter(server.servers), None)
     if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
         instance = ServerInstance.make(ProxyMode.parse("regular"), server)
     sock.setblocking(False)
-    return await asyncio.start_server(instance.handle_stream, sock=sock)
+    handle = instance.handle_stream
+    if on_accept is not None:
+        async def handle(reader, writer):
+            on_accept()
+            await instance.handle_stream(reader, writer)
+    return await asyncio.start_server(handle, sock=sock)
 
 
 async def stopped(master: _master.Master) -> None:

@@ -79,6 +79,7 @@ class EgressProxy:
         update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
+        self.accepted = False  # a connection came through a handed-over socket
 
     async def start(self) -> list[tuple[str, int]]:
         """Listen; return the bound addresses. Raises ListenError."""
@@ -86,7 +87,10 @@ class EgressProxy:
 
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
-        self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock))
+        self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock, on_accept=self._accepted))
+
+    def _accepted(self) -> None:
+        self.accepted = True
 
     async def run_until_stopped(self) -> None:
         try:

@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 
 from . import warm
 
@@ -58,6 +59,26 @@ def run_child(conn: socket.socket, identity: dict) -> int:
     named = dict(zip(request["fds"], fds))
     take_over(request, named)
     return ChildRun(conn, reader, request, named).serve()
+
+
+def rehearse(state_dir: Path) -> None:
+    """A spare's warm-up while it waits for a run: build the built-in policy and start (then stop) a
+    proxy as a run would. A forked child's first pass over the code copies every page it touches
+    from the server (copy-on-write) and fills lazy caches; done here, between runs, a run's own
+    build finds them done."""
+    from sandbox.launcher import RunOptions, build_policy, load_credentials
+
+    from .wiring import DEFAULT_LIMITS, ProxyBuilder, ProxyConfig
+
+    async def once() -> None:
+        policy = build_policy(RunOptions(argv=["true"]), "allowlist")
+        builder = ProxyBuilder(ProxyConfig(state_dir=state_dir, extra_options=dict(DEFAULT_LIMITS)))
+        proxy = await builder.start(policy, load_credentials(policy, {}), session="rehearsal")
+        proxy.stop()
+        await proxy.run_until_stopped()
+        builder.close()
+
+    asyncio.run(once())
 
 
 def take_over(request: dict, fds: dict[str, int]) -> None:
@@ -197,6 +218,13 @@ class ChildRun:
         self.stopping = True
         if not self.listen.done():
             self.listen.set_result(None)
+        proxy = self.session._proxy if self.session is not None else None
+        if proxy is not None and not proxy.accepted:
+            # Served, but no connection ever came (the command ended without one): no event can
+            # follow, so end now rather than after mitmproxy's shutdown, which the launcher awaits.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         if self.session is not None:
             self.session.halt()
         self.asker.fail_pending()

@@ -300,6 +300,12 @@ class Server:
             from .warmrun import run_child
 
             if spare:
+                from .warmrun import rehearse
+
+                try:
+                    rehearse(self.paths.folder.parent)
+                except Exception as e:  # noqa: BLE001 - a spare that could not rehearse still serves
+                    log(f"a spare's rehearsal failed: {e!r}")
                 conn = _wait_for_run(conn)
                 if conn is None:
                     code = 0

@@ -110,9 +110,11 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
     handed.listen()
     port = handed.getsockname()[1]
 
+    accepted = []
+
     async def body(master, own, addresses):
         assert addresses == []
-        server = await mitm.serve_socket(own.proxyserver, handed)
+        server = await mitm.serve_socket(own.proxyserver, handed, on_accept=lambda: accepted.append(1))
         try:
             return await asyncio.to_thread(exchange, port, get("http://a.test/"))
         finally:
@@ -122,6 +124,7 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
         assert b"answered by the addon" in run_master(confdir, body, Answer(), listen=False)
     finally:
         handed.close()
+    assert accepted == [1]
 
 
 def test_the_ca_is_loaded_once_per_file_version(tmp_path):
