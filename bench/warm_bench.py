@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python bench/warm_bench.py [--rounds 20] [--latency-rounds 15] [--ref REV]
                                             [--editable] [--srt PATH | --no-srt]
+      chrt -f 20 .venv/bin/python bench/warm_bench.py ...   # on a machine shared with other jobs
       Needs: curl, user namespaces; for the peer, `apt-get install -y bubblewrap socat ripgrep`
       and npm (@anthropic-ai/sandbox-runtime is installed into the temporary folder unless --srt
       names an `srt` bin).
@@ -19,6 +20,8 @@ the warm server's children used: its cutime+cstime):
 
   true | python -c pass | egress run --proxy lazy -- true | egress run -- true (warm) | srt true
   egress run --proxy lazy -- curl -sf URL | egress run -- curl -sf URL | srt curl -sf URL
+  (`egress run -- true` with no option, as a command that never connects; the curl runs with
+  --policy P --resolve bench.test:127.0.0.1, P allowing bench.test)
 
 then the first proxied request: `sh -c 'curl; curl'`, curl's time_total of the first (for lazy:
 the proxy starts then) and the second request, warm, lazy, srt and direct.
@@ -125,7 +128,8 @@ def regular_install(tmp: Path, source: Path) -> Path:
                                check=True, capture_output=True, text=True).stdout.strip())
     (site / "egress-bench.pth").write_text(f"{source}\n{sysconfig.get_paths()['purelib']}\n")
     script = venv / "bin" / "egress"
-    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom egress.cli import main\nsys.exit(main())\n")
+    entry = "egress.entry" if (source / "egress" / "entry.py").exists() else "egress.cli"  # as pyproject says
+    script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {entry} import main\nsys.exit(main())\n")
     script.chmod(0o755)
     subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", str(source)], capture_output=True)
     return script
@@ -220,8 +224,8 @@ def main() -> int:
         variants = [
             ("true", ["true"], None),
             ("python -c pass (egress's interpreter)", [python, "-c", "pass"], None),
-            ("egress run --proxy lazy -- true", [*run, "--proxy", "lazy", "--", "true"], None),
-            ("egress run -- true (warm)", [*run, "--", "true"], warm_pid),
+            ("egress run --proxy lazy -- true", [egress, "run", "--proxy", "lazy", "--", "true"], None),
+            ("egress run -- true (warm)", [egress, "run", "--", "true"], warm_pid),
             ("egress run --proxy lazy -- curl -sf URL", [*run, "--proxy", "lazy", "--", "curl", "-sf", url], None),
             ("egress run -- curl -sf URL (warm)", [*run, "--", "curl", "-sf", url], warm_pid),
         ]
@@ -280,6 +284,9 @@ def main() -> int:
             print(f"srt: {srt}")
         print(f"{args.rounds} interleaved rounds (+2 warm-up) in {walls_s:.0f} s; load at end "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):  # chrt -f N: ahead of the machine's other jobs
+            print(f"scheduling: real-time (chrt), priority {os.sched_getparam(0).sched_priority}, inherited by "
+                  f"every process measured, the warm server included")
         print()
         reference = "srt curl -sf URL" if srt else None
         header = f"{'command':<44} {'median ms':>9} {'p90 ms':>8} {'CPU ms':>7}"
