@@ -528,9 +528,11 @@ class _Relay:
             self._threads.append(thread)
 
     def _copy(self, fd: int, sink) -> None:
-        from egress.detect import StreamRedactor
+        redactor = None
+        if self.detector is not None:  # only then: importing the detector costs ~20 ms
+            from egress.detect import StreamRedactor
 
-        redactor = StreamRedactor(self.detector) if self.detector is not None else None
+            redactor = StreamRedactor(self.detector)
         sink.flush()
         out = sink.buffer
         with os.fdopen(fd, "rb", buffering=0) as source:
