@@ -123,6 +123,7 @@ def pct(values, p):
 def regular_install(tmp: Path, source: Path) -> Path:
     """A venv that sees egress as a regular install would: plain sys.path entries, no finder."""
     venv = tmp / "venv"
+    tmp.mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
@@ -169,6 +170,8 @@ def main() -> int:
     parser.add_argument("--latency-rounds", type=int, default=15)
     parser.add_argument("--ref", help="measure this commit (git archive) instead of the working tree")
     parser.add_argument("--editable", action="store_true", help="run the dev venv's editable egress")
+    parser.add_argument("--compare", metavar="REV", help="also time `egress run -- true` of this commit (a regular "
+                                                         "install of its git archive) in the same rounds")
     parser.add_argument("--srt", help="an installed srt bin")
     parser.add_argument("--no-srt", action="store_true")
     args = parser.parse_args()
@@ -188,14 +191,19 @@ def main() -> int:
             egress = str(Path(sys.executable).parent / "egress")
         else:
             egress = str(regular_install(tmp, source))
+        older = None
+        if args.compare:
+            old_source = tmp / "compare-src"
+            old_source.mkdir()
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", args.compare], capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", str(old_source)], input=archive.stdout, check=True)
+            older = (str(regular_install(tmp / "compare", old_source)),)
         srt = None if args.no_srt else (args.srt or install_srt(tmp, notes))
         for name in ("home", "state", "tmp", "project"):
             (tmp / name).mkdir()
         project = tmp / "project"
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp / "home"), "LANG": "C.UTF-8",
                "EGRESS_STATE_DIR": str(tmp / "state"), "TMPDIR": str(tmp / "tmp"), "EGRESS_WARM_IDLE": "900"}
-        if args.ref or not args.editable:
-            env["PYTHONPATH"] = str(source)
         subprocess.run([egress, "ca", "path"], env=env, cwd=project, check=True, capture_output=True)
 
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
@@ -229,6 +237,8 @@ def main() -> int:
             ("egress run --proxy lazy -- curl -sf URL", [*run, "--proxy", "lazy", "--", "curl", "-sf", url], None),
             ("egress run -- curl -sf URL (warm)", [*run, "--", "curl", "-sf", url], warm_pid),
         ]
+        if older:
+            variants.append((f"{args.compare}: egress run -- true", [older[0], "run", "--", "true"], None))
         if srt:
             variants += [("srt true", [srt, "--settings", str(srt_settings), "--", "true"], None),
                          ("srt curl -sf URL", [srt, "--settings", str(srt_settings), "--", "curl", "-sf", "--noproxy",
