@@ -135,6 +135,7 @@ class Server:
         self.listener: socket.socket | None = None
         self.children: set[int] = set()  # those serving a run
         self.spare: tuple[int, socket.socket] | None = None  # (pid, our end) of a child waiting for a run
+        self.spare_ready = False  # it has rehearsed (it said so on its end)
         self._spare_due: float | None = 0.0  # when to fork the next spare (None: not now)
         self.stopping = False
         self.stale = False
@@ -183,8 +184,11 @@ class Server:
                     self._fork_spare()
                 else:
                     remaining = min(remaining, self._spare_due - now) if remaining is not None else self._spare_due - now
+            watched = [self.listener, self._wake_r]
+            if self.spare is not None and not self.spare_ready:
+                watched.append(self.spare[1])
             try:
-                ready, _, _ = select.select([self.listener, self._wake_r], [], [], remaining)
+                ready, _, _ = select.select(watched, [], [], remaining)
             except InterruptedError:
                 continue
             if self._wake_r in ready:
@@ -193,6 +197,11 @@ class Server:
                         pass
                 except BlockingIOError:
                     pass
+            if self.spare is not None and self.spare[1] in ready:
+                try:
+                    self.spare_ready = self.spare[1].recv(1) == b"R"
+                except OSError:
+                    self.spare_ready = False
             if self.listener in ready:
                 self._accept()
         self.shutdown()
@@ -214,7 +223,7 @@ class Server:
                 break
             if self.spare is not None and pid == self.spare[0]:  # it should only wait: fork another later
                 self.spare[1].close()
-                self.spare = None
+                self.spare, self.spare_ready = None, False
                 self._spare_due = time.monotonic() + 1.0
                 continue
             self.children.discard(pid)
@@ -236,7 +245,7 @@ class Server:
             ours.close()
             self._become_child(theirs, spare=True)  # never returns
         theirs.close()
-        self.spare = (pid, ours)
+        self.spare, self.spare_ready = (pid, ours), False
 
     def _accept(self) -> None:
         try:
@@ -258,9 +267,9 @@ class Server:
             if self.stopping:
                 return _refuse(conn, "stopping", "this warm server is stopping")
             self._spare_due = time.monotonic() + SPARE_PAUSE
-            if self.spare is not None:
+            if self.spare is not None and self.spare_ready:  # one still rehearsing stays for a later run
                 pid, end = self.spare
-                self.spare = None
+                self.spare, self.spare_ready = None, False
                 try:
                     end.sendmsg([b"R"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", conn.fileno()))])
                     self.children.add(pid)
@@ -310,6 +319,11 @@ class Server:
                     rehearse(self.paths.folder.parent)
                 except Exception as e:  # noqa: BLE001 - a spare that could not rehearse still serves
                     log(f"a spare's rehearsal failed: {e!r}")
+                try:
+                    conn.send(b"R")  # ready: the server may hand us a run
+                except OSError:
+                    code = 0
+                    return
                 conn = _wait_for_run(conn)
                 if conn is None:
                     code = 0
@@ -347,7 +361,7 @@ class Server:
         self._spare_due = None
         if self.spare is not None:
             self.spare[1].close()
-            self.spare = None
+            self.spare, self.spare_ready = None, False
 
 
 def _wait_for_run(pipe: socket.socket) -> socket.socket | None:
