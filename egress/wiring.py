@@ -139,6 +139,12 @@ class ProxyBuilder:
             where = format_address(*config.listen) if config.listen else "the handed-over socket"
             raise BuildError(EXIT_LISTEN, f"cannot listen on {where}: {e}") from None
         self.engine, self.proxy = engine, proxy
+        # Everything built so far (mitmproxy's modules, the policy, the CA) lives as long as the
+        # proxy: move it out of the collector's sight, so a full collection under load walks
+        # only what requests allocate (31-44 ms pauses before; issue 11).
+        import gc
+
+        gc.freeze()
         return proxy
 
     def close(self) -> None:
