@@ -5,6 +5,10 @@ machine (like many CI images) exports its own ``SSL_CERT_FILE``,
 ``REQUESTS_CA_BUNDLE``, ``PIP_CERT``... which would otherwise win. Which client
 reads which spelling is recorded in shared/research/real-clients.md: curl ignores
 upper-case ``HTTP_PROXY``, wget ignores upper-case names, so both are set.
+
+Debian's wget (GnuTLS) ignores ``SSL_CERT_FILE`` and reads its CA only from a file named by
+a variable, so it gets a file of its own in the run's temporary folder (``WGETRC``), the
+user's own settings first and egress's after.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
     if ca_bundle:
         for name in CA_VARIABLES:
             env[name] = str(ca_bundle)
+    env.update(client_files(tmpdir, base, home or base.get("HOME"), proxy_url=proxy_url, ca_bundle=ca_bundle,
+                            no_proxy=env["no_proxy"]))
 
     env.update(FAIL_FAST)
     caches = tmpdir / "cache"
@@ -96,6 +102,42 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
     })
     env["PATH"] = extended_path(base.get("PATH", "/usr/local/bin:/usr/bin:/bin"), home or base.get("HOME"))
     return env
+
+
+def client_files(tmpdir: Path, base: dict[str, str], home: str | None, *, proxy_url: str | None,
+                 ca_bundle: Path | None, no_proxy: str) -> dict[str, str]:
+    """Write the configuration files for the run; return the variables naming them."""
+    env = {}
+    if proxy_url:
+        env["WGETRC"] = str(wgetrc(tmpdir / "wgetrc", _user_wgetrc(base, home), proxy_url=proxy_url,
+                                   ca_bundle=ca_bundle, no_proxy=no_proxy))
+    return env
+
+
+def _user_wgetrc(base: dict[str, str], home: str | None) -> str:
+    """The wgetrc wget would read after /etc/wgetrc: $WGETRC, else ~/.wgetrc ("" if none)."""
+    path = base.get("WGETRC") or (os.path.join(home, ".wgetrc") if home else None)
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | None, no_proxy: str) -> Path:
+    """wget's rc file for the run: the user's own settings, then egress's, which win.
+
+    WGETRC replaces ~/.wgetrc (/etc/wgetrc is still read first), and wget applies the lines in
+    order, the last one winning: so a user's `https_proxy` or `ca_certificate` cannot turn wget
+    away from egress, while their other settings (user agent, timeouts, ...) still apply.
+    """
+    lines = [user_text.rstrip("\n"), "", "# egress run: the proxy and the trust bundle (these lines win)"]
+    lines += [f"http_proxy = {proxy_url}", f"https_proxy = {proxy_url}", "use_proxy = on", f"no_proxy = {no_proxy}"]
+    if ca_bundle:
+        lines.append(f"ca_certificate = {ca_bundle}")
+    target.write_text("\n".join(lines).lstrip("\n") + "\n", encoding="utf-8")
+    return target
 
 
 def extended_path(path: str, home: str | None) -> str:
