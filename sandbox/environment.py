@@ -6,9 +6,10 @@ machine (like many CI images) exports its own ``SSL_CERT_FILE``,
 reads which spelling is recorded in shared/research/real-clients.md: curl ignores
 upper-case ``HTTP_PROXY``, wget ignores upper-case names, so both are set.
 
-Debian's wget (GnuTLS) ignores ``SSL_CERT_FILE`` and reads its CA only from a file named by
-a variable, so it gets a file of its own in the run's temporary folder (``WGETRC``), the
-user's own settings first and egress's after.
+Two clients read no variable for what they need, only a file named by one: Debian's wget
+(GnuTLS) ignores ``SSL_CERT_FILE``, and apt takes its proxy and CA from its configuration
+(where a system file may name another proxy), so each gets a file of its own in the run's
+temporary folder (``WGETRC``, ``APT_CONFIG``), the user's own settings first and egress's after.
 """
 
 from __future__ import annotations
@@ -104,13 +105,20 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
     return env
 
 
+APT_PARTS = "/etc/apt/apt.conf.d/"  # apt's defaults for Dir::Etc::parts and Dir::Etc::main
+APT_MAIN = "/etc/apt/apt.conf"
+
+
 def client_files(tmpdir: Path, base: dict[str, str], home: str | None, *, proxy_url: str | None,
                  ca_bundle: Path | None, no_proxy: str) -> dict[str, str]:
-    """Write the configuration files for the run; return the variables naming them."""
+    """Write the wget and apt configuration files for the run; return the variables naming them."""
     env = {}
     if proxy_url:
         env["WGETRC"] = str(wgetrc(tmpdir / "wgetrc", _user_wgetrc(base, home), proxy_url=proxy_url,
                                    ca_bundle=ca_bundle, no_proxy=no_proxy))
+    if os.path.isdir(APT_PARTS) and _apt_quotable(str(tmpdir)):
+        env["APT_CONFIG"] = str(apt_config(tmpdir / "apt.conf", tmpdir / "apt.conf.d", base.get("APT_CONFIG"),
+                                           proxy_url=proxy_url, ca_bundle=ca_bundle))
     return env
 
 
@@ -138,6 +146,46 @@ def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | No
         lines.append(f"ca_certificate = {ca_bundle}")
     target.write_text("\n".join(lines).lstrip("\n") + "\n", encoding="utf-8")
     return target
+
+
+def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, proxy_url: str | None,
+               ca_bundle: Path | None) -> Path:
+    """apt's configuration for the run: the system's own, then egress's settings, which win.
+
+    apt reads $APT_CONFIG *first*, then Dir::Etc::parts (/etc/apt/apt.conf.d) and Dir::Etc::main
+    (/etc/apt/apt.conf): a proxy named there would override one set here. So this file includes
+    them itself, in apt's order, and points those two settings at an empty folder: the system's
+    sources, keys and options stay, and egress's lines come last. Measured with apt 2.6.
+    """
+    empty_dir.mkdir(exist_ok=True)
+    lines = ["// egress run: the system's apt settings, then the sandbox's own (these win)"]
+    if caller_config and _apt_quotable(caller_config) and os.path.isfile(caller_config):
+        lines.append(f'#include "{caller_config}";')
+    lines.append(f'#include "{APT_PARTS}";')
+    if os.path.isfile(APT_MAIN):
+        lines.append(f'#include "{APT_MAIN}";')
+    lines += [
+        f'Dir::Etc::parts "{empty_dir}";',  # read already, above (a missing folder draws a warning)
+        f'Dir::Etc::main "{empty_dir}/none";',
+        # As root, apt downloads as the user _apt (setegid 65534): in the sandbox's user namespace
+        # only the caller's own ids exist, so the http method died ("setegid 65534 failed").
+        'APT::Sandbox::User "root";',
+        'Acquire::Retries "0";',
+    ]
+    if proxy_url:
+        # A system file may name another proxy, for every host or one (DIRECT), or a script that picks one.
+        for key in ("http", "https"):
+            lines += [f"#clear Acquire::{key}::Proxy;", f"#clear Acquire::{key}::Proxy-Auto-Detect;",
+                      f"#clear Acquire::{key}::ProxyAutoDetect;", f'Acquire::{key}::Proxy "{proxy_url}";']
+    if ca_bundle:
+        lines.append(f'Acquire::https::CAInfo "{ca_bundle}";')
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return target
+
+
+def _apt_quotable(value: str) -> bool:
+    """apt's configuration syntax has no escape for a quote or a line break inside a value."""
+    return not any(c in value for c in '"\n\r')
 
 
 def extended_path(path: str, home: str | None) -> str:
