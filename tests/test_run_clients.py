@@ -1,9 +1,10 @@
-"""Real clients inside `egress run`: what each one gets, and that it works.
+"""Real clients and installers inside `egress run`: what each one gets, and that it works.
 
 wget over HTTPS (it ignores SSL_CERT_FILE, so the run gives it a WGETRC), apt through a
-loopback Debian mirror (as root it drops to _apt, whose ids do not exist in the sandbox).
-Upstreams listen on the host's 127.0.0.1; the names resolve there only through the proxy's
---resolve. A test whose client is not installed is skipped with a reason naming it.
+loopback Debian mirror (as root it drops to _apt, whose ids do not exist in the sandbox),
+every installer failing at once on a refused host (no retry storm). Upstreams listen on the
+host's 127.0.0.1; the names resolve there only through the proxy's --resolve. A test whose
+client is not installed is skipped with a reason naming it.
 """
 
 from __future__ import annotations
@@ -187,3 +188,84 @@ def test_apt_get_downloads_a_package_through_egress_from_a_loopback_mirror(tmp_p
     assert (tmp_path / "project" / "egress-hello_1.0_all.deb").read_bytes() == deb
     assert server.paths[-1] == "/./egress-hello_1.0_all.deb", server.paths  # it came from the mirror
     assert "EGRESS" not in result.stderr
+
+
+# ---------------------------------------------- installers fail at once on a refused host
+
+
+def _cargo_env(tmp_path: Path, base: str) -> dict:
+    # rustup's proxy (~/.cargo/bin/cargo) finds its toolchains in RUSTUP_HOME; cargo writes its
+    # registry cache in CARGO_HOME, which must be writable inside: the project.
+    env = {"CARGO_HOME": str(tmp_path / "project" / ".cargo")}
+    rustup_home = os.environ.get("RUSTUP_HOME") or os.path.expanduser("~/.rustup")
+    if os.path.isdir(rustup_home):
+        env["RUSTUP_HOME"] = rustup_home
+    return env
+
+
+def _yarn_berry() -> str:
+    yarn = need("yarn")
+    version = subprocess.run([yarn, "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    if version.startswith("1."):
+        pytest.skip(f"yarn {version} retries a refused host 5 times (13 s here) and has no setting to stop it")
+    return yarn
+
+
+def _yarn_env(tmp_path: Path, base: str) -> dict:
+    (tmp_path / "project").mkdir(exist_ok=True)
+    (tmp_path / "project" / "package.json").write_text('{"name": "p", "version": "1.0.0"}\n')
+    return {"YARN_NPM_REGISTRY_SERVER": base}
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        pytest.skip("uv is not installed (pip install -e '.[test]' installs it)")
+    return find_uv_bin()
+
+
+# Each: how to find the tool, the command that asks the refused https://blocked.test:PORT for
+# something, and the caller's extra environment (or None). Measured by hand (egress run,
+# a refused host; about 0.6 s of each is the proxy's lazy start): pip 1 request 1.7 s, uv 4
+# requests 10.7 s before UV_HTTP_RETRIES=0 and 1 request 1.1 s after, npm 1 / 1.4 s,
+# cargo 1 / 1.1 s, git 1 / 1.0 s, wget 1 / 1.1 s, apt-get 1 / 1.6 s, go 1.19 1 / 1.4 s, yarn 4.18
+# 1 / 1.3 s (yarn 1.22: 5 requests, 13 s).
+INSTALLERS = {
+    "pip": (lambda: sys.executable,
+            lambda tool, base: ["env", "PIP_CONFIG_FILE=/dev/null", tool, "-m", "pip", "download", "--no-deps",
+                                "-d", ".", "--index-url", f"{base}/simple", "six"], None),
+    "uv": (_uv, lambda tool, base: ["sh", "-c", f"echo six | {tool} pip compile --no-config --no-cache "
+                                                f"--python {sys.executable} --index-url {base}/simple -"], None),
+    "npm": (partial(need, "npm"),
+            lambda tool, base: [tool, "view", "left-pad", "--registry", f"{base}/", "--userconfig", "/dev/null"],
+            None),
+    "cargo": (partial(need, "cargo"), lambda tool, base: [tool, "search", "--index", f"sparse+{base}/", "left-pad"],
+              _cargo_env),
+    "git": (partial(need, "git"), lambda tool, base: [tool, "ls-remote", f"{base}/repo.git"],
+            lambda tmp_path, base: {"GIT_CONFIG_NOSYSTEM": "1"}),
+    "wget": (partial(need, "wget"), lambda tool, base: [tool, "-O", "-", f"{base}/simple/six/"], None),
+    "apt-get": (partial(need, "apt-get"), lambda tool, base: [tool, "-q", "--error-on=any", "update"],
+                lambda tmp_path, base: {"APT_CONFIG": str(isolated_apt(tmp_path, f"deb [trusted=yes] {base}/ ./"))}),
+    "yarn": (_yarn_berry, lambda tool, base: [tool, "npm", "info", "left-pad"], _yarn_env),
+    "go": (partial(need, "go"),
+           lambda tool, base: ["env", f"GOPROXY={base}", "GOSUMDB=off", "GOTOOLCHAIN=local", "GOFLAGS=",
+                               tool, "mod", "download", "example.test/module@v1.0.0"], None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INSTALLERS))
+def test_an_installer_fails_at_once_on_a_refused_host_and_egress_says_so_once(tmp_path, https_upstream, name):
+    find, command, extra_env = INSTALLERS[name]
+    tool = find()
+    base = f"https://blocked.test:{https_upstream.port}"
+    result = egress_run(tmp_path, *command(tool, base), extra=["--audit-log", str(tmp_path / "audit.jsonl")],
+                        env=extra_env(tmp_path, base) if extra_env else None, timeout=180)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert re.findall(r"^EGRESS_BLOCKED .*$", result.stderr, re.M) == [
+        "EGRESS_BLOCKED blocked.test (not on the allow list)"], result.stderr
+    # What a retry storm looks like without a stopwatch: the requests the proxy refused.
+    # (uv without UV_HTTP_RETRIES=0: 4.)
+    refused = [e for e in audit(tmp_path) if e["host"] == "blocked.test" and e["decision"] == "block"]
+    assert 1 <= len(refused) <= 2, refused
+    assert https_upstream.connections == 0
