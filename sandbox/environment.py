@@ -89,6 +89,9 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
             env[name] = proxy_url
         # git reads http.proxy from its config; passed without touching the user's files.
         env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.proxy", "GIT_CONFIG_VALUE_0": proxy_url})
+        # node's built-in fetch() and http/https read the proxy variables only when asked (Node
+        # 22.21+ and 24.5+; older versions ignore this and connect directly: direct_connection_hint).
+        env["NODE_USE_ENV_PROXY"] = "1"
     if ca_bundle:
         for name in CA_VARIABLES:
             env[name] = str(ca_bundle)
@@ -227,3 +230,38 @@ def missing_runtime_hint(program: str, platform: str) -> str | None:
     if platform == "darwin":
         command = f"brew install {'node' if program in ('npm', 'npx') else 'rust' if program in ('cargo', 'rustc') else program}"
     return f"install it with: {command}\nor download it from: {page}"
+
+
+# Programs that run node code: node itself, the package managers' script runners, and any
+# script whose #! line names node (node_modules/.bin/vitest, tsx, ...).
+NODE_PROGRAMS = ("node", "nodejs", "npm", "npx", "pnpm", "pnpx", "yarn", "corepack")
+
+
+def direct_connection_hint(program: str, path: str, cwd: str, proxy_url: str) -> str:
+    """What to tell a person whose command failed after trying to connect around the proxy.
+
+    The launcher says it only when the command exited non-zero, the proxy saw no connection
+    at all, and the sandbox counted direct attempts (sandbox/netcount.py): all three exact.
+    """
+    said = (f"egress: {os.path.basename(program)} failed without a single connection through egress's proxy, "
+            f"after trying to connect directly (which cannot leave the sandbox)")
+    if _runs_node(program, path, cwd):
+        return (f"{said}: node's fetch() and http/https follow HTTPS_PROXY only from Node 22.21 and 24.5 on, "
+                f"with NODE_USE_ENV_PROXY=1 (egress sets it). Use such a node, or give fetch a proxy-aware "
+                f"dispatcher (undici's EnvHttpProxyAgent).")
+    return f"{said}: a program that ignores HTTPS_PROXY needs its own proxy setting, {proxy_url}."
+
+
+def _runs_node(program: str, path: str, cwd: str) -> bool:
+    if os.path.basename(program) in NODE_PROGRAMS:
+        return True
+    import shutil
+
+    found = os.path.join(cwd, program) if "/" in program else shutil.which(program, path=path)
+    try:
+        with open(found or "", "rb") as f:
+            first = f.read(256).split(b"\n", 1)[0]
+    except OSError:
+        return False
+    # "#!/usr/bin/node", "#!/usr/bin/env node", "#!/usr/bin/env -S node --flags"
+    return first.startswith(b"#!") and any(os.path.basename(w) in (b"node", b"nodejs") for w in first[2:].split()[:3])

@@ -1,10 +1,11 @@
 """Real clients and installers inside `egress run`: what each one gets, and that it works.
 
-wget over HTTPS (it ignores SSL_CERT_FILE, so the run gives it a WGETRC), apt through a
-loopback Debian mirror (as root it drops to _apt, whose ids do not exist in the sandbox),
-every installer failing at once on a refused host (no retry storm). Upstreams listen on the
-host's 127.0.0.1; the names resolve there only through the proxy's --resolve. A test whose
-client is not installed is skipped with a reason naming it.
+wget over HTTPS (it ignores SSL_CERT_FILE), apt through a loopback Debian mirror (as root
+it drops to _apt, whose ids do not exist in the sandbox), every installer failing at once
+on a refused host (no retry storm), and node, whose built-in fetch() reads the proxy
+variables only from Node 22.21/24.5 on. Upstreams listen on the host's 127.0.0.1; the
+names resolve there only through the proxy's --resolve. A test whose client is not
+installed is skipped with a reason naming it.
 """
 
 from __future__ import annotations
@@ -269,3 +270,69 @@ def test_an_installer_fails_at_once_on_a_refused_host_and_egress_says_so_once(tm
     refused = [e for e in audit(tmp_path) if e["host"] == "blocked.test" and e["decision"] == "block"]
     assert 1 <= len(refused) <= 2, refused
     assert https_upstream.connections == 0
+
+
+# ----------------------------------------------------------------------------- node
+
+
+def node_version(node: str) -> tuple[int, ...]:
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    return tuple(int(part) for part in out.lstrip("v").split(".")[:3])
+
+
+def follows_env_proxy(version: tuple[int, ...]) -> bool:
+    """NODE_USE_ENV_PROXY=1 makes fetch() and http/https use HTTPS_PROXY: Node 22.21+, 24.5+."""
+    return version >= (24, 5) or (22, 21) <= version < (23,)
+
+
+FETCH = "fetch(process.argv[1]).then(r => r.text()).then(t => process.stdout.write(t), e => { console.error(e.cause || e); process.exit(3) })"
+
+
+def test_node_fetch_goes_through_egress_where_node_follows_node_use_env_proxy(tmp_path, https_upstream, test_ca_file):
+    node = need("node")
+    version = node_version(node)
+    if not follows_env_proxy(version):
+        pytest.skip(f"node v{'.'.join(map(str, version))} ignores NODE_USE_ENV_PROXY (Node 22.21+ or 24.5+ follows it)")
+    ok = egress_run(tmp_path, node, "-e", FETCH, https_upstream.url("allowed.test"), upstream_ca=test_ca_file)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == "hello from upstream\n"
+    refused = egress_run(tmp_path, node, "-e", FETCH, https_upstream.url("blocked.test"))
+    assert refused.returncode == 3
+    assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in refused.stderr
+    assert https_upstream.connections == 1
+
+
+HINT = re.compile(r"^egress: (\S+) failed without a single connection through egress's proxy, after trying "
+                  r"to connect directly.*$", re.M)
+
+
+def test_a_node_command_that_failed_going_around_the_proxy_gets_a_hint(tmp_path):
+    node = need("node")
+    # NO_PROXY sends fetch() around the proxy whatever node's version: as node 20 does for every host.
+    direct = egress_run(tmp_path, node, "-e", FETCH, "https://direct.test/", env={"NO_PROXY": "direct.test"})
+    assert direct.returncode == 3, direct.stderr
+    assert HINT.findall(direct.stderr) == ["node"], direct.stderr
+    assert "NODE_USE_ENV_PROXY" in direct.stderr and "EGRESS_BLOCKED" not in direct.stderr
+
+
+def test_the_hint_is_not_given_when_the_command_did_not_go_around_the_proxy(tmp_path, http_upstream, curl_path):
+    node = need("node")
+    # Failed without touching the network.
+    offline = egress_run(tmp_path, node, "-e", "process.exit(3)")
+    # Went around the proxy, but also through it (a child curl): egress saw it, so it is no such client.
+    through = f"require('child_process').execFileSync('curl', ['-s', '{http_upstream.url('allowed.test')}']); {FETCH}"
+    mixed = egress_run(tmp_path, node, "-e", through, "https://direct.test/", env={"NO_PROXY": "direct.test"})
+    # Went around the proxy and succeeded (status 0): nothing to explain.
+    fine = egress_run(tmp_path, node, "-e", FETCH.replace("process.exit(3)", "process.exit(0)"), "https://direct.test/",
+                      env={"NO_PROXY": "direct.test"})
+    assert (offline.returncode, mixed.returncode, fine.returncode) == (3, 3, 0), mixed.stderr
+    assert len(http_upstream.requests) == 1
+    for result in (offline, mixed, fine):
+        assert not HINT.search(result.stderr), result.stderr
+
+
+def test_any_command_that_failed_going_around_the_proxy_gets_the_general_hint(tmp_path, curl_path):
+    result = egress_run(tmp_path, "curl", "-sS", "--noproxy", "*", "https://direct.test/")
+    assert result.returncode != 0
+    assert HINT.findall(result.stderr) == ["curl"], result.stderr
+    assert "a program that ignores HTTPS_PROXY needs its own proxy setting, http://127.0.0.1:3128." in result.stderr
