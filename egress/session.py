@@ -19,6 +19,7 @@ made meanwhile wait in its backlog and nothing is lost.
 
 from __future__ import annotations
 
+import select
 import selectors
 import socket
 import threading
@@ -46,15 +47,31 @@ class ProxySession:
         self.builder = builder
         self.on_event = on_event
         self.started = threading.Event()
+        self.connected = False  # a client connected: set as soon as the socket is seen readable
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
         self._proxy = None
 
     def serve_lazily(self, sock: socket.socket) -> None:
+        self._sock = sock
         self._thread = threading.Thread(target=self._run, args=(sock,), name="egress-proxy", daemon=True)
         self._thread.start()
+
+    def saw_connection(self) -> bool:
+        """Whether any client has connected to the handed-over socket, by now (call before stop()).
+
+        Exact: a connection the thread has not yet noticed is still waiting in the backlog,
+        where the socket shows readable; the thread sets ``connected`` before it closes the socket.
+        """
+        if self.connected or self._sock is None:
+            return self.connected
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (ValueError, OSError):  # closed by the thread meanwhile, after setting connected
+            return self.connected
 
     def stop(self) -> None:
         self._stopping.set()
@@ -72,6 +89,8 @@ class ProxySession:
             selector.register(sock, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             ready = {key.fileobj for key, _ in selector.select()}
+        if sock in ready:
+            self.connected = True
         if self._wake_r in ready:
             sock.close()
             return

@@ -306,6 +306,10 @@ def run(options: RunOptions) -> int:
         if status == EXIT_TIMEOUT and options.timeout is not None:
             say(f"egress: timed out after {options.timeout:g} s; the command and everything it "
                 f"started were killed")
+        elif status != 0 and session is not None and not session.saw_connection() and box.direct_attempts():
+            # It failed, egress's proxy never saw it, and it tried the network around it: a
+            # client that ignores the proxy variables (node's fetch() before Node 22.21/24.5).
+            say(environment.direct_connection_hint(options.argv[0], env["PATH"], str(project), env["HTTPS_PROXY"]))
         if session is not None and session.error is not None:
             say(f"egress: the proxy failed: {session.error}")
         return status
