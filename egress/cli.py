@@ -225,8 +225,10 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
                      help="Seconds to wait for an upstream's response head before answering 504 "
                           "(0: wait forever)."),
-        click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-                     help="Also trust this CA (PEM) for upstream servers, e.g. a company CA."),
+        # Checked by egress.trust when the proxy is built (one line, status 5 / 125), not by click (2).
+        click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
+                     help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
+                          "(e.g. the CA of a proxy that re-signs TLS on your network)."),
         click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
@@ -378,6 +380,7 @@ def _serve(policies, config) -> None:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.rule_count} entries); "
                    f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
+        click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
         try:
             await proxy.run_until_stopped()
         finally:

@@ -31,7 +31,8 @@ from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
-from .state import ca_dir, ensure_ca, upstream_bundle
+from .state import ca_dir, ensure_ca, state_dir
+from .trust import UpstreamTrust, proxy_locations, upstream_trust
 from .wiring import ProxyConfig
 
 STREAM_LARGE_BODIES = "1m"
@@ -45,7 +46,9 @@ class EgressProxy:
     Built by egress.wiring.ProxyBuilder, for `egress serve` and `egress run` alike.
     """
 
-    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None):
+    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None, trust: UpstreamTrust | None = None):
+        """``trust``: the upstream CAs, as ProxyBuilder.open() checked them (default: checked now).
+        Raises egress.state.StateError, egress.trust.TrustError."""
         self.engine = engine
         self.config = config
         ensure_ca(config.state_dir)
@@ -74,8 +77,12 @@ class EgressProxy:
             http2=False,
             stream_large_bodies=STREAM_LARGE_BODIES,
         )
-        if config.upstream_ca:
-            update["ssl_verify_upstream_trusted_ca"] = str(upstream_bundle(config.upstream_ca, config.state_dir))
+        # The system's CAs (and --upstream-ca), not mitmproxy's default of certifi's only.
+        trust = trust or upstream_trust(config.upstream_ca)
+        cafile, capath = proxy_locations(trust, config.state_dir or state_dir())
+        update["ssl_verify_upstream_trusted_ca"] = cafile
+        if capath is not None:
+            update["ssl_verify_upstream_trusted_confdir"] = capath
         update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []

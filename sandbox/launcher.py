@@ -237,13 +237,15 @@ def run(options: RunOptions) -> int:
 
             builder = ProxyBuilder(options.proxy)
             try:
-                builder.open()  # the audit log and the metrics port, before the command runs; no thread yet
+                # the upstream CAs, the audit log and the metrics port, before the command runs; no thread yet
+                builder.open()
             except BuildError as e:
                 raise LaunchError(str(e)) from None
 
             try:
-                ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
-            except StateError as e:
+                ca_bundle = environment.trust_bundle(builder.trust.roots, ensure_ca(options.state_dir),
+                                                     tmpdir / "ca-bundle.pem")
+            except (StateError, OSError) as e:
                 raise LaunchError(str(e)) from None
         command_env = dict(caller_env)
         if credentials is not None:  # the command holds placeholders, never the bound secrets
