@@ -341,6 +341,7 @@ def _serve(policies, config) -> None:
     from .live import PolicyWatcher
     from .proxy import configure_logging
     from .state import ca_cert_path
+    from .terminal import EventLines
     from .wiring import BuildError, ProxyBuilder, format_address
 
     configure_logging()
@@ -367,6 +368,8 @@ def _serve(policies, config) -> None:
         control_state.on_reload.append(watcher.reload_now)
         control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
         engine.recorder.subscribe(control_state.publish, name="control")
+        # upstream failures on stderr, as egress run prints them (refusals are in the audit log)
+        engine.recorder.subscribe(EventLines(blocked=False), name="log")
         if builder.metrics_url:
             control_state.extra["metrics"] = builder.metrics_url
         try:
@@ -573,7 +576,8 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
     failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
     cannot execute / not found. Every refusal is printed on stderr as
-    `EGRESS_BLOCKED <host> (<reason>)`. The proxy options mean what they mean for serve.
+    `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
+    `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)

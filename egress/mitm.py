@@ -141,6 +141,20 @@ def relabel_server_address(server: connection.Server, address: tuple) -> None:
     object.__setattr__(server, "address", address)
 
 
+# ------------------------------------------------------------------------ TLS
+
+
+def verify_result(ssl_conn) -> int:
+    """OpenSSL's certificate verification result (X509_V_OK = 0) of a pyOpenSSL connection, as
+    mitmproxy's own TLS layer reads it to word "Certificate verify failed: ..." (pyOpenSSL has
+    no public call for it). 0 when there is nothing to ask."""
+    from OpenSSL import SSL
+
+    if ssl_conn is None:
+        return 0
+    return int(SSL._lib.SSL_get_verify_result(ssl_conn._ssl))
+
+
 # ------------------------------------------------------------- protocol layers
 
 

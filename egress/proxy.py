@@ -6,8 +6,8 @@ Here the master carries Core, Proxyserver, NextLayer and TlsConfig, and our own
 guards, in the order the road of a request needs them:
 
     Passthrough -> NextLayer -> ProtocolGuard      (what a tunnel may carry)
-    PolicyGuard -> CredentialGuard -> AddressGuard -> Reporter
-                 (decide; keep secrets in; resolve and pin; report)
+    PolicyGuard -> CredentialGuard -> AddressGuard -> UpstreamErrors -> Reporter
+                 (decide; keep secrets in; resolve and pin; name upstream failures; report)
     UpstreamTimeout                                (504 when upstream never answers)
 
 Options chosen for an egress proxy: ``connection_strategy=lazy`` (nothing is
@@ -29,6 +29,7 @@ from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
+from .addons.upstream_errors import UpstreamErrors
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, state_dir
@@ -68,6 +69,7 @@ class EgressProxy:
             PolicyGuard(engine),
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
+            UpstreamErrors(engine),  # before the Reporter: it records the code named here
             Reporter(engine),
             UpstreamTimeout(config.upstream_timeout),
         )

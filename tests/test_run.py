@@ -30,7 +30,8 @@ POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
 
 
 def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream_ca=None, timeout=120,
-               project=None) -> subprocess.CompletedProcess:
+               project=None, env=None) -> subprocess.CompletedProcess:
+    """``egress run`` with a clean environment (plus ``env``: egress's own variables)."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(policy)
     args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state")]
@@ -44,7 +45,7 @@ def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream
     launcher_tmp = tmp_path / "launcher-tmp"  # where egress run makes its per-run folder
     launcher_tmp.mkdir(exist_ok=True)
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=project,
-                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(launcher_tmp)))
+                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(launcher_tmp), **(env or {})))
 
 
 @pytest.fixture(scope="module", autouse=True)

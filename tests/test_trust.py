@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from egress.addons.upstream_errors import UPSTREAM_CA_HINT, classify_tls_failure
 from egress.trust import SYSTEM_BUNDLES, TrustError, proxy_locations, upstream_trust
 
 
@@ -89,3 +90,28 @@ def test_mitmproxy_gets_the_bundle_where_it_lies_or_one_file_with_the_upstream_c
     text = open(cafile).read()
     assert pem.read_text() in text and extra.read_text() in text
     assert proxy_locations(both, tmp_path / "state") == (cafile, None)  # named by content: written once
+
+
+# What mitmproxy 11's TLS layer says when an upstream handshake fails, with OpenSSL's verification
+# result: each case and what egress calls it (the --upstream-ca hint only where another CA helps).
+TLS_FAILURES = [
+    ("Certificate verify failed: unable to get local issuer certificate", 20,
+     "upstream-certificate", f"unable to get local issuer certificate; {UPSTREAM_CA_HINT}"),
+    ("Certificate verify failed: self-signed certificate", 18,
+     "upstream-certificate", f"self-signed certificate; {UPSTREAM_CA_HINT}"),
+    ("Certificate verify failed: self-signed certificate in certificate chain", 19,
+     "upstream-certificate", f"self-signed certificate in certificate chain; {UPSTREAM_CA_HINT}"),
+    ("Certificate verify failed: certificate has expired", 10, "upstream-certificate", "certificate has expired"),
+    ("Certificate verify failed: hostname mismatch", 62, "upstream-certificate", "hostname mismatch"),
+    ("The remote server does not speak TLS.", 0, "tls-failed", "The remote server does not speak TLS."),
+    ("The remote server and mitmproxy cannot agree on a TLS version to use. You may need to adjust "
+     "mitmproxy's tls_version_server_min option.", 0, "tls-failed",
+     "The remote server and mitmproxy cannot agree on a TLS version to use. You may need to adjust "
+     "mitmproxy's tls_version_server_min option."),
+    ("connection closed", 0, "tls-failed", "connection closed"),
+]
+
+
+@pytest.mark.parametrize("message, verify, code, detail", TLS_FAILURES)
+def test_upstream_tls_failures_are_named(message, verify, code, detail):
+    assert classify_tls_failure(message, verify) == (code, detail)
