@@ -124,6 +124,35 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
         handed.close()
 
 
+def test_stop_serving_ends_every_connection_and_stops_listening(confdir, http_upstream):
+    disconnected = []
+
+    class Hold:
+        def client_disconnected(self, client) -> None:
+            disconnected.append(client.peername)
+
+    async def body(master, own, addresses):
+        port = addresses[0][1]
+        # one waiting on an upstream that never answers, one with half a request head
+        waiting = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port))
+        waiting.sendall(get(http_upstream.url("127.0.0.1", "/hang")))
+        idle = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port))
+        idle.sendall(b"GET http://a.test/ HTTP/1.1\r\n")
+        while len(own.proxyserver.connections) < 2:
+            await asyncio.sleep(0.01)
+        left = await mitm.stop_serving(own.proxyserver, 5.0)
+        closed = [await asyncio.to_thread(sock.recv, 1024) for sock in (waiting, idle)]
+        for sock in (waiting, idle):
+            sock.close()
+        refused = await asyncio.to_thread(lambda: socket.socket().connect_ex(("127.0.0.1", port)))
+        return left, closed, refused
+
+    left, closed, refused = run_master(confdir, body, Hold())
+    assert left == 0 and len(disconnected) == 2  # each ended through mitmproxy's own hooks
+    assert closed == [b"", b""]
+    assert refused != 0  # no longer listening
+
+
 def test_verify_result_is_openssls_code_for_a_failed_handshake(test_ca, tmp_path):
     from OpenSSL import SSL
 
