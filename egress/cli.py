@@ -225,8 +225,10 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
                      help="Seconds to wait for an upstream's response head before answering 504 "
                           "(0: wait forever)."),
-        click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-                     help="Also trust this CA (PEM) for upstream servers, e.g. a company CA."),
+        # Checked by egress.trust when the proxy is built (one line, status 5 / 125), not by click (2).
+        click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
+                     help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
+                          "(e.g. the CA of a proxy that re-signs TLS on your network)."),
         click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
@@ -339,6 +341,7 @@ def _serve(policies, config) -> None:
     from .live import PolicyWatcher
     from .proxy import configure_logging
     from .state import ca_cert_path
+    from .terminal import EventLines
     from .wiring import BuildError, ProxyBuilder, format_address
 
     configure_logging()
@@ -365,6 +368,8 @@ def _serve(policies, config) -> None:
         control_state.on_reload.append(watcher.reload_now)
         control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
         engine.recorder.subscribe(control_state.publish, name="control")
+        # upstream failures on stderr, as egress run prints them (refusals are in the audit log)
+        engine.recorder.subscribe(EventLines(blocked=False), name="log")
         if builder.metrics_url:
             control_state.extra["metrics"] = builder.metrics_url
         try:
@@ -378,6 +383,7 @@ def _serve(policies, config) -> None:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
                    f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
+        click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
         try:
             await proxy.run_until_stopped()
         finally:
@@ -570,7 +576,8 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
     failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
     cannot execute / not found. Every refusal is printed on stderr as
-    `EGRESS_BLOCKED <host> (<reason>)`. The proxy options mean what they mean for serve.
+    `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
+    `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)

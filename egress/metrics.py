@@ -27,6 +27,10 @@ class Metrics:
         self.blocked = Counter(
             "egress_blocked", "Refused requests by registrable domain (bounded) and reason.",
             ["domain", "reason"], registry=r)
+        self.upstream_errors = Counter(
+            "egress_upstream_errors", "Allowed requests whose upstream could not be reached, by registrable "
+            "domain (bounded, as egress_blocked_total) and reason (dns-failed, dns-timeout, connect-failed, "
+            "upstream-timeout, upstream-certificate, tls-failed).", ["domain", "reason"], registry=r)
         self.upstream_connect = Histogram(
             "egress_upstream_connect_seconds", "Time to open the TCP connection to upstream.",
             buckets=_LATENCY_BUCKETS, registry=r)

@@ -76,6 +76,27 @@ async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket) -> 
     return await asyncio.start_server(instance.handle_stream, sock=sock)
 
 
+async def stop_serving(server: proxyserver.Proxyserver, timeout: float) -> int:
+    """Stop listening, end every client connection, and wait until their handlers have finished
+    (at most ``timeout`` seconds); the number still open then.
+
+    mitmproxy itself leaves them to be cancelled when the loop ends, mid-hook: their last events
+    were lost, and Python 3.11 reported each such cancelled task as an error (egress.proxy).
+    """
+    await server.servers.update([])  # mitmproxy's own listeners (egress serve); handed sockets are the caller's
+    loop = asyncio.get_running_loop()
+    for _ in range(3):  # a connection accepted just now: its handler registers on its first step
+        await asyncio.sleep(0)
+    for handler in list(server.connections.values()):
+        io = handler.transports.get(handler.client)
+        if io is not None and io.handler is not None:
+            io.handler.cancel("egress is stopping")  # handle_client then closes its servers and returns
+    deadline = loop.time() + timeout
+    while server.connections and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    return len(server.connections)
+
+
 async def stopped(master: _master.Master) -> None:
     """Returns once :func:`stop` was called."""
     await master.should_exit.wait()
@@ -139,6 +160,20 @@ def relabel_server_address(server: connection.Server, address: tuple) -> None:
     mitmproxy reuses the connection by name) is exactly what is wanted here.
     """
     object.__setattr__(server, "address", address)
+
+
+# ------------------------------------------------------------------------ TLS
+
+
+def verify_result(ssl_conn) -> int:
+    """OpenSSL's certificate verification result (X509_V_OK = 0) of a pyOpenSSL connection, as
+    mitmproxy's own TLS layer reads it to word "Certificate verify failed: ..." (pyOpenSSL has
+    no public call for it). 0 when there is nothing to ask."""
+    from OpenSSL import SSL
+
+    if ssl_conn is None:
+        return 0
+    return int(SSL._lib.SSL_get_verify_result(ssl_conn._ssl))
 
 
 # ------------------------------------------------------------- protocol layers

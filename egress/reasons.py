@@ -24,6 +24,8 @@ UPSTREAM_ERRORS: dict[str, tuple[int, str]] = {
     "dns-timeout": (504, "the name did not resolve in time"),
     "connect-failed": (502, "the upstream server could not be reached"),
     "upstream-timeout": (504, "the upstream server did not answer in time"),
+    "upstream-certificate": (502, "the upstream server's certificate did not verify"),
+    "tls-failed": (502, "the TLS handshake with the upstream server failed"),
 }
 
 ALLOWED = "allowed"

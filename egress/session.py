@@ -97,6 +97,9 @@ class ProxySession:
         try:
             import asyncio
 
+            from .proxy import quiet_for_run
+
+            quiet_for_run()  # the command's stderr is the person's: only egress's lines join it
             asyncio.run(self._serve(sock))
         except BaseException as e:  # reported by the launcher; the command then sees refused connections
             self.error = e

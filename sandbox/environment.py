@@ -54,21 +54,10 @@ RUNTIME_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "~/.nvm/current/bin", "~/
                 "~/.volta/bin", "~/.local/share/mise/shims", "~/.asdf/shims", "~/.pyenv/shims", "~/.rbenv/shims",
                 "~/.cargo/bin", "~/go/bin", "~/.bun/bin", "~/.deno/bin", "~/.local/bin")
 
-SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
-                  "/etc/ssl/cert.pem", "/etc/ssl/ca-bundle.pem")
-
-
-def trust_bundle(egress_ca: Path, target: Path) -> Path:
-    """Write one bundle = the system's CAs + egress's CA (passthrough hosts still need real roots)."""
-    parts = []
-    for candidate in SYSTEM_BUNDLES:
-        if os.path.isfile(candidate):
-            parts.append(Path(candidate).read_text(encoding="utf-8", errors="replace"))
-            break
-    else:
-        import certifi
-
-        parts.append(Path(certifi.where()).read_text(encoding="utf-8"))
+def trust_bundle(roots: list[str], egress_ca: Path, target: Path) -> Path:
+    """Write one bundle: the roots egress trusts upstream (egress.trust: the system's CAs and
+    --upstream-ca; passthrough hosts are verified by the command itself) and egress's CA."""
+    parts = [Path(path).read_text(encoding="utf-8", errors="replace") for path in roots]
     parts.append(egress_ca.read_text(encoding="utf-8"))
     target.write_text("\n".join(parts), encoding="utf-8")
     return target

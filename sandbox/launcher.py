@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
-from egress.terminal import say
+from egress.terminal import EventLines, say
 from egress.wiring import ProxyConfig
 
 from . import environment
@@ -175,26 +175,6 @@ def _policy_failure(error) -> LaunchError:
     return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
 
 
-class BlockReporter:
-    """Prints ``EGRESS_BLOCKED <host> (<reason>)`` on stderr once per host and reason, as it happens."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.seen: set[tuple[str, str]] = set()
-        self.lock = threading.Lock()
-
-    def __call__(self, event) -> None:
-        if event.decision != "block":
-            return
-        from egress import reasons
-
-        with self.lock:
-            if (event.host, event.reason) in self.seen:
-                return
-            self.seen.add((event.host, event.reason))
-        say(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})", self.stream)
-
-
 def run(options: RunOptions) -> int:
     """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
     if options.network not in NETWORK_MODES + (None,):
@@ -237,13 +217,15 @@ def run(options: RunOptions) -> int:
 
             builder = ProxyBuilder(options.proxy)
             try:
-                builder.open()  # the audit log and the metrics port, before the command runs; no thread yet
+                # the upstream CAs, the audit log and the metrics port, before the command runs; no thread yet
+                builder.open()
             except BuildError as e:
                 raise LaunchError(str(e)) from None
 
             try:
-                ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
-            except StateError as e:
+                ca_bundle = environment.trust_bundle(builder.trust.roots, ensure_ca(options.state_dir),
+                                                     tmpdir / "ca-bundle.pem")
+            except (StateError, OSError) as e:
                 raise LaunchError(str(e)) from None
         command_env = dict(caller_env)
         if credentials is not None:  # the command holds placeholders, never the bound secrets
@@ -282,7 +264,7 @@ def run(options: RunOptions) -> int:
                 state.extra["metrics"] = builder.metrics_url
                 say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
-            reporter = BlockReporter()
+            reporter = EventLines()  # EGRESS_BLOCKED and EGRESS_UPSTREAM_ERROR, once per host and reason
             seal_policy(reader, spec.writable, own_code)  # before the proxy can start and read anything
 
             def on_event(event) -> None:

@@ -124,6 +124,64 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
         handed.close()
 
 
+def test_stop_serving_ends_every_connection_and_stops_listening(confdir, http_upstream):
+    disconnected = []
+
+    class Hold:
+        def client_disconnected(self, client) -> None:
+            disconnected.append(client.peername)
+
+    async def body(master, own, addresses):
+        port = addresses[0][1]
+        # one waiting on an upstream that never answers, one with half a request head
+        waiting = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port))
+        waiting.sendall(get(http_upstream.url("127.0.0.1", "/hang")))
+        idle = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port))
+        idle.sendall(b"GET http://a.test/ HTTP/1.1\r\n")
+        while len(own.proxyserver.connections) < 2:
+            await asyncio.sleep(0.01)
+        left = await mitm.stop_serving(own.proxyserver, 5.0)
+        closed = [await asyncio.to_thread(sock.recv, 1024) for sock in (waiting, idle)]
+        for sock in (waiting, idle):
+            sock.close()
+        refused = await asyncio.to_thread(lambda: socket.socket().connect_ex(("127.0.0.1", port)))
+        return left, closed, refused
+
+    left, closed, refused = run_master(confdir, body, Hold())
+    assert left == 0 and len(disconnected) == 2  # each ended through mitmproxy's own hooks
+    assert closed == [b"", b""]
+    assert refused != 0  # no longer listening
+
+
+def test_verify_result_is_openssls_code_for_a_failed_handshake(test_ca, tmp_path):
+    from OpenSSL import SSL
+
+    cert = test_ca.issue_cert("a.test")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    server_context = SSL.Context(SSL.TLS_SERVER_METHOD)
+    server_context.use_certificate_file(str(tmp_path / "cert.pem"))
+    server_context.use_privatekey_file(str(tmp_path / "key.pem"))
+    client_context = SSL.Context(SSL.TLS_CLIENT_METHOD)
+    client_context.set_verify(SSL.VERIFY_PEER, None)  # and trusts no CA
+    client, server = SSL.Connection(client_context), SSL.Connection(server_context)
+    client.set_connect_state()
+    server.set_accept_state()
+    with pytest.raises(SSL.Error):
+        for _ in range(10):  # memory BIOs: shuttle the handshake until the client gives up
+            for sender, receiver in ((client, server), (server, client)):
+                try:
+                    sender.do_handshake()
+                except SSL.WantReadError:
+                    pass
+                try:
+                    receiver.bio_write(sender.bio_read(65536))
+                except SSL.WantReadError:
+                    pass
+    assert mitm.verify_result(client) == 20  # X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY
+    assert mitm.verify_result(None) == 0
+
+
 # ---------------------------------------------------------- live connections
 
 

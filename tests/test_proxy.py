@@ -269,12 +269,16 @@ def test_upstream_that_hangs_gets_504_naming_the_reason(proxy_factory, http_upst
     assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
 
 
-def test_upstream_that_hangs_inside_tls_is_dropped_with_502(proxy_factory, https_upstream):
+def test_upstream_that_hangs_inside_tls_is_dropped_with_504(proxy_factory, https_upstream):
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
     response = proxied_session(proxy).get(https_upstream.url("allowed.test", "/hang"), timeout=30)
-    assert response.status_code == 502
+    # the hung TLS connection is closed; egress answers as for plain HTTP (before: mitmproxy's 502 page)
+    assert response.status_code == 504
+    assert response.headers["X-Egress-Error"] == "allowed.test; reason=upstream-timeout"
+    assert response.text == ("EGRESS_UPSTREAM_ERROR allowed.test: the upstream server did not answer in time "
+                             "(no response within 1 s)\n")
     events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
     assert any(e["decision"] == "error" and e["host"] == "allowed.test" for e in events
                if e["reason"] == "upstream-timeout")

@@ -31,7 +31,8 @@ POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
 
 def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream_ca=None, timeout=120,
                project=None, env=None) -> subprocess.CompletedProcess:
-    """``egress run`` from a clean environment (plus ``env``), the test names resolved to 127.0.0.1."""
+    """``egress run`` from a clean environment (plus ``env``: egress's own variables), the test names
+    resolved to 127.0.0.1."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(policy)
     args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state")]
