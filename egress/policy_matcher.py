@@ -3,7 +3,9 @@
 Semantics:
 
 * ``example.com`` covers the apex and every subdomain; ``*.example.com`` covers
-  subdomains only; ``host:443`` narrows an entry to one port.
+  subdomains only; ``=example.com`` covers that exact host only (the one way to name a
+  host that is itself a public suffix of the list's private section, ``=httpbin.org``);
+  ``host:443`` narrows an entry to one port.
 * IP addresses and CIDRs match IP literals only; a domain entry never matches
   an IP literal.
 * ``deny`` wins over every ``allow``.
@@ -80,7 +82,7 @@ class Decision:
 class Entry:
     """A list entry, parsed (by egress.policy_loader.parse_entry): what the tables are keyed by."""
 
-    kind: str  # "domain" (apex + subdomains) | "subdomains" | "net"
+    kind: str  # "domain" (apex + subdomains) | "subdomains" | "exact" (that host only) | "net"
     value: str | ipaddress.IPv4Network | ipaddress.IPv6Network
     port: int | None
 
@@ -92,16 +94,20 @@ class _DomainTable:
     """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
 
     def __init__(self) -> None:
-        # name -> list of (port or None, rule index); two maps for the two wildcard kinds.
+        # name -> list of (port or None, rule index); a map per kind of domain entry.
         self.apex_and_subdomains: dict[str, list[tuple[int | None, int]]] = {}
         self.subdomains_only: dict[str, list[tuple[int | None, int]]] = {}
+        self.exact: dict[str, list[tuple[int | None, int]]] = {}
 
     def add(self, entry: Entry, rule: int) -> None:
-        table = self.subdomains_only if entry.kind == "subdomains" else self.apex_and_subdomains
+        table = {"subdomains": self.subdomains_only, "exact": self.exact}.get(entry.kind, self.apex_and_subdomains)
         table.setdefault(entry.value, []).append((entry.port, rule))
 
     def match(self, name: str, port: int | None) -> int | None:
         """The most specific rule covering ``name`` (and ``port``), or None."""
+        for rule_port, rule in self.exact.get(name, ()):  # only the host itself, never a parent
+            if rule_port is None or rule_port == port:
+                return rule
         for depth, candidate in enumerate(parent_domains(name)):
             for table in (self.apex_and_subdomains, self.subdomains_only):
                 if depth == 0 and table is self.subdomains_only:
@@ -112,7 +118,7 @@ class _DomainTable:
         return None
 
     def __len__(self) -> int:
-        return len(self.apex_and_subdomains) + len(self.subdomains_only)
+        return len(self.apex_and_subdomains) + len(self.subdomains_only) + len(self.exact)
 
 
 class _NetTable:

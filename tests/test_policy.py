@@ -320,6 +320,7 @@ FAST_PATH_ENTRIES = [
     "com", "*.com", "co.uk:443", "*.github.io", "foo.ck", "www.ck",
     "foo.123", "foo.0x1", "*.1.2.3.4", "1.2.3.4:80", "-a.com", "a-.com", "a..com",
     "*.*.x.com", "x.*.com", "*x.com", "*", "*.",
+    "=httpbin.org", "=x.com:443", "=co.uk", "=*.x.com", "=1.2.3.4",
 ]
 
 
@@ -378,7 +379,39 @@ REFUSED = [
     ("bad-name", "allow", "a..b.com", "not a valid host name"),
     ("bad-ipv4", "deny", "1.2.3.4.5", "neither a host name nor an IPv4 address"),
     ("unclosed-bracket", "allow", "[::1", "unclosed '['"),
+    # the list's private section: that exact host may be allowed, and the error says how
+    ("private-section-suggests-exact", "allow", "httpbin.org",
+     "'httpbin.org' is a public suffix (in the list's private section): it would cover every site registered "
+     "under it; write '=httpbin.org' to allow that host only, or a registrable domain such as "
+     "'example.httpbin.org'"),
+    ("private-section-keeps-the-port", "allow", "s3.amazonaws.com:443", "write '=s3.amazonaws.com:443' to allow"),
+    ("private-section-passthrough", "passthrough", "herokuapp.com:443", "write '=herokuapp.com:443' to allow"),
+    ("private-section-allow-private", "allow_private", "github.io", "write '=github.io' to allow that host only"),
+    ("exact-icann-suffix", "allow", "=co.uk", "'=co.uk' is a public suffix, not a host"),
+    ("exact-tld", "allow", "=com", "is a public suffix, not a host"),
+    ("exact-wildcard", "allow", "=*.example.com", "'=' names one exact host; it takes neither a wildcard nor"),
+    ("exact-cidr", "allow", "=10.0.0.0/8", "it takes neither a wildcard nor a CIDR"),
+    ("exact-ip", "allow", "=10.0.0.1", "'=10.0.0.1': an IP address is always exact; write '10.0.0.1'"),
+    ("exact-empty", "allow", "=", "empty host"),
 ]
+
+
+@pytest.mark.parametrize("entry", ["co.uk", "*.github.io", "foo.ck", "com.", "*.httpbin.org"])
+def test_no_exact_form_is_suggested_where_it_would_not_help(tmp_path, entry):
+    # An ICANN suffix is no one's host; a wildcard asked for the sites under it, not the host.
+    path = write(tmp_path, "p.toml", f'allow = [{quoted(entry)}]\n')
+    [problem] = problems_of(path)
+    assert "'=" not in problem.message, problem.message
+
+
+@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
+@pytest.mark.parametrize("entry", ["=httpbin.org", "=s3.amazonaws.com:443", "=github.io", " =herokuapp.com ",
+                                   "=intranet", "=localhost", "=bücher.de"])
+def test_exact_entries_load_in_every_list(tmp_path, key, entry):
+    if key == "allow_private" and ":" in entry:
+        return  # allow_private takes no port (tested above)
+    policy = load_policy([str(write(tmp_path, "p.toml", f'{key} = [{quoted(entry)}]\n'))])
+    assert policy.rule_count == 1
 
 
 @pytest.mark.parametrize(("key", "entry", "message"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
@@ -828,6 +861,58 @@ def test_allow_private(tmp_path, host, address, kind, rule):
     assert (got.text if got else None) == rule
     if got:
         assert got.key == "allow_private"
+
+
+# ------------------------------------------------------------- exact entries
+
+EXACT = """
+    allow = [
+        "=httpbin.org",
+        "=s3.amazonaws.com:443",
+        "=github.io",
+        "=intranet",
+        "example.com",
+    ]
+    deny = [
+        "=example.com",
+        "=api.example.org",
+    ]
+    passthrough = ["=herokuapp.com:443"]
+"""
+
+EXACT_CASES = [
+    # (id, host, port, allowed, reason, rule)
+    ("private-suffix-host", "httpbin.org", 443, True, "allowed", "=httpbin.org"),
+    ("not-its-subdomains", "www.httpbin.org", 443, False, "not-allowed", None),
+    ("not-deeper", "a.b.httpbin.org", 443, False, "not-allowed", None),
+    ("case-and-dot", "HTTPBIN.ORG.", 443, True, "allowed", "=httpbin.org"),
+    ("with-port", "s3.amazonaws.com", 443, True, "allowed", "=s3.amazonaws.com:443"),
+    ("other-port", "s3.amazonaws.com", 80, False, "not-allowed", None),
+    ("bucket-not-covered", "bucket.s3.amazonaws.com", 443, False, "not-allowed", None),
+    ("github-io-host", "github.io", 443, True, "allowed", "=github.io"),
+    ("a-github-pages-site-not", "user.github.io", 443, False, "not-allowed", None),
+    ("single-label", "intranet", 443, True, "allowed", "=intranet"),
+    ("deny-exact-apex", "example.com", 443, False, "denied", "=example.com"),
+    ("deny-exact-not-subdomain", "www.example.com", 443, True, "allowed", "example.com"),
+    ("deny-exact-only", "api.example.org", 443, False, "denied", "=api.example.org"),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "allowed", "reason", "rule"), [c[1:] for c in EXACT_CASES],
+                         ids=[c[0] for c in EXACT_CASES])
+def test_exact_entries(tmp_path, host, port, allowed, reason, rule):
+    path = write(tmp_path, "p.toml", EXACT)
+    decision = load_policy([str(path)]).decide(host, port)
+    assert (decision.allowed, decision.reason) == (allowed, reason)
+    assert (decision.rule.text if decision.rule else None) == rule
+    if rule:
+        assert decision.rule.location() == f"{path.resolve()}:{line_of(path, quoted(rule))}"
+
+
+def test_exact_passthrough_and_allow_private(tmp_path):
+    policy = load_policy([str(write(tmp_path, "p.toml", EXACT))])
+    assert policy.passthrough(parse_host("herokuapp.com"), 443).text == "=herokuapp.com:443"
+    assert policy.passthrough(parse_host("app.herokuapp.com"), 443) is None
 
 
 # --------------------------------------------------------- purity, mapping, misc

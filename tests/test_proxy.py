@@ -124,7 +124,8 @@ def test_name_resolving_to_private_address_is_refused(proxy, https_upstream):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 403")
     assert b"X-Egress-Blocked: private.test; reason=private-address" in answer
-    assert b"127.0.0.1 is loopback" in answer
+    assert (b'EGRESS_BLOCKED private.test: resolves to 127.0.0.1, loopback; to allow it, add "127.0.0.1" to '
+            b'the policy\'s allow_private list: allow_private = ["127.0.0.1"]\n') in answer
     assert https_upstream.connections == 0
 
 
@@ -145,6 +146,16 @@ def test_ip_allowed_by_policy_still_needs_allow_private(proxy_factory, http_upst
     proxy = proxy_factory('allow = ["127.0.0.1"]\nallow_private = ["127.0.0.0/8"]\n')
     response = proxied_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 200
+
+
+def test_an_exact_entry_allows_that_host_only(proxy_factory, http_upstream):
+    proxy = proxy_factory('allow = ["=allowed.test"]\nallow_private = ["=allowed.test"]\n')
+    session = proxied_session(proxy)
+    assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
+    refused = session.get(http_upstream.url("api.allowed.test"), timeout=20)
+    assert refused.status_code == 403
+    assert refused.headers["X-Egress-Blocked"] == "api.allowed.test; reason=not-allowed"
+    assert len(http_upstream.requests) == 1
 
 
 # ---------------------------------------------------------- inside a tunnel
