@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, NETWORK_MODES
+from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
 
 DEFAULT_POLICY = "dev"
 
@@ -105,22 +105,43 @@ policy_option = click.option(
 def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: tuple[str, ...]) -> None:
     """Say whether the policy allows each target, and which rule decided.
 
-    Pure: no DNS, no connection. Exit status 0 if every target is allowed, 1 if not.
+    No DNS, no connection: a name is decided as written; an IP literal or localhost
+    (whose addresses need no lookup) is also refused as the proxy would refuse it,
+    private-address, unless allow_private covers it. Exit status 0 if every target
+    is allowed, 1 if not, 2 if a target is malformed.
     """
+    parsed, malformed = [], False
+    for target in targets:
+        try:
+            parsed.append((target, *_parse_target(target)))
+        except ValueError as e:
+            reason = str(e)  # InvalidHost's message often starts with the text it refused already
+            click.echo(f"egress check: {reason}" if reason.startswith(repr(target)) else
+                       f"egress check: {target!r}: {reason}", err=True)
+            malformed = True
+    if malformed:
+        sys.exit(EXIT_USAGE)
     try:
         policy = _load_policy(policies)
     except Fatal as e:
         _fail(e)
+    from .addresses import known_addresses
+    from .policy import Decision
+
     refused = False
-    for target in targets:
-        host, target_port = _split_target(target)
+    for target, host, target_port in parsed:
         decision = policy.decide(host, port or target_port)
+        addresses = known_addresses(host)
+        if decision.allowed and addresses is not None:  # the proxy's next decision, needing no DNS
+            chosen = policy.choose_address(host, decision.port, addresses)
+            if isinstance(chosen, Decision):
+                decision = chosen
         refused |= not decision.allowed
         if as_json:
             click.echo(json.dumps({
                 "target": target, "host": decision.host, "port": decision.port,
                 "decision": "allow" if decision.allowed else "block", "reason": decision.reason,
-                "rule": str(decision.rule) if decision.rule else None,
+                "rule": str(decision.rule) if decision.rule else None, "detail": decision.detail,
             }))
         else:
             verdict = "allow" if decision.allowed else "block"
@@ -128,21 +149,26 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
     sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 
-def _split_target(target: str) -> tuple[str, int | None]:
-    from .hosts import InvalidHost, split_host_port
+def _parse_target(target: str):
+    """``host``, ``host:port``, ``[v6]:port`` or a URL -> (Host, port or None). Raises ValueError
+    (InvalidHost is one) saying what is wrong."""
+    from .hosts import parse_host, split_host_port
 
     if "://" in target:
-        url = urllib.parse.urlsplit(target)
+        try:
+            url = urllib.parse.urlsplit(target)
+        except ValueError as e:  # "http://[bad"
+            raise ValueError(f"not a valid URL ({e})") from None
         netloc = url.netloc.rpartition("@")[2]
         default = {"http": 80, "https": 443}.get(url.scheme.lower())
-        try:
-            return split_host_port(netloc, default)
-        except InvalidHost:
-            return netloc, default
-    try:
-        return split_host_port(target)
-    except InvalidHost:
-        return target, None
+        host, target_port = split_host_port(netloc, default)
+    else:
+        if "/" in target:
+            host = target.split("/", 1)[0]
+            raise ValueError(f"a path without a scheme: write the host ({host!r}) or a URL "
+                             f"('https://{target}')")
+        host, target_port = split_host_port(target)
+    return parse_host(host), target_port
 
 
 # ---------------------------------------------------------------------- policy

@@ -28,6 +28,11 @@ UPSTREAM_ERRORS: dict[str, tuple[int, str]] = {
 
 ALLOWED = "allowed"
 
+# Refusals whose detail, when there is one, says precisely what their words say in general:
+# for a person it replaces them ("resolves to 203.0.113.80, reserved for documentation; to
+# allow it, ..." rather than "resolves to a private or special-purpose address").
+SPECIFIC_DETAIL = frozenset({"private-address"})
+
 
 def words(code: str) -> str:
     """Plain words for a reason code."""
@@ -38,3 +43,11 @@ def words(code: str) -> str:
     if code == ALLOWED:
         return "allowed"
     raise KeyError(code)
+
+
+def phrase(code: str, detail: str = "") -> tuple[str, str]:
+    """(what to say, the detail still to add) for a refusal: the detail itself for the codes
+    in :data:`SPECIFIC_DETAIL`, else the code's words and the detail unchanged."""
+    if detail and code in SPECIFIC_DETAIL:
+        return detail, ""
+    return words(code), detail

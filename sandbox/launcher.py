@@ -176,7 +176,11 @@ def _policy_failure(error) -> LaunchError:
 
 
 class BlockReporter:
-    """Prints ``EGRESS_BLOCKED <host> (<reason>)`` on stderr once per host and reason, as it happens."""
+    """Prints ``EGRESS_BLOCKED <host> (<reason>)`` on stderr once per host and reason, as it happens.
+
+    The reason in plain words; for a private address, the address, its class and the policy
+    line that allows it (``reasons.phrase``), which the generic words would leave out.
+    """
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
@@ -192,7 +196,7 @@ class BlockReporter:
             if (event.host, event.reason) in self.seen:
                 return
             self.seen.add((event.host, event.reason))
-        say(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})", self.stream)
+        say(f"EGRESS_BLOCKED {event.host} ({reasons.phrase(event.reason, event.detail)[0]})", self.stream)
 
 
 def run(options: RunOptions) -> int:

@@ -863,6 +863,80 @@ def test_allow_private(tmp_path, host, address, kind, rule):
         assert got.key == "allow_private"
 
 
+# ------------------------------------------- which address to dial, or why not
+
+PRIVATE_REFUSAL = 'to allow it, add "{0}" to the policy\'s allow_private list: allow_private = ["{0}"]'
+
+CHOOSE_CASES = [
+    # (id, host, addresses in resolver order, allow_private, dialled address, or the refusal's detail)
+    ("public", "pypi.org", ["151.101.0.223"], [], "151.101.0.223", None),
+    ("company-dns-reserved", "pypi.org", ["203.0.113.80"], [], None,
+     "resolves to 203.0.113.80, reserved for documentation; " + PRIVATE_REFUSAL.format("203.0.113.80")),
+    ("first-usable-wins", "pypi.org", ["10.0.0.5", "151.101.0.223"], [], "151.101.0.223", None),
+    ("covered-by-address", "pypi.org", ["203.0.113.80"], ["203.0.113.80"], "203.0.113.80", None),
+    ("covered-by-range", "pypi.org", ["203.0.113.80"], ["203.0.113.0/24"], "203.0.113.80", None),
+    ("covered-by-name", "pypi.org", ["203.0.113.80"], ["pypi.org"], "203.0.113.80", None),
+    ("covered-by-exact-name", "pypi.org", ["203.0.113.80"], ["=pypi.org"], "203.0.113.80", None),
+    ("exact-name-not-subdomain", "x.pypi.org", ["203.0.113.80"], ["=pypi.org"], None,
+     "resolves to 203.0.113.80, reserved for documentation; " + PRIVATE_REFUSAL.format("203.0.113.80")),
+    ("covered-one-of-two", "db.test", ["10.0.0.5", "fd12::5"], ["fd12::/16"], "fd12::5", None),
+    ("same-class-grouped", "localhost", ["127.0.0.1", "::1"], [], None,
+     "resolves to 127.0.0.1 and ::1, loopback; " + PRIVATE_REFUSAL.format("127.0.0.1")),
+    ("classes-listed", "mixed.test", ["10.0.0.5", "2001:db8::5"], [], None,
+     "resolves to 10.0.0.5, private, and 2001:db8::5, reserved for documentation; "
+     + PRIVATE_REFUSAL.format("10.0.0.5")),
+    ("at-most-three", "many.test", ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"], [], None,
+     "resolves to 10.0.0.1 and 10.0.0.2 and 10.0.0.3, private (and 2 more); " + PRIVATE_REFUSAL.format("10.0.0.1")),
+    ("ip-literal", "0x7f.1", ["127.0.0.1"], [], None, "127.0.0.1 is loopback; " + PRIVATE_REFUSAL.format("127.0.0.1")),
+    ("ip-literal-metadata", "169.254.169.254", ["169.254.169.254"], [], None,
+     "169.254.169.254 is the cloud metadata service; " + PRIVATE_REFUSAL.format("169.254.169.254")),
+    ("name-never-opens-metadata", "meta.test", ["169.254.169.254"], ["meta.test"], None,
+     "resolves to 169.254.169.254, the cloud metadata service; " + PRIVATE_REFUSAL.format("169.254.169.254")),
+    # the loader reads ::ffff:a.b.c.d as IPv4: the suggestion must still cover the IPv6 answer
+    ("mapped-answer", "m.test", ["::ffff:10.0.0.1"], [], None,
+     "resolves to ::ffff:a00:1, IPv4-mapped IPv6; " + PRIVATE_REFUSAL.format("::ffff:a00:1/128")),
+]
+
+
+@pytest.mark.parametrize(("host", "addresses", "private", "dialled", "detail"), [c[1:] for c in CHOOSE_CASES],
+                         ids=[c[0] for c in CHOOSE_CASES])
+def test_choose_address(host, addresses, private, dialled, detail):
+    policy = Policy.from_mapping({"network": "all", "allow_private": private})
+    chosen = policy.choose_address(parse_host(host), 443, [ipaddress.ip_address(a) for a in addresses])
+    if dialled is not None:
+        assert chosen == ipaddress.ip_address(dialled)
+        return
+    assert isinstance(chosen, Decision)
+    assert (chosen.allowed, chosen.reason, chosen.host, chosen.port) == (False, "private-address",
+                                                                          parse_host(host).name, 443)
+    assert chosen.detail == detail
+    assert chosen.words() == detail  # the words a person reads are the specific ones
+
+
+def _special_addresses():
+    from test_addresses import ADDRESSES, CLASSES
+
+    return sorted({a for a, kind in ADDRESSES + CLASSES if classify(ipaddress.ip_address(a)) is not None})
+
+
+@pytest.mark.parametrize("address", _special_addresses())
+def test_the_suggested_allow_private_line_allows_exactly_that(tmp_path, address):
+    """Every special address: the refusal's suggested line, pasted into a policy, lets the same
+    request through, and lets nothing else of that class through."""
+    ip = ipaddress.ip_address(address)
+    hosts = [parse_host("pypi.org")] + ([parse_host(address)] if parse_host(address).ip == ip else [])
+    for host in hosts:
+        refusal = Policy.from_mapping({"network": "all"}).choose_address(host, 443, [ip])
+        line = refusal.detail.rpartition(": ")[2]
+        assert line.startswith("allow_private = [")
+        path = write(tmp_path, "fixed.toml", f'network = "all"\n{line}\n')
+        fixed = load_policy([str(path)])
+        assert fixed.choose_address(host, 443, [ip]) == ip, (address, line)
+        neighbour = ipaddress.ip_address(int(ip) ^ 1)
+        if classify(neighbour) is not None:
+            assert isinstance(fixed.choose_address(host, 443, [neighbour]), Decision), (address, line)
+
+
 # ------------------------------------------------------------- exact entries
 
 EXACT = """
