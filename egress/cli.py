@@ -34,29 +34,33 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    """The policy, its credential settings checked beside it (egress.settings)."""
+    """The policy, its credential settings checked beside it (egress.settings); for commands
+    that read no secret (check)."""
     from . import settings
     from .policy import PolicyError
 
     try:
         return settings.load(list(sources) or [DEFAULT_POLICY]).policy
     except PolicyError as e:
-        for problem in e.problems:
-            click.echo(f"egress: {problem}", err=True)
-        raise Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)") from None
+        raise _unloadable(e) from None
 
 
-def _load_credentials(policy, broker: bool = False):
-    import os
-
-    from .credentials import CredentialError, credentials_for
+def _load_for_proxy(sources: tuple[str, ...]):
+    """(policy, credentials) with every check `serve` makes before it starts (the one load path
+    of serve, redact and `policy validate`: egress.settings.load_for_proxy)."""
+    from . import settings
+    from .policy import PolicyError
 
     try:
-        return credentials_for(policy, dict(os.environ), broker=broker)
-    except CredentialError as e:
-        for path, _, message in e.problems:
-            click.echo(f"egress: {path}: {message}", err=True)
-        raise Fatal(EXIT_POLICY, "the credential settings cannot be honoured (nothing was started)") from None
+        return settings.load_for_proxy(list(sources) or [DEFAULT_POLICY], dict(os.environ))
+    except PolicyError as e:
+        raise _unloadable(e) from None
+
+
+def _unloadable(error) -> Fatal:
+    for problem in error.problems:
+        click.echo(f"egress: {problem}", err=True)
+    return Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)")
 
 
 def _parse_address(text: str, option: str) -> tuple[str, int]:
@@ -184,15 +188,18 @@ def policy() -> None:
 def validate(files: tuple[str, ...]) -> None:
     """Check policy files; print OK or every problem with file:line. Exit 1 if any.
 
-    Warnings (file:line: warning: ...) name what loads but may open more than meant.
+    Each file is checked as `egress serve --policy FILE` checks it before starting,
+    [credentials] included: secrets are read from this environment and the files
+    they name. Warnings (file:line: warning: ...) name what loads but may open more
+    than meant.
     """
     from . import settings
     from .policy import PolicyError
 
     failed = False
     for file in files:
-        try:
-            loaded = settings.load([file]).policy
+        try:  # serve's own load path: what it refuses at start (status 3) is a problem here
+            loaded, _ = settings.load_for_proxy([file], dict(os.environ))
         except PolicyError as e:
             failed = True
             for problem in e.problems:
@@ -368,10 +375,9 @@ def _serve(policies, config) -> None:
     from .wiring import BuildError, ProxyBuilder, format_address
 
     configure_logging()
-    loaded = _load_policy(policies)
+    loaded, credentials = _load_for_proxy(policies)
     for warning in loaded.warnings:
         click.echo(f"egress: {warning.as_warning()}", err=True)
-    credentials = _load_credentials(loaded)
     builder = ProxyBuilder(config)
 
     async def run() -> None:
@@ -551,7 +557,7 @@ def redact(policies: tuple[str, ...]) -> None:
     from .detect import Detector, StreamRedactor
 
     try:
-        credentials = _load_credentials(_load_policy(policies))
+        _, credentials = _load_for_proxy(policies)
     except Fatal as e:
         _fail(e)
     redactor = StreamRedactor(Detector([(s.label, s.value) for s in credentials.secrets]))

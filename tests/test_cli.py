@@ -230,3 +230,50 @@ def test_check_a_malformed_target_is_one_line_and_status_2(tmp_path, as_json, ta
     [said] = result.stderr.splitlines()
     assert said.startswith(line), said
     assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------- validate: what serve refuses to start with
+
+SECRET = "s3cr3t-value-long-enough"
+VALIDATE_CASES = [
+    # (id, policy text, environment): serve exits 3 for each
+    ("bound-to-a-host-not-allowed",
+     'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "DEPLOY_TOKEN"\nhosts = ["example.org", "other.example.net"]\n',
+     {"DEPLOY_TOKEN": SECRET}),
+    ("unset-variable", 'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "UNSET_SECRET_X"\n', {}),
+    ("unreadable-file", 'allow = ["example.org"]\n\n[[credentials.secret]]\nfile = "/nonexistent/egress-secret"\n', {}),
+    ("too-short", 'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "SHORT_SECRET"\n', {"SHORT_SECRET": "abc"}),
+    ("bad-action", 'allow = ["example.org"]\n\n[credentials]\naction = "warn"\n', {}),
+    ("entry-and-secret", 'allow = ["co.uk"]\n', {}),
+    ("two-problems",
+     'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "UNSET_A"\n\n[[credentials.secret]]\nenv = "UNSET_B"\n',
+     {}),
+]
+
+
+@pytest.mark.parametrize(("text", "env"), [c[1:] for c in VALIDATE_CASES], ids=[c[0] for c in VALIDATE_CASES])
+def test_validate_reports_what_serve_refuses_to_start_with(tmp_path, text, env):
+    policy = tmp_path / "p.toml"
+    policy.write_text(text)
+    environment = clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state"), **env)
+    validate = subprocess.run([*egress_command(), "policy", "validate", str(policy)], capture_output=True,
+                              text=True, timeout=60, env=environment)
+    serve = subprocess.run([*egress_command(), "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
+                            "--metrics", "off"], capture_output=True, text=True, timeout=60, env=environment)
+    assert serve.returncode == 3
+    assert validate.returncode == 1 and validate.stdout == ""
+    problems = validate.stderr.splitlines()
+    assert problems and all(line.startswith(f"{policy}:") for line in problems)
+    # the same problems, word for word, and each at its file:line
+    assert serve.stderr.splitlines() == [f"egress: {line}" for line in problems] + [
+        "egress: the policy cannot be loaded (nothing was started)"]
+
+
+def test_validate_reads_secrets_as_serve_does_and_then_says_ok(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text(VALIDATE_CASES[0][1].replace(', "other.example.net"', ""))
+    result = subprocess.run([*egress_command(), "policy", "validate", str(policy)], capture_output=True, text=True,
+                            timeout=60, env=clean_env(tmp_path, DEPLOY_TOKEN=SECRET))
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == f"{policy}: OK (1 entry from 1 file)\n"
+    assert SECRET not in result.stdout + result.stderr
