@@ -393,7 +393,14 @@ def _serve(policies, config) -> None:
                                 report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
         watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
+        run_id = f"serve-{os.getpid()}"
+        road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
+                f"next request (at once with `egress policy reload --run {run_id}`)" if policies else
+                "it runs the built-in policy: restart it with --policy FILE allowing the host (edits to "
+                "that file then apply live)")
+        control_state = RunState(run_id, ["egress", "serve", *sys.argv[2:]], no_grants=(
+            f"{run_id} is an egress serve, shared by all its clients: it takes no grants (they are for "
+            f"one egress run); {road}"))
         control_state.on_reload.append(watcher.reload_now)
         control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
         engine.recorder.subscribe(control_state.publish, name="control")
@@ -469,7 +476,11 @@ def runs(as_json: bool, state_dir: Path | None) -> None:
 @click.option("--run", "run", metavar="ID", help="The run to grant (see `egress runs`); optional if only one runs.")
 @state_dir_option
 def allow(host: str, run: str | None, state_dir: Path | None) -> None:
-    """Allow HOST (that exact name) for one run, answering its pending question too."""
+    """Allow HOST (that exact name) for one run, answering its pending question too.
+
+    Only an `egress run` takes grants; an `egress serve` refuses them (exit 1): edit
+    its policy file instead, which it reloads live.
+    """
     from .control import request
 
     for answer in request(_run_socket(run, state_dir), {"op": "allow", "host": host}):
