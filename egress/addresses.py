@@ -3,8 +3,10 @@
 A public name that resolves to 127.0.0.1, 10.0.0.5 or the cloud metadata service
 (DNS rebinding, SSRF) would otherwise let a sandboxed command reach what the
 proxy's machine can reach. :func:`classify` names the kind of address, or returns
-``None`` for an ordinary public one. The ranges follow smokescreen's classifier and
-the IANA special-purpose registries.
+``None`` for an ordinary public one; :func:`address_class` names its class for a
+person. The ranges follow smokescreen's classifier and the IANA special-purpose
+registries. :func:`known_addresses` gives the addresses a host has without any
+lookup (an IP literal; ``localhost``, loopback by definition).
 """
 
 from __future__ import annotations
