@@ -589,7 +589,7 @@ def redact(policies: tuple[str, ...]) -> None:
                    "deny list (private addresses still refused); off: no network at all. "
                    "Overrides a policy file's `network` key.")
 @policy_option
-@click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains); repeatable.")
+@click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains; =DOMAIN: that host only); repeatable.")
 @click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")
 @click.option("--project", type=click.Path(path_type=Path, file_okay=False), default=".",
               help="The folder the command may write to (default: the current directory); also its working directory.")
