@@ -38,23 +38,15 @@ def say(line: str, stream=None) -> None:
     stream.flush()
 
 
-# Upstream errors whose words stand for many causes (refused or unreachable; which certificate
-# check failed, and whether --upstream-ca is the fix): their line also says which one.
-CAUSE_IN_DETAIL = frozenset({"connect-failed", "upstream-certificate", "tls-failed"})
-
-
 def event_line(event) -> str | None:
     """The line a person reads for an event: ``EGRESS_BLOCKED <host> (<reason>)`` for a refusal,
     ``EGRESS_UPSTREAM_ERROR <host> (<reason>[: <cause>])`` for an upstream failure, else None."""
     from . import reasons
 
     if event.decision == "block":
-        return f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})"
+        return f"EGRESS_BLOCKED {event.host} ({reasons.for_person(event.reason, event.detail)})"
     if event.decision == "error" and event.reason in reasons.UPSTREAM_ERRORS:
-        words = reasons.words(event.reason)
-        if event.reason in CAUSE_IN_DETAIL and event.detail:
-            words += f": {' '.join(event.detail.split())}"  # one line, whatever the detail holds
-        return f"EGRESS_UPSTREAM_ERROR {event.host} ({words})"
+        return f"EGRESS_UPSTREAM_ERROR {event.host} ({reasons.for_person(event.reason, event.detail)})"
     return None
 
 

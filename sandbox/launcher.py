@@ -136,14 +136,15 @@ def build_policy(options: RunOptions, mode: str, read=None):
 
 def load_credentials(policy, environ: dict[str, str]):
     """Stored secrets and placeholders for this run (bound secrets are brokered)."""
-    from egress.credentials import CredentialError, credentials_for
+    from egress.policy import PolicyError
     from egress.policy_matcher import Policy
+    from egress.settings import read_credentials
 
     try:
-        return credentials_for(policy or Policy(), environ, broker=policy is not None)
-    except CredentialError as e:
+        return read_credentials(policy or Policy(), environ, broker=policy is not None)
+    except PolicyError as e:
         raise LaunchError("the credential settings cannot be honoured:\n  " +
-                          "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
+                          "\n  ".join(map(str, e.problems))) from None
 
 
 def fresh_policy(options: RunOptions, mode: str, read=None):

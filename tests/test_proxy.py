@@ -124,7 +124,8 @@ def test_name_resolving_to_private_address_is_refused(proxy, https_upstream):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 403")
     assert b"X-Egress-Blocked: private.test; reason=private-address" in answer
-    assert b"127.0.0.1 is loopback" in answer
+    assert (b'EGRESS_BLOCKED private.test: resolves to 127.0.0.1, loopback; to allow it, add "127.0.0.1" to '
+            b'the policy\'s allow_private list: allow_private = ["127.0.0.1"]\n') in answer
     assert https_upstream.connections == 0
 
 
@@ -145,6 +146,66 @@ def test_ip_allowed_by_policy_still_needs_allow_private(proxy_factory, http_upst
     proxy = proxy_factory('allow = ["127.0.0.1"]\nallow_private = ["127.0.0.0/8"]\n')
     response = proxied_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 200
+
+
+# A company resolver that answers package hosts with addresses in a reserved range (seen:
+# 203.0.113.x for pypi.org): the refusal names the address, its class and the line that allows it.
+RESERVED_LINE = ('EGRESS_BLOCKED pypi.test: resolves to 203.0.113.80, reserved for documentation; to allow it, '
+                 'add "203.0.113.80" to the policy\'s allow_private list: allow_private = ["203.0.113.80"]')
+
+
+def test_a_reserved_address_refusal_names_the_address_class_and_fix(proxy_factory, tmp_path):
+    import select
+    import subprocess
+
+    from conftest import clean_env, egress_command
+
+    proxy = proxy_factory('allow = ["pypi.test"]\n', "--resolve", "pypi.test:203.0.113.80")
+    env = clean_env(tmp_path, EGRESS_STATE_DIR=str(proxy.state_dir))
+    follower = subprocess.Popen([*egress_command(), "events", "--follow", "--run", f"serve-{proxy.process.pid}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        followed = ""
+        for _ in range(100):  # until the follower has subscribed and seen one (a refusal is cheap)
+            sock, answer = connect_raw(proxy, "pypi.test:443")
+            sock.close()
+            if select.select([follower.stdout], [], [], 0.2)[0]:
+                followed = follower.stdout.readline()
+                break
+    finally:
+        follower.kill()
+        follower.wait()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403")
+    assert b"\r\nX-Egress-Blocked: pypi.test; reason=private-address\r\n" in head  # the header stays terse
+    assert body.decode().splitlines()[0] == RESERVED_LINE
+    detail = RESERVED_LINE.split(": ", 1)[1]
+    assert followed.rstrip("\n") == f"block CONNECT pypi.test:443  private-address ({detail})"
+    response = proxied_session(proxy).get("http://pypi.test/simple/", timeout=20)  # plain HTTP: the same
+    assert response.status_code == 403 and response.text.splitlines()[0] == RESERVED_LINE
+    events = proxy.wait_for_audit(lambda e: e["method"] == "GET")
+    assert {(e["reason"], e["detail"]) for e in events} == {("private-address", detail)}
+
+
+def test_the_suggested_allow_private_line_opens_it(proxy_factory, http_upstream):
+    # private.test resolves to 127.0.0.1 (--resolve): paste the line the refusal gives into the policy.
+    policy = 'allow = ["private.test"]\n'
+    refused = proxied_session(proxy_factory(policy)).get(http_upstream.url("private.test"), timeout=20)
+    assert refused.status_code == 403
+    line = refused.text.splitlines()[0].rpartition(": ")[2]
+    assert line == 'allow_private = ["127.0.0.1"]'
+    response = proxied_session(proxy_factory(policy + line + "\n")).get(http_upstream.url("private.test"), timeout=20)
+    assert response.status_code == 200 and response.text == "hello from upstream\n"
+
+
+def test_an_exact_entry_allows_that_host_only(proxy_factory, http_upstream):
+    proxy = proxy_factory('allow = ["=allowed.test"]\nallow_private = ["=allowed.test"]\n')
+    session = proxied_session(proxy)
+    assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
+    refused = session.get(http_upstream.url("api.allowed.test"), timeout=20)
+    assert refused.status_code == 403
+    assert refused.headers["X-Egress-Blocked"] == "api.allowed.test; reason=not-allowed"
+    assert len(http_upstream.requests) == 1
 
 
 # ---------------------------------------------------------- inside a tunnel

@@ -95,6 +95,16 @@ def test_refused_request_shows_the_403_and_is_reported_once(tmp_path, https_upst
     assert result.stderr.count("EGRESS_BLOCKED blocked.test") == 1
 
 
+def test_a_private_address_refusal_names_the_address_and_the_line_that_allows_it(tmp_path, curl_path):
+    # A company resolver answering pypi.org with a documentation-range address: the run's line says
+    # which address, what kind, and the exact policy line (nothing is dialled: refused before).
+    result = egress_run(tmp_path, "curl", "-sS", "https://pypi.test/simple/",
+                        extra=["--allow", "pypi.test", "--resolve", "pypi.test:203.0.113.80", "--headless"])
+    assert result.returncode == 56  # curl: CONNECT tunnel failed
+    assert ('EGRESS_BLOCKED pypi.test (resolves to 203.0.113.80, reserved for documentation; to allow it, add '
+            '"203.0.113.80" to the policy\'s allow_private list: allow_private = ["203.0.113.80"])\n') in result.stderr
+
+
 def test_deny_flag_wins_over_allow(tmp_path, http_upstream):
     result = egress_run(tmp_path, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
                         http_upstream.url("allowed.test"), extra=["--deny", "allowed.test"])
