@@ -144,9 +144,100 @@ def relabel_server_address(server: connection.Server, address: tuple) -> None:
 # ------------------------------------------------------------- protocol layers
 
 
-def opaque_relay(context) -> layer.Layer:
-    """A layer that relays the tunnel's bytes untouched (no interception, no flow)."""
-    return TCPLayer(context, ignore=True)
+def opaque_relay(context, count=None) -> layer.Layer:
+    """A layer that relays the tunnel's bytes untouched (no interception, no flow).
+
+    ``count(from_client, n)`` is called for every chunk relayed. Once the server connection
+    is open (through mitmproxy's server_connect hooks, so every guard there has run) and a
+    first chunk has gone through mitmproxy's own path, the two sockets are spliced: their
+    asyncio transports hand each chunk straight to the other (:class:`_Splice`), without
+    mitmproxy's per-chunk event path through the layer stack; opening, half-closing and
+    closing still go through mitmproxy as before.
+    """
+    return _SplicedRelay(context, count)
+
+
+class _SplicedRelay(TCPLayer):
+    """TCPLayer(ignore=True), spliced after its first chunk when it safely can be (see
+    :func:`splice`); otherwise (a TLS transport, bytes still buffered) it relays chunk by
+    chunk as TCPLayer does, and tries again at the next chunk."""
+
+    def __init__(self, context, count=None):
+        super().__init__(context, ignore=True)
+        self._count = count
+        self.spliced = False
+
+    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if self._count is not None and isinstance(event, events.DataReceived):
+            self._count(event.connection is self.context.client, len(event.data))
+        yield from super().relay_messages(event)
+        if not self.spliced and isinstance(event, events.DataReceived):
+            self.spliced = splice(self.context.client, self.context.server, self._count)
+
+
+def splice(client: connection.Client, server: connection.Server, count=None) -> bool:
+    """Relay between ``client`` and ``server`` transport to transport from now on; False
+    (nothing changed) unless both are open plain asyncio socket transports with nothing
+    buffered in their readers (bytes mitmproxy has yet to read would be overtaken)."""
+    handler = client_handler(client)
+    if handler is None or client.state is not connection.ConnectionState.OPEN \
+            or server.state is not connection.ConnectionState.OPEN:
+        return False
+    ios = [handler.transports.get(client), handler.transports.get(server)]
+    transports = []
+    for io in ios:
+        reader, writer = getattr(io, "reader", None), getattr(io, "writer", None)
+        if not isinstance(reader, asyncio.StreamReader) or not isinstance(writer, asyncio.StreamWriter):
+            return False
+        if getattr(reader, "_buffer", b"x") or reader.at_eof():
+            return False
+        transport = writer.transport
+        if (transport.is_closing() or transport.get_extra_info("sslcontext") is not None
+                or not hasattr(transport, "set_protocol") or transport.get_protocol() is None):
+            return False
+        transports.append(transport)
+    watchdog = handler.timeout_watchdog
+    ends = [_Splice(t, t.get_protocol(), watchdog, count, from_client) for t, from_client in
+            zip(transports, (True, False))]
+    ends[0].peer, ends[1].peer = transports[1], transports[0]
+    for transport, end in zip(transports, ends):
+        transport.set_protocol(end)
+    return True
+
+
+class _Splice(asyncio.Protocol):
+    """One end of a spliced tunnel: what its transport reads is written to the peer
+    transport at once (reads are up to 256 KiB); when the peer cannot take more, reading
+    pauses. Everything but data goes to the protocol it replaced (mitmproxy's stream), so
+    EOF, half-close, errors and close reach mitmproxy as before. Counts as the layer did,
+    and keeps mitmproxy's idle watchdog fed."""
+
+    __slots__ = ("transport", "inner", "watchdog", "count", "from_client", "peer")
+
+    def __init__(self, transport, inner, watchdog, count, from_client: bool):
+        self.transport, self.inner, self.watchdog = transport, inner, watchdog
+        self.count, self.from_client = count, from_client
+        self.peer = None
+
+    def data_received(self, data: bytes) -> None:
+        self.peer.write(data)
+        self.watchdog.register_activity()
+        if self.count is not None:
+            self.count(self.from_client, len(data))
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:  # our transport's write buffer is full: stop reading the peer
+        self.peer.pause_reading()
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.peer.resume_reading()
+        self.inner.resume_writing()
 
 
 def is_opaque(chosen: layer.Layer | None) -> bool:

@@ -214,6 +214,63 @@ def test_opaque_relay_is_an_untracked_tcp_relay(context):
     assert isinstance(relay, TCPLayer) and relay.flow is None
 
 
+def test_a_passthrough_relay_is_spliced_after_its_first_chunk_and_counts_every_byte(confdir):
+    # The internals splice() relies on (ConnectionHandler.transports, asyncio's StreamReader
+    # buffer, transport.set_protocol) are pinned here: if they change, the relay stays on
+    # mitmproxy's own path (spliced stays False) and this fails by name.
+    relays, counts = [], {True: 0, False: 0}
+
+    def count(from_client: bool, n: int) -> None:
+        counts[from_client] += n
+
+    class Relay:
+        def next_layer(self, nextlayer) -> None:
+            if nextlayer.context.server.address is not None and not nextlayer.context.client.tls:
+                nextlayer.layer = mitm.opaque_relay(nextlayer.context, count)
+                relays.append(nextlayer.layer)
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    port = upstream.getsockname()[1]
+    sent = bytes(range(256)) * 4096  # 1 MiB
+    reply = b"pong" * 100_000
+
+    def serve() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            got = b""
+            while len(got) < len(sent):
+                got += conn.recv(1 << 20)
+            conn.sendall(reply if got == sent else b"corrupted")
+
+    def client(proxy_port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", proxy_port), timeout=20) as sock:
+            sock.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(1)
+            sock.sendall(sent[:100])  # the first chunk takes mitmproxy's path, then the splice
+            time.sleep(0.2)
+            sock.sendall(sent[100:])
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            return data
+
+    async def body(master, own, addresses):
+        server = asyncio.create_task(asyncio.to_thread(serve))
+        answer = await asyncio.to_thread(client, addresses[0][1])
+        await server
+        return answer
+
+    try:
+        answer = run_master(confdir, body, Relay())
+    finally:
+        upstream.close()
+    assert answer == reply
+    assert [r.spliced for r in relays] == [True]
+    assert counts == {True: len(sent), False: len(reply)}
+
+
 @pytest.mark.parametrize(("make", "opaque"), [
     (lambda c: TCPLayer(c), True),  # what NextLayer picks for non-HTTP bytes: it has a flow
     (lambda c: TCPLayer(c, ignore=True), False),  # a passthrough relay is not refused
