@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import typing
 
 import pytest
 from mitmproxy import connection, http
@@ -288,3 +289,57 @@ def test_closing_layer_closes_the_client_and_nothing_else(context):
     [command] = layer.handle_event(events.Start())
     assert type(command) is commands.CloseConnection and command.connection is context.client
     assert list(layer.handle_event(events.DataReceived(context.client, b"more"))) == []
+
+
+# ------------------------------------------------------- message type checks
+
+_CHECKS = [  # (value, type) as mitmproxy's MessageData fields take them, fitting and not
+    (b"x", bytes), ("x", bytes), (None, bytes), (b"x", bytes | None), (None, bytes | None), ("x", bytes | None),
+    (1.5, float), (3, float), (True, float), ("1", float), (None, float | None), (2, float | None),
+    (b"1", float | None), (80, int), (80.0, int), ("x", str), (b"x", str),
+    (http.Headers(), http.Headers), ({}, http.Headers), (None, http.Headers | None),
+    (http.Headers(), http.Headers | None), ([], http.Headers | None),
+    # what the fast path leaves to mitmproxy's own function
+    ((1, "a"), tuple[int, str]), ((1, 2), tuple[int, str]), (["a"], typing.Sequence[str]),
+    ([1], typing.Sequence[str]), ("anything", typing.Any), (None, typing.Optional[typing.Sequence[str]]),
+]
+
+
+@pytest.mark.parametrize(("value", "typeinfo"), _CHECKS, ids=[f"{v!r}-{t}" for v, t in _CHECKS])
+def test_the_message_typecheck_answers_as_mitmproxys_own(value, typeinfo):
+    from mitmproxy.utils import typecheck
+
+    def outcome(check):
+        try:
+            check("field", value, typeinfo)
+        except TypeError as e:
+            return str(e)
+        return None
+
+    assert outcome(mitm._FieldTypecheck(typecheck.check_option_type).check_option_type) == \
+        outcome(typecheck.check_option_type)
+
+
+def test_messages_are_built_without_exception_cycles_once_a_master_exists(confdir):
+    import gc
+
+    async def make() -> None:
+        mitm.new_master()
+
+    asyncio.run(make())
+    assert isinstance(http.typecheck, mitm._FieldTypecheck)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(20):
+            http.Request.make("GET", "http://a.test/", b"")
+            http.Response.make(200, b"ok")
+        with pytest.raises(TypeError, match="timestamp_start"):  # a wrong type is still refused
+            http.Request("a.test", 80, b"GET", b"http", b"a.test", b"/", b"HTTP/1.1", http.Headers(), None, None,
+                         "not a float", None)
+        gc.collect()
+        leftovers = [type(o).__name__ for o in gc.garbage if isinstance(o, TypeError)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert leftovers.count("TypeError") <= 1  # only the refusal above
