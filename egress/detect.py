@@ -555,6 +555,7 @@ class _Pass(NamedTuple):
     regex: re.Pattern
     anchors: tuple[int, ...]  # by capture group number - 1
     before: tuple[int, ...]
+    lead: bytes  # every match starts with it
 
 
 def _class(chars: Iterable[bytes]) -> bytes:
@@ -613,7 +614,7 @@ def _compile_passes(anchors: list[_Anchor]) -> list[_Pass]:
             parts.append(gate + b"(?=" + _class(nexts) + b")(?:" + b"|".join(sub) + b")")
         parts += [leaf(i) for i in ungated]
         regex = re.compile(lead_re + b"(?:" + b"|".join(parts) + b")", re.DOTALL)
-        passes.append(_Pass(regex, tuple(order), tuple(anchors[i].before_len for i in order)))
+        passes.append(_Pass(regex, tuple(order), tuple(anchors[i].before_len for i in order), lead))
     return passes
 
 
@@ -726,7 +727,11 @@ class Detector:
         found: list[Finding] = []
         segments: list[Segment] = []
         actions = self._actions
-        for regex, members, before in self._passes:
+        for regex, members, before, lead in self._passes:
+            # `in` is memchr: ~1 ms for 16 MiB without the byte, where the regex's own
+            # search for it takes ~5 ms (a pass for "~" on clean text)
+            if lead not in data:
+                continue
             for m in regex.finditer(data):
                 g = m.lastindex - 1
                 start = m.start() - before[g]
