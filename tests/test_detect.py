@@ -608,6 +608,20 @@ def test_a_batched_stream_scanner_settles_at_most_a_batch_behind():
     assert scanner.settled == fed
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_last_run_break_is_found_as_a_whole_translate_finds_it(seed):
+    # _last_break looks back 4 KiB at a time; runs longer than that, breaks at either end
+    # of a window and none at all must give what translating everything before gives.
+    from egress.decode import RUN_TABLE
+
+    r = random.Random(seed)
+    pieces = [rnd(r.choice([1, 50, 4095, 4096, 4097, 9000]), B62 + "+/") + r.choice([" ", "\n", '"', ""])
+              for _ in range(30)]
+    buf = "".join(pieces).encode()
+    for end in sorted({0, 1, len(buf)} | {r.randrange(len(buf) + 1) for _ in range(200)}):
+        assert detect._last_break(buf, end) == buf[:end].translate(RUN_TABLE).rfind(b" ")
+
+
 class CountingDetector(Detector):
     """A real detector that also counts the bytes it is asked to scan."""
 
