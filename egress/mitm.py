@@ -14,6 +14,7 @@ Imported only when a proxy starts: importing mitmproxy costs ~0.5 s.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 import types
 import typing
@@ -21,7 +22,9 @@ import typing
 import wsproto.handshake
 from dataclasses import dataclass
 
+from mitmproxy import addonmanager as _addonmanager
 from mitmproxy import connection, ctx, http
+from mitmproxy import exceptions as _exceptions
 from mitmproxy import master as _master
 from mitmproxy import options as _options
 from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
@@ -99,6 +102,82 @@ class OwnAddons:
     tls_config: tlsconfig.TlsConfig
 
 
+class _HookTable(_addonmanager.AddonManager):
+    """mitmproxy's AddonManager, dispatching a hook only to the addons that implement it.
+
+    mitmproxy's own trigger_event walks every addon (and its nested addons) for every hook,
+    each inside a context manager and a coroutine of its own, and calls ``event.args()``
+    per call; after every hook that carries a flow it does the same again for ``update``,
+    which no egress addon implements. Measured with py-spy on new passthrough tunnels and
+    on small requests, that dispatch was ~10-13% of egress's CPU. Here the functions
+    implementing each hook are looked up once per hook name (again after any addon is
+    added or removed), grouped by top-level addon as mitmproxy's walk groups them, and
+    called in the same order with the same error handling: an exception is logged as
+    mitmproxy logs it and skips the rest of that addon's group, AddonHalt ends the event,
+    OptionsError propagates. A hook attribute that is neither callable nor a module goes
+    to mitmproxy's own walk, which reports it.
+    """
+
+    _table: dict | None = None
+
+    def _reset(self) -> None:
+        self._table = None
+
+    def register(self, addon):
+        self._reset()
+        return super().register(addon)
+
+    def remove(self, addon):
+        self._reset()
+        return super().remove(addon)
+
+    def clear(self):
+        self._reset()
+        return super().clear()
+
+    def _groups(self, name: str):
+        table = self._table
+        if table is None:
+            table = self._table = {}
+        elif name in table:
+            return table[name]
+        groups = []
+        for top in self.chain:
+            funcs = []
+            for addon in _addonmanager.traverse([top]):
+                func = getattr(addon, name, None)
+                if not func or isinstance(func, types.ModuleType):
+                    continue
+                if not callable(func):
+                    table[name] = None  # mitmproxy's walk raises and logs it
+                    return None
+                funcs.append(func)
+            if funcs:
+                groups.append(tuple(funcs))
+        table[name] = groups = tuple(groups)
+        return groups
+
+    async def trigger_event(self, event) -> None:
+        groups = self._groups(event.name)
+        if groups is None:
+            return await super().trigger_event(event)
+        if not groups:
+            return
+        args = event.args()
+        for funcs in groups:
+            try:
+                for func in funcs:
+                    result = func(*args)
+                    if result is not None and inspect.isawaitable(result):
+                        await result
+            except _exceptions.AddonHalt:
+                return
+            except _exceptions.OptionsError:
+                raise
+            except Exception as e:
+                _addonmanager.logger.error(f"Addon error: {e}", exc_info=(type(e), e, e.__traceback__))
+
+
 def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
     """A master with no addons yet, and mitmproxy's own addons for the caller to place.
 
@@ -106,6 +185,7 @@ def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
     """
     fast_message_typecheck()
     master = _master.Master(_options.Options(**option_values))
+    master.addons.__class__ = _HookTable  # same state, faster dispatch
     return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),
                              tlsconfig.TlsConfig())
 

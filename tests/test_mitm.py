@@ -9,12 +9,14 @@ internal it relies on fails here, by name.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import socket
 import time
 import typing
 
 import pytest
-from mitmproxy import connection, http
+from mitmproxy import connection, exceptions, http
 from mitmproxy.options import Options
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.context import Context
@@ -343,3 +345,86 @@ def test_messages_are_built_without_exception_cycles_once_a_master_exists(confdi
         gc.set_debug(0)
         gc.garbage.clear()
     assert leftovers.count("TypeError") <= 1  # only the refusal above
+
+
+# ------------------------------------------------------------- hook dispatch
+
+
+class _Probe:
+    def __init__(self, name: str, calls: list, nested=(), fail: bool = False, halt: bool = False,
+                 asynchronous: bool = False):
+        self.name, self.calls, self.fail, self.halt = name, calls, fail, halt
+        if nested:
+            self.addons = list(nested)
+        if asynchronous:
+            self.requestheaders = self._later
+
+    def requestheaders(self, flow) -> None:
+        self.calls.append((self.name, flow.request.path))
+        if self.fail:
+            raise ValueError(f"{self.name} failed")
+        if self.halt:
+            raise exceptions.AddonHalt()
+
+    async def _later(self, flow) -> None:
+        await asyncio.sleep(0)
+        self.calls.append((self.name + " (async)", flow.request.path))
+
+
+def _dispatch(table: bool) -> tuple[list, list]:
+    """The same addons and events through mitmproxy's AddonManager or egress's table."""
+    from mitmproxy import master as mitmproxy_master
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+
+    calls, errors = [], []
+
+    class Errors(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Addon error"):
+                errors.append(re.sub(r" at 0x[0-9a-f]+", "", record.getMessage()))
+
+    def flow(path: str) -> http.HTTPFlow:
+        f = http.HTTPFlow(connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2),
+                                            timestamp_start=0), connection.Server(address=None))
+        f.request = http.Request.make("GET", f"http://a.test{path}")
+        return f
+
+    async def main():
+        if table:
+            master, _ = mitm.new_master()
+        else:
+            master = mitmproxy_master.Master(Options())
+        master.addons.add(_Probe("a", calls), _Probe("b", calls, nested=[_Probe("b1", calls, fail=True),
+                                                                        _Probe("b2", calls)]),
+                          _Probe("c", calls, asynchronous=True), _Probe("d", calls, fail=True), _Probe("e", calls))
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/1")))
+        master.addons.add(_Probe("f", calls, halt=True), _Probe("g", calls))  # the table must see them
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/2")))
+        master.addons.remove(master.addons.get("f"))
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/3")))
+        odd = _Probe("h", calls)
+        odd.requestheaders = 5  # not callable: mitmproxy's walk reports it
+        master.addons.add(odd)
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/4")))
+        await mitm.done(master)  # takes mitmproxy's log handler off this loop
+
+    handler = Errors()
+    logging.getLogger().addHandler(handler)
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return calls, errors
+
+
+def test_the_hook_table_dispatches_as_mitmproxys_own_walk():
+    mitmproxy_calls, mitmproxy_errors = _dispatch(table=False)
+    calls, errors = _dispatch(table=True)
+    assert calls == mitmproxy_calls
+    assert errors == mitmproxy_errors
+    # and what that is: nested addons after their parent, a failure ends its addon's group
+    # (b1 failed: b2 skipped) but not the event, AddonHalt ends the event
+    assert [c for c in calls if c[1] == "/2"] == [("a", "/2"), ("b", "/2"), ("b1", "/2"), ("c (async)", "/2"),
+                                                  ("d", "/2"), ("e", "/2"), ("f", "/2")]
+    assert ("g", "/3") in calls and ("h", "/4") not in calls
+    assert len(errors) == 4 * 2 + 1  # b1 and d each time, and h's handler that is not callable
