@@ -75,7 +75,15 @@ class TerminalAsker:
 
     def _granted(self, host: str) -> None:  # called from the control thread
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._settle, host, True)
+            self._settle_soon(host, True)
+
+    def _settle_soon(self, host: str, allowed: bool) -> None:
+        """From another thread: settle on the loop's next turn. A loop already closed has no
+        request waiting any more (a grant also settles, so the answer can come twice)."""
+        try:
+            self._loop.call_soon_threadsafe(self._settle, host, allowed)
+        except RuntimeError:
+            pass
 
     def _settle(self, host: str, allowed: bool) -> None:
         future = self._pending.pop(host, None)
@@ -89,7 +97,7 @@ class TerminalAsker:
             try:
                 fd = os.open(self.tty, os.O_RDWR | os.O_NOCTTY)
             except OSError:
-                self._loop.call_soon_threadsafe(self._settle, host, False)
+                self._settle_soon(host, False)
                 return
             try:
                 # Whatever is queued now was not typed in answer to this question: drop it.
@@ -105,9 +113,9 @@ class TerminalAsker:
                 self._write(fd, f"egress: {host} {'allowed for this run' if allowed else 'kept blocked'}\n")
                 if allowed:
                     self.state.grant(host)
-                self._loop.call_soon_threadsafe(self._settle, host, allowed)
+                self._settle_soon(host, allowed)
             except (OSError, termios.error):
-                self._loop.call_soon_threadsafe(self._settle, host, False)
+                self._settle_soon(host, False)
             finally:
                 os.close(fd)
 

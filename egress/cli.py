@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, NETWORK_MODES
+from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
 from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
@@ -35,29 +35,33 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    """The policy, its credential settings checked beside it (egress.settings)."""
+    """The policy, its credential settings checked beside it (egress.settings); for commands
+    that read no secret (check)."""
     from . import settings
     from .policy import PolicyError
 
     try:
         return settings.load(list(sources) or [DEFAULT_POLICY]).policy
     except PolicyError as e:
-        for problem in e.problems:
-            click.echo(f"egress: {problem}", err=True)
-        raise Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)") from None
+        raise _unloadable(e) from None
 
 
-def _load_credentials(policy, broker: bool = False):
-    import os
-
-    from .credentials import CredentialError, credentials_for
+def _load_for_proxy(sources: tuple[str, ...]):
+    """(policy, credentials) with every check `serve` makes before it starts (the one load path
+    of serve, redact and `policy validate`: egress.settings.load_for_proxy)."""
+    from . import settings
+    from .policy import PolicyError
 
     try:
-        return credentials_for(policy, dict(os.environ), broker=broker)
-    except CredentialError as e:
-        for path, _, message in e.problems:
-            click.echo(f"egress: {path}: {message}", err=True)
-        raise Fatal(EXIT_POLICY, "the credential settings cannot be honoured (nothing was started)") from None
+        return settings.load_for_proxy(list(sources) or [DEFAULT_POLICY], dict(os.environ))
+    except PolicyError as e:
+        raise _unloadable(e) from None
+
+
+def _unloadable(error) -> Fatal:
+    for problem in error.problems:
+        click.echo(f"egress: {problem}", err=True)
+    return Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)")
 
 
 def _parse_address(text: str, option: str) -> tuple[str, int]:
@@ -106,22 +110,43 @@ policy_option = click.option(
 def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: tuple[str, ...]) -> None:
     """Say whether the policy allows each target, and which rule decided.
 
-    Pure: no DNS, no connection. Exit status 0 if every target is allowed, 1 if not.
+    No DNS, no connection: a name is decided as written; an IP literal or localhost
+    (whose addresses need no lookup) is also refused as the proxy would refuse it,
+    private-address, unless allow_private covers it. Exit status 0 if every target
+    is allowed, 1 if not, 2 if a target is malformed.
     """
+    parsed, malformed = [], False
+    for target in targets:
+        try:
+            parsed.append((target, *_parse_target(target)))
+        except ValueError as e:
+            reason = str(e)  # InvalidHost's message often starts with the text it refused already
+            click.echo(f"egress check: {reason}" if reason.startswith(repr(target)) else
+                       f"egress check: {target!r}: {reason}", err=True)
+            malformed = True
+    if malformed:
+        sys.exit(EXIT_USAGE)
     try:
         policy = _load_policy(policies)
     except Fatal as e:
         _fail(e)
+    from .addresses import known_addresses
+    from .policy import Decision
+
     refused = False
-    for target in targets:
-        host, target_port = _split_target(target)
+    for target, host, target_port in parsed:
         decision = policy.decide(host, port or target_port)
+        addresses = known_addresses(host)
+        if decision.allowed and addresses is not None:  # the proxy's next decision, needing no DNS
+            chosen = policy.choose_address(host, decision.port, addresses)
+            if isinstance(chosen, Decision):
+                decision = chosen
         refused |= not decision.allowed
         if as_json:
             click.echo(json.dumps({
                 "target": target, "host": decision.host, "port": decision.port,
                 "decision": "allow" if decision.allowed else "block", "reason": decision.reason,
-                "rule": str(decision.rule) if decision.rule else None,
+                "rule": str(decision.rule) if decision.rule else None, "detail": decision.detail,
             }))
         else:
             verdict = "allow" if decision.allowed else "block"
@@ -129,21 +154,26 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
     sys.exit(EXIT_REFUSED if refused else EXIT_OK)
 
 
-def _split_target(target: str) -> tuple[str, int | None]:
-    from .hosts import InvalidHost, split_host_port
+def _parse_target(target: str):
+    """``host``, ``host:port``, ``[v6]:port`` or a URL -> (Host, port or None). Raises ValueError
+    (InvalidHost is one) saying what is wrong."""
+    from .hosts import parse_host, split_host_port
 
     if "://" in target:
-        url = urllib.parse.urlsplit(target)
+        try:
+            url = urllib.parse.urlsplit(target)
+        except ValueError as e:  # "http://[bad"
+            raise ValueError(f"not a valid URL ({e})") from None
         netloc = url.netloc.rpartition("@")[2]
         default = {"http": 80, "https": 443}.get(url.scheme.lower())
-        try:
-            return split_host_port(netloc, default)
-        except InvalidHost:
-            return netloc, default
-    try:
-        return split_host_port(target)
-    except InvalidHost:
-        return target, None
+        host, target_port = split_host_port(netloc, default)
+    else:
+        if "/" in target:
+            host = target.split("/", 1)[0]
+            raise ValueError(f"a path without a scheme: write the host ({host!r}) or a URL "
+                             f"('https://{target}')")
+        host, target_port = split_host_port(target)
+    return parse_host(host), target_port
 
 
 # ---------------------------------------------------------------------- policy
@@ -159,15 +189,18 @@ def policy() -> None:
 def validate(files: tuple[str, ...]) -> None:
     """Check policy files; print OK or every problem with file:line. Exit 1 if any.
 
-    Warnings (file:line: warning: ...) name what loads but may open more than meant.
+    Each file is checked as `egress serve --policy FILE` checks it before starting,
+    [credentials] included: secrets are read from this environment and the files
+    they name. Warnings (file:line: warning: ...) name what loads but may open more
+    than meant.
     """
     from . import settings
     from .policy import PolicyError
 
     failed = False
     for file in files:
-        try:
-            loaded = settings.load([file]).policy
+        try:  # serve's own load path: what it refuses at start (status 3) is a problem here
+            loaded, _ = settings.load_for_proxy([file], dict(os.environ))
         except PolicyError as e:
             failed = True
             for problem in e.problems:
@@ -223,8 +256,10 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
                      help="Seconds to wait for an upstream's response head before answering 504 "
                           "(0: wait forever)."),
-        click.option("--upstream-ca", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
-                     help="Also trust this CA (PEM) for upstream servers, e.g. a company CA."),
+        # Checked by egress.trust when the proxy is built (one line, status 5 / 125), not by click (2).
+        click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
+                     help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
+                          "(e.g. the CA of a proxy that re-signs TLS on your network)."),
         click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
@@ -337,13 +372,13 @@ def _serve(policies, config) -> None:
     from .live import PolicyWatcher
     from .proxy import configure_logging
     from .state import ca_cert_path
+    from .terminal import EventLines
     from .wiring import BuildError, ProxyBuilder, format_address
 
     configure_logging()
-    loaded = _load_policy(policies)
+    loaded, credentials = _load_for_proxy(policies)
     for warning in loaded.warnings:
         click.echo(f"egress: {warning.as_warning()}", err=True)
-    credentials = _load_credentials(loaded)
     builder = ProxyBuilder(config)
 
     async def run() -> None:
@@ -359,10 +394,19 @@ def _serve(policies, config) -> None:
                                 report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
         watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        control_state = RunState(f"serve-{os.getpid()}", ["egress", "serve", *sys.argv[2:]])
+        run_id = f"serve-{os.getpid()}"
+        road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
+                f"next request (at once with `egress policy reload --run {run_id}`)" if policies else
+                "it runs the built-in policy: restart it with --policy FILE allowing the host (edits to "
+                "that file then apply live)")
+        control_state = RunState(run_id, ["egress", "serve", *sys.argv[2:]], no_grants=(
+            f"{run_id} is an egress serve, shared by all its clients: it takes no grants (they are for "
+            f"one egress run); {road}"))
         control_state.on_reload.append(watcher.reload_now)
         control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
         engine.recorder.subscribe(control_state.publish, name="control")
+        # upstream failures on stderr, as egress run prints them (refusals are in the audit log)
+        engine.recorder.subscribe(EventLines(blocked=False), name="log")
         if builder.metrics_url:
             control_state.extra["metrics"] = builder.metrics_url
         try:
@@ -376,6 +420,7 @@ def _serve(policies, config) -> None:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
                    f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
+        click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
         try:
             await proxy.run_until_stopped()
         finally:
@@ -435,7 +480,11 @@ def runs(as_json: bool, state_dir: Path | None) -> None:
 @click.option("--run", "run", metavar="ID", help="The run to grant (see `egress runs`); optional if only one runs.")
 @state_dir_option
 def allow(host: str, run: str | None, state_dir: Path | None) -> None:
-    """Allow HOST (that exact name) for one run, answering its pending question too."""
+    """Allow HOST (that exact name) for one run, answering its pending question too.
+
+    Only an `egress run` takes grants; an `egress serve` refuses them (exit 1): edit
+    its policy file instead, which it reloads live.
+    """
     from .control import request
 
     for answer in request(_run_socket(run, state_dir), {"op": "allow", "host": host}):
@@ -523,7 +572,7 @@ def redact(policies: tuple[str, ...]) -> None:
     from .detect import Detector, StreamRedactor
 
     try:
-        credentials = _load_credentials(_load_policy(policies))
+        _, credentials = _load_for_proxy(policies)
     except Fatal as e:
         _fail(e)
     redactor = StreamRedactor(Detector([(s.label, s.value) for s in credentials.secrets]))
@@ -544,7 +593,7 @@ def redact(policies: tuple[str, ...]) -> None:
                    "deny list (private addresses still refused); off: no network at all. "
                    "Overrides a policy file's `network` key.")
 @policy_option
-@click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains); repeatable.")
+@click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains; =DOMAIN: that host only); repeatable.")
 @click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")
 @click.option("--project", type=click.Path(path_type=Path, file_okay=False), default=".",
               help="The folder the command may write to (default: the current directory); also its working directory.")
@@ -572,7 +621,8 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
     failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
     cannot execute / not found. Every refusal is printed on stderr as
-    `EGRESS_BLOCKED <host> (<reason>)`. The proxy options mean what they mean for serve.
+    `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
+    `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)

@@ -6,7 +6,8 @@ its owner can talk to it. The protocol is one JSON request line, answered by JSO
 lines:
 
     {"op": "info"}                      -> {"run", "command", "pid", "grants", "started"}
-    {"op": "allow", "host": "x.org"}    -> {"ok": true, "host": "x.org"}   (this run only, exact name)
+    {"op": "allow", "host": "x.org"}    -> {"ok": true, "host": "x.org"}   (this run only, exact name;
+                                           an `egress serve` answers {"error": ...}: grants are per run)
     {"op": "reload"}                    -> {"ok": true}   (re-read the policy files now)
     {"op": "events"}                    -> one event per line, as they happen, until the client leaves
 
@@ -53,12 +54,23 @@ def runs_dir(state_dir: Path | None) -> Path:
     return (state_dir or default_state_dir()) / "runs"
 
 
-class RunState:
-    """What the control socket shows and changes: grants and the event stream of one proxy."""
+class GrantRefused(ValueError):
+    """This proxy takes no grants (an `egress serve`); the message says what to do instead."""
 
-    def __init__(self, run_id: str, command: list[str]):
+
+class RunState:
+    """What the control socket shows and changes: grants and the event stream of one proxy.
+
+    ``no_grants``: why this proxy takes no grants, or None. A grant is one person's decision
+    for one command's run, gone when it ends. An `egress serve` is shared by every client
+    that points at it and outlives them all; a grant there would be a policy change that no
+    file records, lost at the next restart. Its road is the policy file, reloaded live.
+    """
+
+    def __init__(self, run_id: str, command: list[str], no_grants: str | None = None):
         self.run_id = run_id
         self.command = command
+        self.no_grants = no_grants
         self.started = time.time()
         self.grants: set[str] = set()
         self.on_grant: list[Callable[[str], None]] = []  # wakes requests held for a host
@@ -70,9 +82,12 @@ class RunState:
         self.on_drop: Callable[[], None] = lambda: None  # e.g. the events-dropped metric's inc
 
     def grant(self, host: str) -> str:
-        """Allow ``host`` (that exact name) for the rest of the run. Raises egress.hosts.InvalidHost."""
+        """Allow ``host`` (that exact name) for the rest of the run. Raises egress.hosts.InvalidHost,
+        or GrantRefused where grants are not applied (egress serve)."""
         from .hosts import InvalidHost, parse_host
 
+        if self.no_grants is not None:
+            raise GrantRefused(self.no_grants)
         name = parse_host(host)
         if name.is_ip:
             raise InvalidHost(f"{host!r}: IP literals are never granted; add them to the policy")
@@ -197,8 +212,11 @@ class _Handler:
         except OSError:
             pass  # the client left
         finally:
-            self.rfile.close()
-            self.wfile.close()
+            for stream in (self.rfile, self.wfile):
+                try:
+                    stream.close()  # the writer's close flushes: to a client that left, it fails
+                except OSError:
+                    pass
 
     def handle(self) -> None:
         import queue
@@ -216,7 +234,7 @@ class _Handler:
         elif op == "allow":
             try:
                 host = state.grant(str(request.get("host", "")))
-            except InvalidHost as e:
+            except (InvalidHost, GrantRefused) as e:
                 return self._send({"error": str(e)})
             self._send({"ok": True, "host": host})
         elif op == "reload":

@@ -33,11 +33,13 @@ _PLACEHOLDER_ALPHABET = string.ascii_letters + string.digits
 
 
 class CredentialError(Exception):
-    """A credential setting cannot be honoured; ``problems`` are (path, key, message)."""
+    """A credential setting cannot be honoured; ``problems`` are (path, key, message), or
+    (path, key, message, text) where the text as written (a variable's name, a host) locates
+    the problem's line more precisely than its key (egress.settings)."""
 
-    def __init__(self, problems: list[tuple[str, str | None, str]]):
+    def __init__(self, problems: list[tuple]):
         self.problems = problems
-        super().__init__("\n".join(f"{p}: {m}" for p, _, m in problems))
+        super().__init__("\n".join(f"{p[0]}: {p[2]}" for p in problems))
 
 
 @dataclass(frozen=True)
@@ -229,12 +231,13 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
             problems.append((spec.path, spec.env and "env" or "file",
                              f"credentials.secret {spec.label}: the value is {len(value)} characters; "
                              f"a stored secret needs at least {MIN_SECRET_LENGTH} to be told apart from "
-                             f"ordinary text"))
+                             f"ordinary text", spec.env or spec.file))
             continue
         for host in spec.hosts:
             if host_allowed is not None and not host_allowed(host):
                 problems.append((spec.path, "hosts", f"credentials.secret {spec.label}: bound to {host!r}, "
-                                                     f"which the policy does not allow; allow it or unbind it"))
+                                                     f"which the policy does not allow; allow it or unbind it",
+                                 host))
         placeholder = make_placeholder(value) if broker and spec.brokered else None
         file = str(Path(os.path.expanduser(spec.file)).absolute()) if spec.file else None
         stored.append(StoredSecret(spec.label, value, spec.hosts, placeholder, spec.env, file))
@@ -256,13 +259,13 @@ def _read_value(spec: SecretSpec, environ: dict[str, str], problems: list) -> st
     if spec.env is not None:
         value = environ.get(spec.env)
         if value is None:
-            problems.append((spec.path, "env", f"credentials.secret: ${spec.env} is not set"))
+            problems.append((spec.path, "env", f"credentials.secret: ${spec.env} is not set", spec.env))
         return value
     path = Path(os.path.expanduser(spec.file))
     try:
         return path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
-        problems.append((spec.path, "file", f"credentials.secret: cannot read {path}: {e}"))
+        problems.append((spec.path, "file", f"credentials.secret: cannot read {path}: {e}", spec.file))
         return None
 
 

@@ -137,6 +137,9 @@ class Recorder:
         if event.decision == "block":
             domain = event.host if event.reason == "invalid-host" else registrable_domain(event.host)
             self.metrics.blocked.labels(self.metrics.domain_label(domain), event.reason).inc()
+        elif event.decision == "error":  # an upstream failure (reasons.UPSTREAM_ERRORS)
+            domain = self.metrics.domain_label(registrable_domain(event.host))
+            self.metrics.upstream_errors.labels(domain, event.reason).inc()
         if self.audit is not None:
             line = event.to_json() + "\n"
             with self._lock:

@@ -30,6 +30,7 @@ class FlowState:
     sent: int = 0  # request body bytes relayed upstream
     received: int = 0  # response body bytes relayed to the client
     upstream_error: str | None = None  # an upstream-error code (reasons.UPSTREAM_ERRORS)
+    upstream_detail: str = ""  # what failed, in words (the event's detail, the answer's body)
     masked: str | None = None  # what the credential guard masked, in words
     substituted: bool = False  # a brokered secret was swapped in
 
@@ -65,3 +66,6 @@ class ConnState:
     pins: dict[str, IPAddress] = field(default_factory=dict)  # host name -> the address checked for it
     counted: str | None = None  # the client address this connection counts against (limits)
     waiting_since: float | None = None  # monotonic time since which a request head is awaited
+    # an upstream connection of this client that could not be opened, until its flow's error
+    # hook takes it (egress.addons.upstream_errors): (code, detail, mitmproxy's message)
+    open_failure: tuple[str, str, str] | None = None

@@ -28,7 +28,7 @@ from .contract import NETWORK_MODES
 from .hosts import InvalidHost, parse_host, split_host_port
 from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of parse_entry must agree with parse_host
 from .policy_matcher import LIST_KEYS, Entry, Policy
-from .public_suffix import is_public_suffix
+from .public_suffix import is_icann_suffix, is_public_suffix
 
 KNOWN_KEYS = ("include", "network", "credentials") + LIST_KEYS
 
@@ -160,9 +160,10 @@ def parse_entry(text: str, key: str) -> Entry:
             and not _NUMERIC_LABEL.match(name.rpartition(".")[2])
             and (not colon or (len(port_text) <= 5 and port_text.isascii() and port_text.isdigit()
                                and 0 < int(port_text) < 65536))):
+        port = int(port_text) if colon else None
         if key != "deny":
-            _refuse_public_suffix(name, text, key)
-        return Entry("subdomains" if wildcard else "domain", name, int(port_text) if colon else None)
+            _refuse_public_suffix(name, text, key, port, wildcard)
+        return Entry("subdomains" if wildcard else "domain", name, port)
     raw = text.strip()
     if not raw:
         raise EntryError(f"{key}: empty entry")
@@ -179,6 +180,16 @@ def parse_entry(text: str, key: str) -> Entry:
         host_part, port = split_host_port(raw)
     except InvalidHost as e:
         raise EntryError(f"{key}: {e}") from None
+
+    # '=host': that exact host, none of its subdomains. A leading mark like '*.', read
+    # before anything else; it is the one way to name a host that is itself a public
+    # suffix of the list's private section (httpbin.org, s3.amazonaws.com).
+    exact = host_part.startswith("=")
+    if exact:
+        host_part = host_part[1:].strip()
+        if host_part.startswith("*") or "/" in host_part:
+            raise EntryError(f"{key}: {text!r}: '=' names one exact host; it takes neither a "
+                             f"wildcard nor a CIDR")
 
     if "/" in host_part:
         return _parse_cidr(host_part.strip("[]"), port, text, key)
@@ -198,9 +209,17 @@ def parse_entry(text: str, key: str) -> Entry:
     if host.is_ip:
         if wildcard:
             raise EntryError(f"{key}: {text!r}: a wildcard cannot apply to an IP address")
+        if exact:
+            raise EntryError(f"{key}: {text!r}: an IP address is always exact; write "
+                             f"{text.strip()[1:].strip()!r}")
         return Entry("net", ipaddress.ip_network(host.ip), port)
+    if exact:
+        if key != "deny" and is_icann_suffix(host.name):
+            raise EntryError(f"{key}: {text!r} is a public suffix, not a host: sites are registered "
+                             f"under it; write a registrable domain such as 'example.{host.name}'")
+        return Entry("exact", host.name, port)
     if key != "deny":
-        _refuse_public_suffix(host.name, text, key)
+        _refuse_public_suffix(host.name, text, key, port, wildcard)
     return Entry("subdomains" if wildcard else "domain", host.name, port)
 
 
@@ -227,12 +246,21 @@ def _looks_like_ip(text: str) -> bool:
         return False
 
 
-def _refuse_public_suffix(name: str, text: str, key: str) -> None:
+def _refuse_public_suffix(name: str, text: str, key: str, port: int | None = None,
+                          wildcard: bool = False) -> None:
     if "." not in name and name != "localhost":
         raise EntryError(
             f"{key}: {text!r} is a top-level domain: it would cover every site under it; "
             f"write a registrable domain such as 'example.{name}'")
     if is_public_suffix(name):
+        # A suffix only the list's private section names (github.io, httpbin.org) is also a
+        # company's own host: that host alone may be allowed. An ICANN one (co.uk) is no host.
+        if not wildcard and not is_icann_suffix(name):
+            exact = f"={name}" + (f":{port}" if port is not None else "")
+            raise EntryError(
+                f"{key}: {text!r} is a public suffix (in the list's private section): it would cover "
+                f"every site registered under it; write {exact!r} to allow that host only, or a "
+                f"registrable domain such as 'example.{name}'")
         raise EntryError(
             f"{key}: {text!r} is a public suffix: it would cover every site registered "
             f"under it; write a registrable domain such as 'example.{name}'")

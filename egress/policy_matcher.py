@@ -3,10 +3,16 @@
 Semantics:
 
 * ``example.com`` covers the apex and every subdomain; ``*.example.com`` covers
-  subdomains only; ``host:443`` narrows an entry to one port.
+  subdomains only; ``=example.com`` covers that exact host only (the one way to name a
+  host that is itself a public suffix of the list's private section, ``=httpbin.org``);
+  ``host:443`` narrows an entry to one port.
 * IP addresses and CIDRs match IP literals only; a domain entry never matches
   an IP literal.
 * ``deny`` wins over every ``allow``.
+* After a destination is allowed and its addresses known, :meth:`Policy.choose_address`
+  says which one may be dialled, or refuses (``private-address``) naming the address, its
+  class and the ``allow_private`` line that would allow it. The proxy asks it after
+  resolving; ``egress check`` asks it for what needs no lookup (IP literals, localhost).
 
 Lookups cost O(labels of the host) for names and O(distinct prefix lengths) for
 addresses, whatever the number of rules: entries live in dictionaries keyed by
@@ -21,6 +27,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from . import reasons
+from .addresses import address_class, classify
 from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host
 
 LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
@@ -65,11 +72,11 @@ class Decision:
             if self.rule is None:
                 return f"allowed ({self.detail})" if self.detail else "allowed"
             return f"matched {self.rule}"
-        text = reasons.words(self.reason)
+        text, detail = reasons.phrase(self.reason, self.detail)
         if self.rule is not None:
             text += f": matched {self.rule}"
-        if self.detail:
-            text += f" ({self.detail})"
+        if detail:
+            text += f" ({detail})"
         return text
 
 
@@ -80,7 +87,7 @@ class Decision:
 class Entry:
     """A list entry, parsed (by egress.policy_loader.parse_entry): what the tables are keyed by."""
 
-    kind: str  # "domain" (apex + subdomains) | "subdomains" | "net"
+    kind: str  # "domain" (apex + subdomains) | "subdomains" | "exact" (that host only) | "net"
     value: str | ipaddress.IPv4Network | ipaddress.IPv6Network
     port: int | None
 
@@ -92,16 +99,20 @@ class _DomainTable:
     """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
 
     def __init__(self) -> None:
-        # name -> list of (port or None, rule index); two maps for the two wildcard kinds.
+        # name -> list of (port or None, rule index); a map per kind of domain entry.
         self.apex_and_subdomains: dict[str, list[tuple[int | None, int]]] = {}
         self.subdomains_only: dict[str, list[tuple[int | None, int]]] = {}
+        self.exact: dict[str, list[tuple[int | None, int]]] = {}
 
     def add(self, entry: Entry, rule: int) -> None:
-        table = self.subdomains_only if entry.kind == "subdomains" else self.apex_and_subdomains
+        table = {"subdomains": self.subdomains_only, "exact": self.exact}.get(entry.kind, self.apex_and_subdomains)
         table.setdefault(entry.value, []).append((entry.port, rule))
 
     def match(self, name: str, port: int | None) -> int | None:
         """The most specific rule covering ``name`` (and ``port``), or None."""
+        for rule_port, rule in self.exact.get(name, ()):  # only the host itself, never a parent
+            if rule_port is None or rule_port == port:
+                return rule
         for depth, candidate in enumerate(parent_domains(name)):
             for table in (self.apex_and_subdomains, self.subdomains_only):
                 if depth == 0 and table is self.subdomains_only:
@@ -112,7 +123,7 @@ class _DomainTable:
         return None
 
     def __len__(self) -> int:
-        return len(self.apex_and_subdomains) + len(self.subdomains_only)
+        return len(self.apex_and_subdomains) + len(self.subdomains_only) + len(self.exact)
 
 
 class _NetTable:
@@ -252,6 +263,25 @@ class Policy:
             return self._rule(private.domains.match(host.name, None))
         return None
 
+    def choose_address(self, host: Host, port: int | None, addresses) -> IPAddress | Decision:
+        """The address of an allowed ``host`` to dial, or the ``private-address`` refusal.
+
+        ``addresses`` as resolved (or known without a lookup: an IP literal, localhost), in
+        order. The first that is public, or that an ``allow_private`` entry lets this host
+        reach, is the one; if none is, the refusal names the addresses, their class and the
+        entry that would allow the first (its address: the narrowest entry that works, and
+        the only one that opens the metadata service or an IP literal).
+        """
+        refused: list[tuple[IPAddress, str]] = []
+        for ip in addresses:
+            kind = classify(ip)
+            if kind is None or self.private_allowed(host, ip, kind) is not None:
+                return ip
+            refused.append((ip, address_class(ip)))
+        if not refused:  # a resolver never answers nothing; if it did, nothing is dialled
+            return Decision(host.name, port, False, "private-address", detail="no address to check")
+        return Decision(host.name, port, False, "private-address", detail=private_detail(host, refused))
+
     # -- loading
 
     @classmethod
@@ -260,3 +290,40 @@ class Policy:
         from .policy_loader import policy_from_mapping
 
         return policy_from_mapping(data, path, read)
+
+
+# ---------------------------------------------------------- private addresses
+
+
+def allow_private_entry(ip: IPAddress) -> str:
+    """The ``allow_private`` entry that covers exactly ``ip``, as a policy file writes it.
+
+    The address itself, except an IPv4-mapped IPv6 one: the loader reads
+    ``::ffff:10.0.0.1`` as the IPv4 address 10.0.0.1 (as sockets do), which would not
+    cover the IPv6 address DNS answered, so it is written as its /128.
+    """
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return f"{ip}/128"
+    return str(ip)
+
+
+def private_detail(host: Host, refused: list[tuple[IPAddress, str]]) -> str:
+    """``resolves to 203.0.113.80, reserved for documentation; to allow it, add "203.0.113.80"
+    to the policy's allow_private list: allow_private = ["203.0.113.80"]`` (an IP literal:
+    ``127.0.0.1 is loopback; ...``): the address, its class and the line that allows it."""
+    if host.ip is not None:
+        what = f"{host.ip} is {refused[0][1]}"
+    else:
+        shown = refused[:3]
+        groups: list[tuple[list[str], str]] = []  # consecutive addresses of one class together
+        for ip, name in shown:
+            if groups and groups[-1][1] == name:
+                groups[-1][0].append(str(ip))
+            else:
+                groups.append(([str(ip)], name))
+        parts = [f"{' and '.join(ips)}, {name}" for ips, name in groups]
+        what = "resolves to " + ", and ".join(parts)
+        if len(refused) > len(shown):
+            what += f" (and {len(refused) - len(shown)} more)"
+    entry = allow_private_entry(refused[0][0])
+    return f'{what}; to allow it, add "{entry}" to the policy\'s allow_private list: allow_private = ["{entry}"]'

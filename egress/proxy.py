@@ -6,8 +6,8 @@ Here the master carries Core, Proxyserver, NextLayer and TlsConfig, and our own
 guards, in the order the road of a request needs them:
 
     Passthrough -> NextLayer -> ProtocolGuard      (what a tunnel may carry)
-    PolicyGuard -> CredentialGuard -> AddressGuard -> Reporter
-                 (decide; keep secrets in; resolve and pin; report)
+    PolicyGuard -> CredentialGuard -> AddressGuard -> UpstreamErrors -> Reporter
+                 (decide; keep secrets in; resolve and pin; name upstream failures; report)
     UpstreamTimeout                                (504 when upstream never answers)
 
 Options chosen for an egress proxy: ``connection_strategy=lazy`` (nothing is
@@ -29,12 +29,15 @@ from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
+from .addons.upstream_errors import UpstreamErrors
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
-from .state import ca_dir, ensure_ca, upstream_bundle
+from .state import ca_dir, ensure_ca, state_dir
+from .trust import UpstreamTrust, proxy_locations, upstream_trust
 from .wiring import ProxyConfig
 
 STREAM_LARGE_BODIES = "1m"
+DRAIN_SECONDS = 2.0  # at stop, how long client connections may take to end once told to
 
 ListenError = mitm.ListenError
 
@@ -45,7 +48,9 @@ class EgressProxy:
     Built by egress.wiring.ProxyBuilder, for `egress serve` and `egress run` alike.
     """
 
-    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None):
+    def __init__(self, engine: Engine, config: ProxyConfig, credentials=None, trust: UpstreamTrust | None = None):
+        """``trust``: the upstream CAs, as ProxyBuilder.open() checked them (default: checked now).
+        Raises egress.state.StateError, egress.trust.TrustError."""
         self.engine = engine
         self.config = config
         ensure_ca(config.state_dir)
@@ -65,6 +70,7 @@ class EgressProxy:
             PolicyGuard(engine),
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
+            UpstreamErrors(engine),  # before the Reporter: it records the code named here
             Reporter(engine),
             UpstreamTimeout(config.upstream_timeout),
         )
@@ -74,12 +80,18 @@ class EgressProxy:
             http2=False,
             stream_large_bodies=STREAM_LARGE_BODIES,
         )
-        if config.upstream_ca:
-            update["ssl_verify_upstream_trusted_ca"] = str(upstream_bundle(config.upstream_ca, config.state_dir))
+        # The system's CAs (and --upstream-ca), not mitmproxy's default of certifi's only.
+        trust = trust or upstream_trust(config.upstream_ca)
+        cafile, capath = proxy_locations(trust, config.state_dir or state_dir())
+        update["ssl_verify_upstream_trusted_ca"] = cafile
+        if capath is not None:
+            update["ssl_verify_upstream_trusted_confdir"] = capath
         update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
         self.accepted = False  # a connection came through a handed-over socket
+        self.on_first_accept = None  # called when it does, the first time (the warm proxy tells egress run)
+        asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> list[tuple[str, int]]:
         """Listen; return the bound addresses. Raises ListenError."""
@@ -90,14 +102,21 @@ class EgressProxy:
         self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock, on_accept=self._accepted))
 
     def _accepted(self) -> None:
-        self.accepted = True
+        if not self.accepted:
+            self.accepted = True
+            if self.on_first_accept is not None:
+                self.on_first_accept()
 
     async def run_until_stopped(self) -> None:
+        """Returns once stop() was called and every client connection has ended (at most
+        DRAIN_SECONDS later): none is left for the loop's end to cancel mid-flight, so each
+        one's last events are recorded."""
         try:
             await mitm.stopped(self.master)
         finally:
             for server in self._extra_servers:
                 server.close()
+            await mitm.stop_serving(self.proxyserver, DRAIN_SECONDS)
             await mitm.done(self.master)
 
     def stop(self) -> None:
@@ -105,15 +124,73 @@ class EgressProxy:
         mitm.stop(self.master)
 
 
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The proxy loop's exception handler: a cancelled task is not an error.
+
+    Python 3.11's asyncio.start_server reports a connection task cancelled as the loop ends
+    ("Exception in callback StreamReaderProtocol.connection_made...": its done-callback calls
+    task.exception(), which raises CancelledError; 3.12 checks task.cancelled() first). That
+    traceback reached `egress run`'s stderr in 2 of 80 runs, and in every run whose command
+    connected and exited at once. run_until_stopped ends connections before the loop does;
+    this covers one accepted in the last instant. Everything else goes to asyncio's default
+    handler, i.e. to logging.
+    """
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
 class _Prefixed(logging.Formatter):
+    """``egress: <message>`` on one line: no traceback, no second line (a harness parses stderr)."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return f"egress: {record.getMessage()}"
+        message = "; ".join(line.strip() for line in record.getMessage().splitlines() if line.strip())
+        return f"egress: {message}"
 
 
-def configure_logging(level: int = logging.WARNING) -> None:
-    """mitmproxy's warnings (e.g. a client that does not trust the CA) on stderr, prefixed."""
+class _Levels(logging.Filter):
+    """egress's own records from ``own``, everyone else's (mitmproxy, asyncio) from ``others``."""
+
+    def __init__(self, own: int, others: int):
+        super().__init__()
+        self.own, self.others = own, others
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        mine = record.name == "egress" or record.name.startswith("egress.")
+        return record.levelno >= (self.own if mine else self.others)
+
+
+def configure_logging(level: int = logging.WARNING, others: int | None = None) -> None:
+    """Log records on stderr as one ``egress: ...`` line each: egress's from ``level``, other
+    libraries' (mitmproxy's warnings, e.g. a client that does not trust the CA) from ``others``
+    (default: ``level`` too).
+
+    `egress run` passes ``others=logging.ERROR``: the command's stderr is the person's, and only
+    egress's own lines may join it (mitmproxy's warnings say what EGRESS_* lines say better).
+    A handler always being there also keeps Python's last-resort handler, which prints
+    tracebacks, from ever writing there.
+    """
     handler = logging.StreamHandler()
     handler.setFormatter(_Prefixed())
+    handler.addFilter(_Levels(level, level if others is None else others))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(min(level, level if others is None else others))
+
+
+def quiet_for_run() -> None:
+    """Under `egress run`, nothing but egress's own lines reaches stderr: log records as above,
+    warnings (``warnings.warn``) and exceptions escaping a thread as one ``egress:`` line too."""
+    import threading
+
+    configure_logging(logging.WARNING, others=logging.ERROR)
+    logging.captureWarnings(True)  # py.warnings records: below ERROR, so not shown
+
+    def thread_failed(args) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "a"
+        # the type only: an exception's message may quote what a request carried
+        logging.getLogger("egress").error(f"the {name} thread failed ({args.exc_type.__name__})")
+
+    threading.excepthook = thread_failed

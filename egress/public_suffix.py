@@ -1,9 +1,12 @@
 """Public suffixes (``com``, ``co.uk``, ``github.io``), from the list bundled with tldextract.
 
-Two questions: :func:`is_public_suffix` (a policy entry must not cover every site
-under one) and :func:`registrable_domain` (the bounded ``domain`` label of metrics).
-The list is tldextract's bundled snapshot of the Public Suffix List, private section
-included; nothing is ever fetched.
+Three questions: :func:`is_public_suffix` (a policy entry must not cover every site
+under one), :func:`is_icann_suffix` (is it one in the list's ICANN section, ``com``,
+``co.uk``, never a host; or only in the private section, ``github.io``, ``httpbin.org``,
+where a company registered its own name and serves it: that exact host may be allowed,
+``=httpbin.org``) and :func:`registrable_domain` (the bounded ``domain`` label of metrics).
+The list is tldextract's bundled snapshot of the Public Suffix List, both sections;
+nothing is ever fetched.
 
 tldextract's public API, ``TLDExtract(suffix_list_urls=(), cache_dir=None)``, is the
 reference, and answers :func:`registrable_domain` (only the proxy asks, after it has
@@ -27,6 +30,9 @@ import importlib.util
 from pathlib import Path
 
 SNAPSHOT = ".tld_set_snapshot"  # the file inside the tldextract package
+ICANN_END = "===END ICANN DOMAINS==="  # the list's marker between its two sections
+
+Rules = tuple[frozenset[str], frozenset[str], frozenset[str]]  # exact rules, wildcard parents, exceptions
 
 
 @functools.cache
@@ -38,16 +44,43 @@ def extractor():
 
 
 @functools.cache
-def suffix_rules() -> tuple[frozenset[str], frozenset[str], frozenset[str]] | None:
+def suffix_rules() -> Rules | None:
     """The bundled list as (exact rules, wildcard parents, exceptions); None if the file is not
     where this expects it (then :func:`is_public_suffix` asks the public API)."""
+    text = _snapshot()
+    return _parse(text) if text is not None else None
+
+
+@functools.cache
+def icann_rules() -> Rules | None:
+    """The list's ICANN section alone, as :func:`suffix_rules`; None if it cannot be told apart.
+    Parsed only when asked (an entry that is a suffix, or an '=' entry): not on the common path."""
+    text = _snapshot()
+    if text is None:
+        return None
+    icann, marker, _ = text.partition(ICANN_END)
+    return _parse(icann) if marker else None
+
+
+@functools.cache
+def _snapshot() -> str | None:
+    """The snapshot file's text; None if it is not where this expects it."""
     spec = importlib.util.find_spec("tldextract")  # finds the package without importing it
     if spec is None or spec.origin is None:
         raise RuntimeError("tldextract is not installed (pip install tldextract)")
     try:
-        text = (Path(spec.origin).parent / SNAPSHOT).read_text(encoding="utf-8")
+        return (Path(spec.origin).parent / SNAPSHOT).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def forget() -> None:
+    """Drop what was read (tests that move the snapshot or its marker)."""
+    for cached in (suffix_rules, icann_rules, _snapshot):
+        cached.cache_clear()
+
+
+def _parse(text: str) -> Rules | None:
     exact, wild, exceptions = set(), set(), set()
     for line in text.splitlines():
         rule = line.strip()
@@ -70,6 +103,19 @@ def is_public_suffix(name: str) -> bool:
     rules = suffix_rules()
     if rules is None:
         return public_api_is_public_suffix(name)
+    return _matches(rules, name)
+
+
+def is_icann_suffix(name: str) -> bool:
+    """True if ``name`` is a public suffix by the list's ICANN section (``com``, ``co.uk``): no
+    one's host. False for one only the private section names (``github.io``, ``httpbin.org``)."""
+    rules = icann_rules()
+    if rules is None:
+        return public_api_is_icann_suffix(name)
+    return _matches(rules, name)
+
+
+def _matches(rules: Rules, name: str) -> bool:
     exact, wild, exceptions = rules
     candidates = [name]
     if "xn--" in name:  # the list writes IDN suffixes in Unicode
@@ -93,6 +139,12 @@ def is_public_suffix(name: str) -> bool:
 def public_api_is_public_suffix(name: str) -> bool:
     """:func:`is_public_suffix` through tldextract's public API (the reference, and the fallback)."""
     result = extractor()(name, include_psl_private_domains=True)
+    return not result.domain and not result.subdomain and result.suffix == name
+
+
+def public_api_is_icann_suffix(name: str) -> bool:
+    """:func:`is_icann_suffix` through tldextract's public API (the reference, and the fallback)."""
+    result = extractor()(name, include_psl_private_domains=False)
     return not result.domain and not result.subdomain and result.suffix == name
 
 

@@ -24,9 +24,21 @@ UPSTREAM_ERRORS: dict[str, tuple[int, str]] = {
     "dns-timeout": (504, "the name did not resolve in time"),
     "connect-failed": (502, "the upstream server could not be reached"),
     "upstream-timeout": (504, "the upstream server did not answer in time"),
+    "upstream-certificate": (502, "the upstream server's certificate did not verify"),
+    "tls-failed": (502, "the TLS handshake with the upstream server failed"),
 }
 
 ALLOWED = "allowed"
+
+# Refusals whose detail, when there is one, says precisely what their words say in general:
+# for a person it replaces them ("resolves to 203.0.113.80, reserved for documentation; to
+# allow it, ..." rather than "resolves to a private or special-purpose address").
+SPECIFIC_DETAIL = frozenset({"private-address"})
+
+
+# Upstream errors whose words stand for many causes (refused or unreachable; which certificate
+# check failed, and whether --upstream-ca is the fix): a person's line also says which one.
+CAUSE_IN_DETAIL = frozenset({"connect-failed", "upstream-certificate", "tls-failed"})
 
 
 def words(code: str) -> str:
@@ -38,3 +50,21 @@ def words(code: str) -> str:
     if code == ALLOWED:
         return "allowed"
     raise KeyError(code)
+
+
+def phrase(code: str, detail: str = "") -> tuple[str, str]:
+    """(what to say, the detail still to add) for a refusal: the detail itself for the codes
+    in :data:`SPECIFIC_DETAIL`, else the code's words and the detail unchanged."""
+    if detail and code in SPECIFIC_DETAIL:
+        return detail, ""
+    return words(code), detail
+
+
+def for_person(code: str, detail: str = "") -> str:
+    """The reason as the line a person reads says it (``EGRESS_BLOCKED host (<this>)``): the
+    detail instead of the words for :data:`SPECIFIC_DETAIL`, the words and the cause for
+    :data:`CAUSE_IN_DETAIL`, else the words alone."""
+    text, rest = phrase(code, detail)
+    if rest and code in CAUSE_IN_DETAIL:
+        text += f": {' '.join(rest.split())}"  # one line, whatever the detail holds
+    return text

@@ -22,7 +22,7 @@ ERROR_HEADER = "X-Egress-Error"
 
 def refusal_line(host: str, reason: str, detail: str = "") -> str:
     """``EGRESS_BLOCKED <host>: <words>`` (the first line of a refusal body)."""
-    words = reasons.words(reason)
+    words, detail = reasons.phrase(reason, detail)
     return f"EGRESS_BLOCKED {host}: {words}" + (f" ({detail})" if detail else "")
 
 

@@ -1,8 +1,10 @@
 """Resolve a destination once, asynchronously, with a bounded time.
 
-Order: the user's overrides (``--resolve HOST:ADDR``, like curl's), then DNS with
-dnspython (A and AAAA in parallel, answers cached by TTL). The proxy dials the
-address it checked, so a second lookup (DNS rebinding) cannot change it.
+Order: what needs no lookup (an IP literal; ``localhost`` and ``*.localhost``, loopback by
+definition, RFC 6761: never asked of DNS, and not overridable), the user's overrides
+(``--resolve HOST:ADDR``, like curl's), then DNS with dnspython (A and AAAA in parallel,
+answers cached by TTL). The proxy dials the address it checked, so a second lookup (DNS
+rebinding) cannot change it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dns.asyncresolver
 import dns.exception
 import dns.resolver
 
+from .addresses import known_addresses
 from .hosts import Host, IPAddress
 
 
@@ -49,8 +52,9 @@ class Resolver:
 
     async def resolve(self, host: Host) -> list[IPAddress]:
         """All addresses of ``host``; raises ResolveError."""
-        if host.ip is not None:
-            return [host.ip]
+        known = known_addresses(host)
+        if known is not None:
+            return known
         if host.name in self.overrides:
             return list(self.overrides[host.name])
         resolver = self._resolver()

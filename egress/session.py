@@ -39,6 +39,7 @@ from collections.abc import Callable
 WARM_START_WAIT = 5.0  # seconds for a server started by this run to listen (its interpreter's start)
 WARM_SERVE_WAIT = 60.0  # seconds for the warm proxy to serve once it has the run (imports if it just started)
 STOP_WAIT = 10.0  # seconds stop() waits for the last events
+WARM_CONNECTED_WAIT = 0.2  # seconds saw_connection() waits for the warm proxy's word of a connection
 
 
 class ProxyFailure(Exception):
@@ -80,19 +81,42 @@ class ProxySession:
         self.warm = warm
         self.served_warm = False  # the warm proxy took the run
         self.started = threading.Event()
+        self.connected = False  # a client connected: set as soon as the socket is seen readable
+        self._connected = threading.Event()  # the same, from the warm proxy's word
         self.error: BaseException | None = None
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
         self._proxy = None
         self._watcher = None
         self._reload_pending = False
         self._bridge = None  # an event loop for the asker, made on the warm proxy's first question
 
     def serve_lazily(self, sock: socket.socket) -> None:
+        self._sock = sock
         target = self._run_warm if self.warm is not None else self._run
         self._thread = threading.Thread(target=target, args=(sock,), name="egress-proxy", daemon=True)
         self._thread.start()
+
+    def saw_connection(self) -> bool:
+        """Whether any client has connected to the handed-over socket, by now (call before stop()).
+
+        Exact: a connection the thread has not yet noticed is still waiting in the backlog,
+        where the socket shows readable; the thread sets ``connected`` before it closes the socket.
+        Once the warm proxy serves, it holds the socket alone and says so at its first accept; its
+        word may still be on the way, so this waits for it a moment (WARM_CONNECTED_WAIT).
+        """
+        if self.connected:
+            return True
+        if self.served_warm:
+            return self._connected.wait(WARM_CONNECTED_WAIT)
+        if self._sock is None:
+            return self.connected
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (ValueError, OSError):  # closed by the thread meanwhile, after setting connected
+            return self.connected
 
     def stop(self) -> None:
         self._stopping.set()
@@ -128,12 +152,17 @@ class ProxySession:
             selector.register(sock, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             ready = {key.fileobj for key, _ in selector.select()}
+        if sock in ready:
+            self.connected = True
         if self._wake_r in ready:
             sock.close()
             return
         try:
             import asyncio
 
+            from .proxy import quiet_for_run
+
+            quiet_for_run()  # the command's stderr is the person's: only egress's lines join it
             asyncio.run(self.serve(sock))
         except BaseException as e:  # reported by the launcher; the command then sees refused connections
             self.error = e
@@ -302,6 +331,9 @@ class ProxySession:
             if self.state is not None:
                 self.state.on_reload.append(lambda: self.warm.send_quietly({"op": "reload"}))
                 self.state.extra.update(proxy="warm", proxy_pid=self.warm.pid)
+        elif op == "connected":
+            self.connected = True
+            self._connected.set()
         elif op == "ask":
             self._ask(message["id"], message["host"])
         elif op == "error":

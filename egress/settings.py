@@ -6,6 +6,13 @@ egress.credentials, so the domain policy knows nothing of secrets. Both sets of
 problems come back together, each with file:line, and a policy whose credential
 settings are wrong is not used (every command, and every live reload, loads
 through here).
+
+:func:`load_for_proxy` adds what a proxy checks when it starts: the stored secrets'
+values, read now (a variable that is not set, a file that cannot be read, a value too
+short, a secret bound to a host the policy does not allow). `egress serve` starts
+through it and `egress policy validate` validates through it, so validate says OK
+exactly when serve would start; `egress run` reads its credentials through
+:func:`read_credentials`, the same checks on its own policy.
 """
 
 from __future__ import annotations
@@ -32,6 +39,32 @@ def from_mapping(data: dict, path: str = "<policy>", read: Reader | None = None)
     return _beside(*read_mapping(data, path, read))
 
 
+def load_for_proxy(sources, environ: dict[str, str], *, broker: bool = False,
+                   read: Reader | None = None) -> tuple[Policy, object]:
+    """Every check a proxy makes before it starts: the policy files (and their credential
+    settings), then the stored secrets' values from ``environ`` and the files they name.
+    Returns (policy, egress.credentials.Credentials); raises PolicyError listing every problem."""
+    policy = load(sources, read).policy
+    return policy, read_credentials(policy, environ, broker=broker)
+
+
+def read_credentials(policy: Policy, environ: dict[str, str], *, broker: bool):
+    """The stored secrets a loaded policy describes, with their values read now
+    (egress.credentials.credentials_for); raises PolicyError, each problem at file:line."""
+    from .credentials import CredentialError, credentials_for
+
+    try:
+        return credentials_for(policy, environ, broker=broker)
+    except CredentialError as e:
+        raise PolicyError([_located(*problem) for problem in e.problems]) from None
+
+
+def _located(path: str, key: str | None, message: str, text: str | None = None) -> Problem:
+    """A credential problem as a Problem, at the line of its text as written (a host, a
+    variable's name) under its key, else of its key (``env``, ``hosts``...)."""
+    return Problem(path, find_line(path, text, key) if key or text else None, message)
+
+
 def credential_settings(policy: Policy) -> tuple[object, list[Problem]]:
     """The policy files' ``[credentials]`` tables, parsed (None if there is none); their
     problems located at file:line."""
@@ -42,8 +75,7 @@ def credential_settings(policy: Policy) -> tuple[object, list[Problem]]:
     try:
         return parse_settings(policy.credential_tables), []
     except CredentialError as e:
-        return None, [Problem(path, find_line(path, None, key) if key else None, message)
-                      for path, key, message in e.problems]
+        return None, [_located(*problem) for problem in e.problems]
 
 
 def _beside(policy: Policy, problems: list[Problem]) -> Settings:

@@ -50,34 +50,3 @@ def ensure_ca(base: Path | None = None) -> Path:
             f"cannot create or read the CA in {directory}: {e}. Set EGRESS_STATE_DIR "
             f"(or --state-dir) to a folder you can write.") from None
     return ca_cert_path(base)
-
-
-def upstream_bundle(extra_ca: Path, base: Path | None = None) -> Path:
-    """certifi's roots plus ``extra_ca``, written once into the state directory.
-
-    mitmproxy trusts one bundle for upstream servers; a company (or test) CA must
-    be added to the public roots, not replace them.
-    """
-    import hashlib  # here: every egress run imports this module, few need this function
-
-    import certifi
-
-    try:
-        extra = extra_ca.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise StateError(f"cannot read --upstream-ca {extra_ca}: {e}") from None
-    if "-----BEGIN CERTIFICATE-----" not in extra:
-        raise StateError(f"--upstream-ca {extra_ca} holds no PEM certificate")
-    bundle = Path(certifi.where()).read_text() + "\n" + extra
-    # Named by content: proxies trusting different CAs never overwrite each other's.
-    digest = hashlib.sha256(bundle.encode()).hexdigest()[:16]
-    target = (base or state_dir()) / f"upstream-ca-{digest}.pem"
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            tmp = target.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(bundle, encoding="utf-8")
-            tmp.replace(target)
-    except OSError as e:
-        raise StateError(f"cannot write {target}: {e}") from None
-    return target

@@ -1,4 +1,5 @@
-"""Lines egress writes for a person, shown as written whatever the command did to the terminal.
+"""Lines egress writes for a person, shown as written whatever the command did to the terminal;
+and the lines it writes for events (EGRESS_BLOCKED, EGRESS_UPSTREAM_ERROR), once per host and reason.
 
 The command shares egress's terminal, so it can leave it concealing text (``\\033[8m``),
 in a shifted character set (SO, ``\\033(0``) or in any colour, and egress's own reports
@@ -35,3 +36,42 @@ def say(line: str, stream=None) -> None:
     stream = stream or sys.stderr
     stream.write(for_person(line + "\n", is_terminal(stream)))
     stream.flush()
+
+
+def event_line(event) -> str | None:
+    """The line a person reads for an event: ``EGRESS_BLOCKED <host> (<reason>)`` for a refusal,
+    ``EGRESS_UPSTREAM_ERROR <host> (<reason>[: <cause>])`` for an upstream failure, else None."""
+    from . import reasons
+
+    if event.decision == "block":
+        return f"EGRESS_BLOCKED {event.host} ({reasons.for_person(event.reason, event.detail)})"
+    if event.decision == "error" and event.reason in reasons.UPSTREAM_ERRORS:
+        return f"EGRESS_UPSTREAM_ERROR {event.host} ({reasons.for_person(event.reason, event.detail)})"
+    return None
+
+
+class EventLines:
+    """An event observer that says refusals and upstream failures on stderr as they happen, once
+    per host and reason (a retrying client does not repeat them). ``blocked=False``: upstream
+    failures only (`egress serve`, whose refusals are in its audit log and answers)."""
+
+    def __init__(self, stream=None, blocked: bool = True):
+        import threading
+
+        self.stream = stream
+        self.blocked = blocked
+        self.seen: set[tuple[str, str, str]] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, event) -> None:
+        if event.decision == "block" and not self.blocked:
+            return
+        line = event_line(event)
+        if line is None:
+            return
+        with self.lock:
+            key = (event.decision, event.host, event.reason)
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        say(line, self.stream)

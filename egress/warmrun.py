@@ -7,6 +7,7 @@ in-process path would: egress.session.ProxySession.serve), and serves the listen
 socket the launcher hands over. Its connection to the launcher is the run's channel:
 
     child -> launcher   {"op": "serving", "pid"}        it serves the socket from now on
+                        {"op": "connected"}             the command's first connection came
                         {"op": "event", "event": {...}} every decision (egress.events.Event's fields)
                         {"op": "ask", "id", "host"}     a held request: allow this host for the run?
                         {"op": "error", "message"}      the proxy failed; the child then exits
@@ -33,6 +34,7 @@ import threading
 from pathlib import Path
 
 from . import warm
+from .contract import EXIT_OK
 
 REQUEST_WAIT = 30.0  # seconds a child waits for its run's request
 
@@ -139,6 +141,9 @@ class ChildRun:
         """Serve the run; never returns: the process ends once the proxy has stopped and its last
         events are sent (asyncio's teardown would only cancel the connections of a command
         that has ended, and log each cancelled handler)."""
+        from .proxy import quiet_for_run
+
+        quiet_for_run()  # the command's stderr is the person's: only egress's lines join it, as in-process
         asyncio.run(self._main())
         return 1  # not reached
 
@@ -200,6 +205,9 @@ class ChildRun:
                             frozen=reader.frozen_files, asker=self.asker)
 
     def _before_serving(self) -> bool:
+        proxy = self.session.builder.proxy
+        if proxy is not None:  # egress run asks, when its command failed, whether it ever connected
+            proxy.on_first_accept = lambda: self.send({"op": "connected"})
         self.send({"op": "serving", "pid": os.getpid()})
         self._readable()  # a stop the launcher sent before it saw "serving"
         return not self.stopping
@@ -242,7 +250,7 @@ class ChildRun:
             # follow, so end now rather than after mitmproxy's shutdown, which the launcher awaits.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
+            os._exit(EXIT_OK)
         if self.session is not None:
             self.session.halt()
         self.asker.fail_pending()

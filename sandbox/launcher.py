@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
-from egress.terminal import say
+from egress.terminal import EventLines, say
 from egress.wiring import ProxyConfig
 
 from . import environment
@@ -193,14 +193,15 @@ def build_policy(options: RunOptions, mode: str, read=None):
 
 def load_credentials(policy, environ: dict[str, str]):
     """Stored secrets and placeholders for this run (bound secrets are brokered)."""
-    from egress.credentials import CredentialError, credentials_for
+    from egress.policy import PolicyError
     from egress.policy_matcher import Policy
+    from egress.settings import read_credentials
 
     try:
-        return credentials_for(policy or Policy(), environ, broker=policy is not None)
-    except CredentialError as e:
+        return read_credentials(policy or Policy(), environ, broker=policy is not None)
+    except PolicyError as e:
         raise LaunchError("the credential settings cannot be honoured:\n  " +
-                          "\n  ".join(f"{path}: {message}" for path, _, message in e.problems)) from None
+                          "\n  ".join(map(str, e.problems))) from None
 
 
 def fresh_policy(options: RunOptions, mode: str, read=None):
@@ -230,26 +231,6 @@ def _from_command_line(include: list[str], allow: list[str], deny: list[str], re
 
 def _policy_failure(error) -> LaunchError:
     return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
-
-
-class BlockReporter:
-    """Prints ``EGRESS_BLOCKED <host> (<reason>)`` on stderr once per host and reason, as it happens."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.seen: set[tuple[str, str]] = set()
-        self.lock = threading.Lock()
-
-    def __call__(self, event) -> None:
-        if event.decision != "block":
-            return
-        from egress import reasons
-
-        with self.lock:
-            if (event.host, event.reason) in self.seen:
-                return
-            self.seen.add((event.host, event.reason))
-        say(f"EGRESS_BLOCKED {event.host} ({reasons.words(event.reason)})", self.stream)
 
 
 def run(options: RunOptions) -> int:
@@ -295,13 +276,15 @@ def run(options: RunOptions) -> int:
 
             builder = ProxyBuilder(options.proxy)
             try:
-                builder.open()  # the audit log and the metrics port, before the command runs; no thread yet
+                # the upstream CAs, the audit log and the metrics port, before the command runs; no thread yet
+                builder.open()
             except BuildError as e:
                 raise LaunchError(str(e)) from None
 
             try:
-                ca_bundle = environment.trust_bundle(ensure_ca(options.state_dir), tmpdir / "ca-bundle.pem")
-            except StateError as e:
+                ca_bundle = environment.trust_bundle(builder.trust.roots, ensure_ca(options.state_dir),
+                                                     tmpdir / "ca-bundle.pem")
+            except (StateError, OSError) as e:
                 raise LaunchError(str(e)) from None
         command_env = dict(caller_env)
         if credentials is not None:  # the command holds placeholders, never the bound secrets
@@ -348,7 +331,7 @@ def run(options: RunOptions) -> int:
                 state.extra["metrics"] = builder.metrics_url
                 say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
-            reporter = BlockReporter()
+            reporter = EventLines()  # EGRESS_BLOCKED and EGRESS_UPSTREAM_ERROR, once per host and reason
 
             def on_event(event) -> None:
                 reporter(event)
@@ -371,6 +354,10 @@ def run(options: RunOptions) -> int:
         if status == EXIT_TIMEOUT and options.timeout is not None:
             say(f"egress: timed out after {options.timeout:g} s; the command and everything it "
                 f"started were killed")
+        elif status != 0 and session is not None and box.direct_attempts() and not session.saw_connection():
+            # It failed, egress's proxy never saw it, and it tried the network around it: a
+            # client that ignores the proxy variables (node's fetch() before Node 22.21/24.5).
+            say(environment.direct_connection_hint(options.argv[0], env["PATH"], str(project), env["HTTPS_PROXY"]))
         if session is not None and session.error is not None:
             say(f"egress: the proxy failed: {session.error}")
         return status

@@ -83,7 +83,7 @@ from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
-from sandbox import _libc, landlock, mounts, namespaces, seccomp
+from sandbox import _libc, landlock, mounts, namespaces, netcount, seccomp
 
 _BACKLOG = 1024
 _HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow
@@ -180,6 +180,7 @@ class Sandbox:
         self._helper_fd = helper_fd  # pidfd: poll()able for a timed wait
         self._init_fd = -1  # pidfd of PID 1: killing it ends the whole namespace
         self._command_fd = -1  # pidfd of the command: for forwarding signals
+        self._netcount: list[int] = []  # the namespace's /proc/net/snmp{,6}, read after the end (netcount)
 
     def wait(self, timeout: float | None = None) -> int:
         """The command's exit status (128+N if killed by signal N).
@@ -207,6 +208,11 @@ class Sandbox:
             except ProcessLookupError:
                 pass
 
+    def direct_attempts(self) -> int | None:
+        """Packets the command tried to send out of its namespace other than through the
+        handed-over socket (sandbox/netcount.py); None without the counters (network=False)."""
+        return netcount.read(self._netcount) if self._netcount else None
+
     def close(self) -> None:
         """Kill whatever still runs in the sandbox and release every descriptor. Idempotent."""
         if self.returncode is None and self._helper_pid:
@@ -214,6 +220,9 @@ class Sandbox:
             self.returncode = self._reap()
         if self.listen_socket is not None:
             self.listen_socket.close()
+        for fd in self._netcount:
+            os.close(fd)
+        self._netcount = []
 
     def __enter__(self) -> Sandbox:
         return self
@@ -294,6 +303,8 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
         tag, payload = msg[:1], msg[1:]
         if tag == b"L" and fds:
             box.listen_socket = socket.socket(fileno=fds.pop())
+            # The helper is in the new network namespace now, waiting for init: its counters.
+            box._netcount = netcount.open_files(box._helper_pid)
         elif tag == b"B" and fds:
             box._init_fd = fds.pop()
         elif tag == b"C" and fds:

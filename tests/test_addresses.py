@@ -10,7 +10,7 @@ import ipaddress
 
 import pytest
 
-from egress.addresses import KINDS, classify
+from egress.addresses import _SPECIAL, KINDS, address_class, classify, is_localhost, known_addresses
 from egress.hosts import parse_host
 
 PUBLIC = None
@@ -142,3 +142,86 @@ def test_obfuscated_spellings_are_classified(raw, kind):
     host = parse_host(raw)
     assert host.ip is not None
     assert classify(host.ip) == kind
+
+
+# The class a person reads in a refusal ("resolves to 203.0.113.80, reserved for documentation"):
+# one case per range, the same table as classify's (egress/addresses.py _SPECIAL).
+CLASSES = [
+    ("8.8.8.8", None),
+    ("2606:4700:4700::1111", None),
+    ("169.254.169.254", "the cloud metadata service"),
+    ("fd00:ec2::254", "the cloud metadata service"),
+    ("100.100.100.200", "the cloud metadata service"),
+    ("0.1.2.3", "unspecified"),
+    ("::", "unspecified"),
+    ("127.0.0.1", "loopback"),
+    ("::1", "loopback"),
+    ("10.0.0.1", "private"),
+    ("172.16.0.1", "private"),
+    ("192.168.1.1", "private"),
+    ("fd12::1", "private (unique local)"),
+    ("100.64.0.1", "CGNAT shared address space"),
+    ("169.254.1.1", "link-local"),
+    ("fe80::1", "link-local"),
+    ("fec0::1", "link-local (site-local, deprecated)"),
+    ("192.0.0.8", "reserved for IETF protocol assignments"),
+    ("192.0.2.1", "reserved for documentation"),
+    ("198.51.100.7", "reserved for documentation"),
+    ("203.0.113.80", "reserved for documentation"),  # what a company DNS answered for pypi.org
+    ("2001:db8::1", "reserved for documentation"),
+    ("3fff::1", "reserved for documentation"),
+    ("198.18.0.1", "reserved for benchmarking"),
+    ("2001:2::1", "reserved for benchmarking"),
+    ("100::1", "reserved for discard"),
+    ("2001:10::1", "reserved (ORCHID)"),
+    ("240.0.0.1", "reserved"),
+    ("255.255.255.255", "broadcast"),
+    ("::1:0:0:1", "reserved"),
+    ("4000::1", "reserved (outside IPv6 global unicast)"),
+    ("224.0.0.1", "multicast"),
+    ("ff02::2", "multicast"),
+    ("::ffff:8.8.8.8", "IPv4-mapped IPv6"),
+    ("::ffff:0:7f00:1", "IPv4-translated IPv6 (SIIT)"),
+    ("::127.0.0.1", "IPv4-compatible IPv6"),
+    ("64:ff9b::808:808", "NAT64 (IPv4-embedding IPv6)"),
+    ("64:ff9b:1::1", "local-use NAT64 (IPv4-embedding IPv6)"),
+    ("2002:7f00:1::1", "6to4 (IPv4-embedding IPv6)"),
+    ("2001::1", "Teredo (IPv4-embedding IPv6)"),
+]
+
+
+@pytest.mark.parametrize(("address", "name"), CLASSES, ids=[a for a, _ in CLASSES])
+def test_address_class(address, name):
+    ip = ipaddress.ip_address(address)
+    assert address_class(ip) == name
+    assert (classify(ip) is None) == (name is None)  # one table: a class exactly when a kind
+
+
+def test_every_range_has_a_class_case():
+    named = {address_class(ipaddress.ip_address(a)) for a, _ in CLASSES}
+    assert {name for _, _, name in _SPECIAL} <= named
+
+
+# localhost is loopback by definition (RFC 6761): its addresses are known without a lookup,
+# as an IP literal's are; any other name needs the resolver.
+LOOPBACK = [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")]
+KNOWN = [
+    ("localhost", LOOPBACK),
+    ("LOCALHOST.", LOOPBACK),
+    ("foo.localhost", LOOPBACK),
+    ("a.b.localhost", LOOPBACK),
+    ("localhost.example.com", None),  # a name under example.com: DNS decides
+    ("notlocalhost", None),
+    ("xlocalhost.", None),
+    ("example.com", None),
+    ("0x7f.1", [ipaddress.ip_address("127.0.0.1")]),
+    ("[::1]", [ipaddress.ip_address("::1")]),
+    ("203.0.113.80", [ipaddress.ip_address("203.0.113.80")]),
+]
+
+
+@pytest.mark.parametrize(("raw", "addresses"), KNOWN, ids=[r for r, _ in KNOWN])
+def test_known_addresses(raw, addresses):
+    host = parse_host(raw)
+    assert known_addresses(host) == addresses
+    assert is_localhost(host.name) == (addresses == LOOPBACK)

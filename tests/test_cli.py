@@ -136,3 +136,144 @@ def test_bad_serve_options_are_usage_errors(tmp_path, bad):
     result = egress(tmp_path, "serve", bad)
     assert result.returncode == 2
     assert "Error" in result.stderr
+
+
+# ---------------------------------------------- check: what the proxy refuses whatever DNS says
+
+OPEN = 'network = "all"\n'  # every name allowed: only the address can refuse
+
+
+def suggestion(address: str) -> str:
+    return f'to allow it, add "{address}" to the policy\'s allow_private list: allow_private = ["{address}"]'
+
+
+CHECK_SPECIAL = [
+    # (target, host, port, detail): every one refused by the proxy after the policy allowed it
+    ("169.254.169.254", "169.254.169.254", None,
+     "169.254.169.254 is the cloud metadata service; " + suggestion("169.254.169.254")),
+    ("127.0.0.1", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("10.0.0.1", "10.0.0.1", None, "10.0.0.1 is private; " + suggestion("10.0.0.1")),
+    ("0.0.0.0", "0.0.0.0", None, "0.0.0.0 is unspecified; " + suggestion("0.0.0.0")),
+    ("::1", "::1", None, "::1 is loopback; " + suggestion("::1")),
+    ("[::1]:8443", "::1", 8443, "::1 is loopback; " + suggestion("::1")),
+    ("0x7f.1", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("2130706433", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("127.1", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("0177.0.0.1", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("[::ffff:127.0.0.1]", "127.0.0.1", None, "127.0.0.1 is loopback; " + suggestion("127.0.0.1")),
+    ("http://[::ffff:169.254.169.254]/latest/meta-data", "169.254.169.254", 80,
+     "169.254.169.254 is the cloud metadata service; " + suggestion("169.254.169.254")),
+    ("203.0.113.80", "203.0.113.80", None, "203.0.113.80 is reserved for documentation; " + suggestion("203.0.113.80")),
+    ("localhost", "localhost", None, "resolves to 127.0.0.1 and ::1, loopback; " + suggestion("127.0.0.1")),
+    ("http://localhost:8080/x", "localhost", 8080,
+     "resolves to 127.0.0.1 and ::1, loopback; " + suggestion("127.0.0.1")),
+    ("api.LOCALHOST.", "api.localhost", None, "resolves to 127.0.0.1 and ::1, loopback; " + suggestion("127.0.0.1")),
+]
+
+
+def test_check_refuses_special_addresses_as_the_proxy_does(tmp_path):
+    policy = tmp_path / "open.toml"
+    policy.write_text(OPEN)
+    targets = [target for target, *_ in CHECK_SPECIAL]
+    result = egress(tmp_path, "check", "--json", "--policy", str(policy), *targets, "example.org")
+    assert result.returncode == 1 and result.stderr == ""
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["target"], r["host"], r["port"], r["decision"], r["reason"], r["detail"]) for r in rows[:-1]] == [
+        (target, host, port, "block", "private-address", detail) for target, host, port, detail in CHECK_SPECIAL]
+    assert (rows[-1]["decision"], rows[-1]["reason"]) == ("allow", "allowed")  # a name: no DNS, so allowed
+
+    text = egress(tmp_path, "check", "--policy", str(policy), *targets)
+    assert text.returncode == 1
+    assert text.stdout.splitlines() == [f"block: {host}: {detail}" for _, host, _, detail in CHECK_SPECIAL]
+
+
+def test_check_allows_what_allow_private_covers(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text(OPEN + 'allow_private = ["127.0.0.0/8", "169.254.169.254", "=localhost"]\n')
+    result = egress(tmp_path, "check", "--policy", str(policy), "0x7f.1", "169.254.169.254", "localhost")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines() == ["allow: 127.0.0.1: allowed (network mode 'all')",
+                                          "allow: 169.254.169.254: allowed (network mode 'all')",
+                                          "allow: localhost: allowed (network mode 'all')"]
+    # '=localhost' is that name only, and ::1 is not in 127.0.0.0/8
+    refused = egress(tmp_path, "check", "--policy", str(policy), "api.localhost", "::1", "10.0.0.1")
+    assert refused.returncode == 1
+    assert [line.split(":")[0] for line in refused.stdout.splitlines()] == ["allow", "block", "block"]
+
+
+def test_check_names_the_policy_refusal_first_as_the_proxy_does(tmp_path):
+    # The default policy does not allow 127.0.0.1 at all: the proxy says so before any address check.
+    result = egress(tmp_path, "check", "127.0.0.1", "localhost")
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["block: 127.0.0.1: not on the allow list",
+                                          "block: localhost: not on the allow list"]
+
+
+MALFORMED = [
+    ("http://[bad", "egress check: 'http://[bad': not a valid URL (Invalid IPv6 URL)"),
+    ("example.com:99999", "egress check: 'example.com:99999': '99999' is not a port number (1-65535)"),
+    ("http://a b", "egress check: 'http://a b': 'a b' is not a valid host name"),
+    ("", "egress check: '': empty host"),
+    ("https://", "egress check: 'https://': empty host"),
+    ("[::1", "egress check: '[::1': unclosed '['"),
+    ("example.com/path", "egress check: 'example.com/path': a path without a scheme: write the host "
+                         "('example.com') or a URL ('https://example.com/path')"),
+]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize(("target", "line"), MALFORMED, ids=[t or "empty" for t, _ in MALFORMED])
+def test_check_a_malformed_target_is_one_line_and_status_2(tmp_path, as_json, target, line):
+    result = egress(tmp_path, "check", *(["--json"] if as_json else []), "example.org", target)
+    assert result.returncode == 2
+    assert result.stdout == ""  # nothing decided: the command line is wrong
+    [said] = result.stderr.splitlines()
+    assert said.startswith(line), said
+    assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------- validate: what serve refuses to start with
+
+SECRET = "s3cr3t-value-long-enough"
+VALIDATE_CASES = [
+    # (id, policy text, environment): serve exits 3 for each
+    ("bound-to-a-host-not-allowed",
+     'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "DEPLOY_TOKEN"\nhosts = ["example.org", "other.example.net"]\n',
+     {"DEPLOY_TOKEN": SECRET}),
+    ("unset-variable", 'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "UNSET_SECRET_X"\n', {}),
+    ("unreadable-file", 'allow = ["example.org"]\n\n[[credentials.secret]]\nfile = "/nonexistent/egress-secret"\n', {}),
+    ("too-short", 'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "SHORT_SECRET"\n', {"SHORT_SECRET": "abc"}),
+    ("bad-action", 'allow = ["example.org"]\n\n[credentials]\naction = "warn"\n', {}),
+    ("entry-and-secret", 'allow = ["co.uk"]\n', {}),
+    ("two-problems",
+     'allow = ["example.org"]\n\n[[credentials.secret]]\nenv = "UNSET_A"\n\n[[credentials.secret]]\nenv = "UNSET_B"\n',
+     {}),
+]
+
+
+@pytest.mark.parametrize(("text", "env"), [c[1:] for c in VALIDATE_CASES], ids=[c[0] for c in VALIDATE_CASES])
+def test_validate_reports_what_serve_refuses_to_start_with(tmp_path, text, env):
+    policy = tmp_path / "p.toml"
+    policy.write_text(text)
+    environment = clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state"), **env)
+    validate = subprocess.run([*egress_command(), "policy", "validate", str(policy)], capture_output=True,
+                              text=True, timeout=60, env=environment)
+    serve = subprocess.run([*egress_command(), "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
+                            "--metrics", "off"], capture_output=True, text=True, timeout=60, env=environment)
+    assert serve.returncode == 3
+    assert validate.returncode == 1 and validate.stdout == ""
+    problems = validate.stderr.splitlines()
+    assert problems and all(line.startswith(f"{policy}:") for line in problems)
+    # the same problems, word for word, and each at its file:line
+    assert serve.stderr.splitlines() == [f"egress: {line}" for line in problems] + [
+        "egress: the policy cannot be loaded (nothing was started)"]
+
+
+def test_validate_reads_secrets_as_serve_does_and_then_says_ok(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text(VALIDATE_CASES[0][1].replace(', "other.example.net"', ""))
+    result = subprocess.run([*egress_command(), "policy", "validate", str(policy)], capture_output=True, text=True,
+                            timeout=60, env=clean_env(tmp_path, DEPLOY_TOKEN=SECRET))
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == f"{policy}: OK (1 entry from 1 file)\n"
+    assert SECRET not in result.stdout + result.stderr

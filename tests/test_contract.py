@@ -75,3 +75,15 @@ def test_network_modes_are_offered_and_explained_in_one_order(tmp_path):
     listed = ", ".join(contract.NETWORK_MODES)
     assert str(policy_error.value).endswith(f"write one of {listed}")
     assert str(launch_error.value).endswith(listed) and launch_error.value.status == contract.EXIT_LAUNCHER
+
+
+def test_every_reason_code_and_metric_is_documented_in_the_readme():
+    from egress import reasons
+    from egress.metrics import Metrics
+
+    readme = (ROOT / "README.md").read_text()
+    tables = set(re.findall(r"^\| `([a-z_-]+)` \|", readme, re.M))
+    assert set(reasons.REFUSALS) | set(reasons.UPSTREAM_ERRORS) <= tables
+    names = {metric.name + ("_total" if metric.type == "counter" else "")
+             for metric in Metrics().registry.collect()}
+    assert names <= tables, names - tables

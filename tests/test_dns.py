@@ -128,12 +128,33 @@ def test_rebinding_cannot_redirect_a_checked_connection(proxy_factory, dns_serve
         # A new connection resolves again, gets 127.0.0.3, and that answer is checked too.
         fresh = proxied_session(proxy).get(f"http://rebind.test:{port}/again", timeout=20)
         assert fresh.status_code == 403
-        assert "127.0.0.3 is loopback" in fresh.text
+        assert "resolves to 127.0.0.3, loopback" in fresh.text
         assert victim_seen == [] and len(good_seen) == 3
     finally:
         for server in (good, victim):
             server.shutdown()
             server.server_close()
+
+
+def test_localhost_names_are_loopback_and_never_asked_of_dns(proxy_factory, dns_server, http_upstream):
+    # RFC 6761: localhost is loopback whatever a DNS server says (this one would say 10.0.0.9).
+    for name in ("localhost", "app.localhost"):
+        dns_server.answers[name] = ["10.0.0.9"]
+    proxy = start(proxy_factory, dns_server, 'allow = ["localhost"]\n')
+    session = proxied_session(proxy)
+    for name in ("localhost", "app.localhost"):
+        response = session.get(f"http://{name}:{http_upstream.port}/small", timeout=20)
+        assert response.status_code == 403
+        assert response.headers["X-Egress-Blocked"] == f"{name}; reason=private-address"
+        assert response.text.splitlines()[0] == (
+            f'EGRESS_BLOCKED {name}: resolves to 127.0.0.1 and ::1, loopback; to allow it, add "127.0.0.1" to '
+            f'the policy\'s allow_private list: allow_private = ["127.0.0.1"]')
+    assert http_upstream.connections == 0
+    # allowed to be loopback: dialled at 127.0.0.1, still without a lookup
+    proxy = start(proxy_factory, dns_server, 'allow = ["localhost"]\nallow_private = ["127.0.0.1"]\n')
+    response = proxied_session(proxy).get(f"http://app.localhost:{http_upstream.port}/small", timeout=20)
+    assert response.status_code == 200 and response.text == "hello from upstream\n"
+    assert dns_server.queries == []
 
 
 def test_unknown_name_answers_502_dns_failed(proxy_factory, dns_server):

@@ -341,3 +341,43 @@ def test_the_sandboxed_command_cannot_grant_itself(tmp_path, http_upstream):
     assert '"ok"' not in lines[1]  # not found, or refused by the peer check
     assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
     assert http_upstream.connections == 0
+
+
+# ------------------------------------------------------------------ serve takes no grants
+
+
+def test_egress_allow_is_refused_by_a_serve_and_nothing_changes(proxy_factory, http_upstream, tmp_path, curl_path):
+    # A grant is one person's decision for one run; a serve is shared and outlives its clients,
+    # so its road is the policy file (reloaded live), and `egress allow` says so instead of
+    # printing a success that changes nothing.
+    proxy = proxy_factory('allow_private = ["other.test"]\n')
+    run_id = f"serve-{proxy.process.pid}"
+    policy = proxy.audit_path.parent / "policy.toml"
+    env = clean_env(tmp_path, EGRESS_STATE_DIR=str(proxy.state_dir))
+    granted = subprocess.run([*egress_command(), "allow", "other.test", "--run", run_id], capture_output=True,
+                             text=True, timeout=30, env=env)
+    assert granted.returncode == 1 and granted.stdout == ""
+    assert granted.stderr == (
+        f"egress: {run_id} is an egress serve, shared by all its clients: it takes no grants (they are for one "
+        f"egress run); add the host to the allow list in {policy}: serve applies the edit to the next request "
+        f"(at once with `egress policy reload --run {run_id}`)\n")
+    listed = subprocess.run([*egress_command(), "runs", "--json"], capture_output=True, text=True, timeout=30,
+                            env=env)
+    [info] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert info["run"] == run_id and info["grants"] == []
+    curl = subprocess.run([curl_path, "-s", "-o", "/dev/null", "-w", "%{http_code}", "--proxy", proxy.url,
+                           http_upstream.url("other.test")], capture_output=True, text=True, timeout=60,
+                          env=clean_env(tmp_path))
+    assert curl.stdout == "403" and http_upstream.connections == 0
+    # the road it names works: the edit applies to the next request
+    policy.write_text('allow = ["other.test"]\nallow_private = ["other.test"]\n')
+    reloaded = subprocess.run([*egress_command(), "policy", "reload", "--run", run_id], capture_output=True,
+                              text=True, timeout=30, env=env)
+    assert reloaded.returncode == 0, reloaded.stderr
+    for _ in range(100):
+        if any("policy reloaded" in line for line in proxy.stderr_lines):
+            break
+        time.sleep(0.05)
+    curl = subprocess.run([curl_path, "-s", "--proxy", proxy.url, http_upstream.url("other.test")],
+                          capture_output=True, text=True, timeout=60, env=clean_env(tmp_path))
+    assert curl.stdout == "hello from upstream\n"

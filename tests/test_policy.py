@@ -320,6 +320,7 @@ FAST_PATH_ENTRIES = [
     "com", "*.com", "co.uk:443", "*.github.io", "foo.ck", "www.ck",
     "foo.123", "foo.0x1", "*.1.2.3.4", "1.2.3.4:80", "-a.com", "a-.com", "a..com",
     "*.*.x.com", "x.*.com", "*x.com", "*", "*.",
+    "=httpbin.org", "=x.com:443", "=co.uk", "=*.x.com", "=1.2.3.4",
 ]
 
 
@@ -378,7 +379,39 @@ REFUSED = [
     ("bad-name", "allow", "a..b.com", "not a valid host name"),
     ("bad-ipv4", "deny", "1.2.3.4.5", "neither a host name nor an IPv4 address"),
     ("unclosed-bracket", "allow", "[::1", "unclosed '['"),
+    # the list's private section: that exact host may be allowed, and the error says how
+    ("private-section-suggests-exact", "allow", "httpbin.org",
+     "'httpbin.org' is a public suffix (in the list's private section): it would cover every site registered "
+     "under it; write '=httpbin.org' to allow that host only, or a registrable domain such as "
+     "'example.httpbin.org'"),
+    ("private-section-keeps-the-port", "allow", "s3.amazonaws.com:443", "write '=s3.amazonaws.com:443' to allow"),
+    ("private-section-passthrough", "passthrough", "herokuapp.com:443", "write '=herokuapp.com:443' to allow"),
+    ("private-section-allow-private", "allow_private", "github.io", "write '=github.io' to allow that host only"),
+    ("exact-icann-suffix", "allow", "=co.uk", "'=co.uk' is a public suffix, not a host"),
+    ("exact-tld", "allow", "=com", "is a public suffix, not a host"),
+    ("exact-wildcard", "allow", "=*.example.com", "'=' names one exact host; it takes neither a wildcard nor"),
+    ("exact-cidr", "allow", "=10.0.0.0/8", "it takes neither a wildcard nor a CIDR"),
+    ("exact-ip", "allow", "=10.0.0.1", "'=10.0.0.1': an IP address is always exact; write '10.0.0.1'"),
+    ("exact-empty", "allow", "=", "empty host"),
 ]
+
+
+@pytest.mark.parametrize("entry", ["co.uk", "*.github.io", "foo.ck", "com.", "*.httpbin.org"])
+def test_no_exact_form_is_suggested_where_it_would_not_help(tmp_path, entry):
+    # An ICANN suffix is no one's host; a wildcard asked for the sites under it, not the host.
+    path = write(tmp_path, "p.toml", f'allow = [{quoted(entry)}]\n')
+    [problem] = problems_of(path)
+    assert "'=" not in problem.message, problem.message
+
+
+@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
+@pytest.mark.parametrize("entry", ["=httpbin.org", "=s3.amazonaws.com:443", "=github.io", " =herokuapp.com ",
+                                   "=intranet", "=localhost", "=bücher.de"])
+def test_exact_entries_load_in_every_list(tmp_path, key, entry):
+    if key == "allow_private" and ":" in entry:
+        return  # allow_private takes no port (tested above)
+    policy = load_policy([str(write(tmp_path, "p.toml", f'{key} = [{quoted(entry)}]\n'))])
+    assert policy.rule_count == 1
 
 
 @pytest.mark.parametrize(("key", "entry", "message"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
@@ -828,6 +861,132 @@ def test_allow_private(tmp_path, host, address, kind, rule):
     assert (got.text if got else None) == rule
     if got:
         assert got.key == "allow_private"
+
+
+# ------------------------------------------- which address to dial, or why not
+
+PRIVATE_REFUSAL = 'to allow it, add "{0}" to the policy\'s allow_private list: allow_private = ["{0}"]'
+
+CHOOSE_CASES = [
+    # (id, host, addresses in resolver order, allow_private, dialled address, or the refusal's detail)
+    ("public", "pypi.org", ["151.101.0.223"], [], "151.101.0.223", None),
+    ("company-dns-reserved", "pypi.org", ["203.0.113.80"], [], None,
+     "resolves to 203.0.113.80, reserved for documentation; " + PRIVATE_REFUSAL.format("203.0.113.80")),
+    ("first-usable-wins", "pypi.org", ["10.0.0.5", "151.101.0.223"], [], "151.101.0.223", None),
+    ("covered-by-address", "pypi.org", ["203.0.113.80"], ["203.0.113.80"], "203.0.113.80", None),
+    ("covered-by-range", "pypi.org", ["203.0.113.80"], ["203.0.113.0/24"], "203.0.113.80", None),
+    ("covered-by-name", "pypi.org", ["203.0.113.80"], ["pypi.org"], "203.0.113.80", None),
+    ("covered-by-exact-name", "pypi.org", ["203.0.113.80"], ["=pypi.org"], "203.0.113.80", None),
+    ("exact-name-not-subdomain", "x.pypi.org", ["203.0.113.80"], ["=pypi.org"], None,
+     "resolves to 203.0.113.80, reserved for documentation; " + PRIVATE_REFUSAL.format("203.0.113.80")),
+    ("covered-one-of-two", "db.test", ["10.0.0.5", "fd12::5"], ["fd12::/16"], "fd12::5", None),
+    ("same-class-grouped", "localhost", ["127.0.0.1", "::1"], [], None,
+     "resolves to 127.0.0.1 and ::1, loopback; " + PRIVATE_REFUSAL.format("127.0.0.1")),
+    ("classes-listed", "mixed.test", ["10.0.0.5", "2001:db8::5"], [], None,
+     "resolves to 10.0.0.5, private, and 2001:db8::5, reserved for documentation; "
+     + PRIVATE_REFUSAL.format("10.0.0.5")),
+    ("at-most-three", "many.test", ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"], [], None,
+     "resolves to 10.0.0.1 and 10.0.0.2 and 10.0.0.3, private (and 2 more); " + PRIVATE_REFUSAL.format("10.0.0.1")),
+    ("ip-literal", "0x7f.1", ["127.0.0.1"], [], None, "127.0.0.1 is loopback; " + PRIVATE_REFUSAL.format("127.0.0.1")),
+    ("ip-literal-metadata", "169.254.169.254", ["169.254.169.254"], [], None,
+     "169.254.169.254 is the cloud metadata service; " + PRIVATE_REFUSAL.format("169.254.169.254")),
+    ("name-never-opens-metadata", "meta.test", ["169.254.169.254"], ["meta.test"], None,
+     "resolves to 169.254.169.254, the cloud metadata service; " + PRIVATE_REFUSAL.format("169.254.169.254")),
+    # the loader reads ::ffff:a.b.c.d as IPv4: the suggestion must still cover the IPv6 answer
+    ("mapped-answer", "m.test", ["::ffff:10.0.0.1"], [], None,
+     "resolves to ::ffff:a00:1, IPv4-mapped IPv6; " + PRIVATE_REFUSAL.format("::ffff:a00:1/128")),
+]
+
+
+@pytest.mark.parametrize(("host", "addresses", "private", "dialled", "detail"), [c[1:] for c in CHOOSE_CASES],
+                         ids=[c[0] for c in CHOOSE_CASES])
+def test_choose_address(host, addresses, private, dialled, detail):
+    policy = Policy.from_mapping({"network": "all", "allow_private": private})
+    chosen = policy.choose_address(parse_host(host), 443, [ipaddress.ip_address(a) for a in addresses])
+    if dialled is not None:
+        assert chosen == ipaddress.ip_address(dialled)
+        return
+    assert isinstance(chosen, Decision)
+    assert (chosen.allowed, chosen.reason, chosen.host, chosen.port) == (False, "private-address",
+                                                                          parse_host(host).name, 443)
+    assert chosen.detail == detail
+    assert chosen.words() == detail  # the words a person reads are the specific ones
+
+
+def _special_addresses():
+    from test_addresses import ADDRESSES, CLASSES
+
+    return sorted({a for a, kind in ADDRESSES + CLASSES if classify(ipaddress.ip_address(a)) is not None})
+
+
+@pytest.mark.parametrize("address", _special_addresses())
+def test_the_suggested_allow_private_line_allows_exactly_that(tmp_path, address):
+    """Every special address: the refusal's suggested line, pasted into a policy, lets the same
+    request through, and lets nothing else of that class through."""
+    ip = ipaddress.ip_address(address)
+    hosts = [parse_host("pypi.org")] + ([parse_host(address)] if parse_host(address).ip == ip else [])
+    for host in hosts:
+        refusal = Policy.from_mapping({"network": "all"}).choose_address(host, 443, [ip])
+        line = refusal.detail.rpartition(": ")[2]
+        assert line.startswith("allow_private = [")
+        path = write(tmp_path, "fixed.toml", f'network = "all"\n{line}\n')
+        fixed = load_policy([str(path)])
+        assert fixed.choose_address(host, 443, [ip]) == ip, (address, line)
+        neighbour = ipaddress.ip_address(int(ip) ^ 1)
+        if classify(neighbour) is not None:
+            assert isinstance(fixed.choose_address(host, 443, [neighbour]), Decision), (address, line)
+
+
+# ------------------------------------------------------------- exact entries
+
+EXACT = """
+    allow = [
+        "=httpbin.org",
+        "=s3.amazonaws.com:443",
+        "=github.io",
+        "=intranet",
+        "example.com",
+    ]
+    deny = [
+        "=example.com",
+        "=api.example.org",
+    ]
+    passthrough = ["=herokuapp.com:443"]
+"""
+
+EXACT_CASES = [
+    # (id, host, port, allowed, reason, rule)
+    ("private-suffix-host", "httpbin.org", 443, True, "allowed", "=httpbin.org"),
+    ("not-its-subdomains", "www.httpbin.org", 443, False, "not-allowed", None),
+    ("not-deeper", "a.b.httpbin.org", 443, False, "not-allowed", None),
+    ("case-and-dot", "HTTPBIN.ORG.", 443, True, "allowed", "=httpbin.org"),
+    ("with-port", "s3.amazonaws.com", 443, True, "allowed", "=s3.amazonaws.com:443"),
+    ("other-port", "s3.amazonaws.com", 80, False, "not-allowed", None),
+    ("bucket-not-covered", "bucket.s3.amazonaws.com", 443, False, "not-allowed", None),
+    ("github-io-host", "github.io", 443, True, "allowed", "=github.io"),
+    ("a-github-pages-site-not", "user.github.io", 443, False, "not-allowed", None),
+    ("single-label", "intranet", 443, True, "allowed", "=intranet"),
+    ("deny-exact-apex", "example.com", 443, False, "denied", "=example.com"),
+    ("deny-exact-not-subdomain", "www.example.com", 443, True, "allowed", "example.com"),
+    ("deny-exact-only", "api.example.org", 443, False, "denied", "=api.example.org"),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "allowed", "reason", "rule"), [c[1:] for c in EXACT_CASES],
+                         ids=[c[0] for c in EXACT_CASES])
+def test_exact_entries(tmp_path, host, port, allowed, reason, rule):
+    path = write(tmp_path, "p.toml", EXACT)
+    decision = load_policy([str(path)]).decide(host, port)
+    assert (decision.allowed, decision.reason) == (allowed, reason)
+    assert (decision.rule.text if decision.rule else None) == rule
+    if rule:
+        assert decision.rule.location() == f"{path.resolve()}:{line_of(path, quoted(rule))}"
+
+
+def test_exact_passthrough_and_allow_private(tmp_path):
+    policy = load_policy([str(write(tmp_path, "p.toml", EXACT))])
+    assert policy.passthrough(parse_host("herokuapp.com"), 443).text == "=herokuapp.com:443"
+    assert policy.passthrough(parse_host("app.herokuapp.com"), 443) is None
 
 
 # --------------------------------------------------------- purity, mapping, misc

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import socket
 import ssl
+import threading
 
 import pytest
 
@@ -124,7 +127,8 @@ def test_name_resolving_to_private_address_is_refused(proxy, https_upstream):
     sock.close()
     assert answer.startswith(b"HTTP/1.1 403")
     assert b"X-Egress-Blocked: private.test; reason=private-address" in answer
-    assert b"127.0.0.1 is loopback" in answer
+    assert (b'EGRESS_BLOCKED private.test: resolves to 127.0.0.1, loopback; to allow it, add "127.0.0.1" to '
+            b'the policy\'s allow_private list: allow_private = ["127.0.0.1"]\n') in answer
     assert https_upstream.connections == 0
 
 
@@ -145,6 +149,66 @@ def test_ip_allowed_by_policy_still_needs_allow_private(proxy_factory, http_upst
     proxy = proxy_factory('allow = ["127.0.0.1"]\nallow_private = ["127.0.0.0/8"]\n')
     response = proxied_session(proxy).get(f"http://127.0.0.1:{http_upstream.port}/small", timeout=20)
     assert response.status_code == 200
+
+
+# A company resolver that answers package hosts with addresses in a reserved range (seen:
+# 203.0.113.x for pypi.org): the refusal names the address, its class and the line that allows it.
+RESERVED_LINE = ('EGRESS_BLOCKED pypi.test: resolves to 203.0.113.80, reserved for documentation; to allow it, '
+                 'add "203.0.113.80" to the policy\'s allow_private list: allow_private = ["203.0.113.80"]')
+
+
+def test_a_reserved_address_refusal_names_the_address_class_and_fix(proxy_factory, tmp_path):
+    import select
+    import subprocess
+
+    from conftest import clean_env, egress_command
+
+    proxy = proxy_factory('allow = ["pypi.test"]\n', "--resolve", "pypi.test:203.0.113.80")
+    env = clean_env(tmp_path, EGRESS_STATE_DIR=str(proxy.state_dir))
+    follower = subprocess.Popen([*egress_command(), "events", "--follow", "--run", f"serve-{proxy.process.pid}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        followed = ""
+        for _ in range(100):  # until the follower has subscribed and seen one (a refusal is cheap)
+            sock, answer = connect_raw(proxy, "pypi.test:443")
+            sock.close()
+            if select.select([follower.stdout], [], [], 0.2)[0]:
+                followed = follower.stdout.readline()
+                break
+    finally:
+        follower.kill()
+        follower.wait()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403")
+    assert b"\r\nX-Egress-Blocked: pypi.test; reason=private-address\r\n" in head  # the header stays terse
+    assert body.decode().splitlines()[0] == RESERVED_LINE
+    detail = RESERVED_LINE.split(": ", 1)[1]
+    assert followed.rstrip("\n") == f"block CONNECT pypi.test:443  private-address ({detail})"
+    response = proxied_session(proxy).get("http://pypi.test/simple/", timeout=20)  # plain HTTP: the same
+    assert response.status_code == 403 and response.text.splitlines()[0] == RESERVED_LINE
+    events = proxy.wait_for_audit(lambda e: e["method"] == "GET")
+    assert {(e["reason"], e["detail"]) for e in events} == {("private-address", detail)}
+
+
+def test_the_suggested_allow_private_line_opens_it(proxy_factory, http_upstream):
+    # private.test resolves to 127.0.0.1 (--resolve): paste the line the refusal gives into the policy.
+    policy = 'allow = ["private.test"]\n'
+    refused = proxied_session(proxy_factory(policy)).get(http_upstream.url("private.test"), timeout=20)
+    assert refused.status_code == 403
+    line = refused.text.splitlines()[0].rpartition(": ")[2]
+    assert line == 'allow_private = ["127.0.0.1"]'
+    response = proxied_session(proxy_factory(policy + line + "\n")).get(http_upstream.url("private.test"), timeout=20)
+    assert response.status_code == 200 and response.text == "hello from upstream\n"
+
+
+def test_an_exact_entry_allows_that_host_only(proxy_factory, http_upstream):
+    proxy = proxy_factory('allow = ["=allowed.test"]\nallow_private = ["=allowed.test"]\n')
+    session = proxied_session(proxy)
+    assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
+    refused = session.get(http_upstream.url("api.allowed.test"), timeout=20)
+    assert refused.status_code == 403
+    assert refused.headers["X-Egress-Blocked"] == "api.allowed.test; reason=not-allowed"
+    assert len(http_upstream.requests) == 1
 
 
 # ---------------------------------------------------------- inside a tunnel
@@ -194,6 +258,51 @@ def test_passthrough_host_is_tunnelled_untouched(proxy, https_upstream, test_ca_
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello from upstream\n")
     assert "mitmproxy" not in json.dumps(issuer)
     assert https_upstream.connections == 1
+
+
+class _RawServer:
+    """A raw TCP server on 127.0.0.1:0 (not HTTP): reads ``expect`` bytes, then answers the
+    sha256 of what it read and ``reply`` bytes, and closes."""
+
+    def __init__(self, expect: int, reply: bytes):
+        self.expect, self.reply = expect, reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            digest, left = hashlib.sha256(), self.expect
+            while left and (chunk := conn.recv(min(left, 1 << 20))):
+                digest.update(chunk)
+                left -= len(chunk)
+            conn.sendall(digest.digest() + self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)
+
+
+def test_passthrough_relays_bulk_both_ways_and_counts_the_bytes(proxy):
+    # A passthrough tunnel is relayed socket to socket once it runs (egress.mitm.splice):
+    # every byte still arrives, in order, the server's close still reaches the client, and
+    # the bytes are counted both ways.
+    sent, reply = os.urandom(6 * 2**20), os.urandom(3 * 2**20 + 17)
+    server = _RawServer(len(sent), reply)
+    try:
+        sock, answer = connect_raw(proxy, f"passthrough.test:{server.port}")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        sock.settimeout(20)
+        sock.sendall(sent)
+        received = _read_all(sock)
+        sock.close()
+    finally:
+        server.close()
+    assert received == hashlib.sha256(sent).digest() + reply
+    counted = dict(re.findall(r'^egress_passthrough_bytes_total\{direction="(\w+)"\} (\S+)$', proxy.metrics(), re.M))
+    assert {k: float(v) for k, v in counted.items()} == {"upload": len(sent), "download": len(received)}
 
 
 # ------------------------------------------------------ upstream failures
@@ -269,12 +378,16 @@ def test_upstream_that_hangs_gets_504_naming_the_reason(proxy_factory, http_upst
     assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
 
 
-def test_upstream_that_hangs_inside_tls_is_dropped_with_502(proxy_factory, https_upstream):
+def test_upstream_that_hangs_inside_tls_is_dropped_with_504(proxy_factory, https_upstream):
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
     response = proxied_session(proxy).get(https_upstream.url("allowed.test", "/hang"), timeout=30)
-    assert response.status_code == 502
+    # the hung TLS connection is closed; egress answers as for plain HTTP (before: mitmproxy's 502 page)
+    assert response.status_code == 504
+    assert response.headers["X-Egress-Error"] == "allowed.test; reason=upstream-timeout"
+    assert response.text == ("EGRESS_UPSTREAM_ERROR allowed.test: the upstream server did not answer in time "
+                             "(no response within 1 s)\n")
     events = proxy.wait_for_audit(lambda e: e["reason"] == "upstream-timeout")
     assert any(e["decision"] == "error" and e["host"] == "allowed.test" for e in events
                if e["reason"] == "upstream-timeout")

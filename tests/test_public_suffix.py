@@ -54,12 +54,12 @@ def test_the_fast_path_answers_as_the_public_api_for_every_rule_of_the_list():
 
 def test_without_the_snapshot_file_the_public_api_answers(monkeypatch):
     monkeypatch.setattr(public_suffix, "SNAPSHOT", ".no-such-snapshot")
-    public_suffix.suffix_rules.cache_clear()
+    public_suffix.forget()
     try:
         assert public_suffix.suffix_rules() is None
         assert [public_suffix.is_public_suffix(name) for name, _ in CASES] == [expected for _, expected in CASES]
     finally:
-        public_suffix.suffix_rules.cache_clear()
+        public_suffix.forget()
 
 
 def test_checking_entries_imports_neither_tldextract_nor_requests(tmp_path):
@@ -86,3 +86,64 @@ REGISTRABLE = [
 @pytest.mark.parametrize(("host", "expected"), REGISTRABLE, ids=[h for h, _ in REGISTRABLE])
 def test_registrable_domain(host, expected):
     assert public_suffix.registrable_domain(host) == expected
+
+
+# ICANN section (no one's host) or only the private section (a company's own host, which an
+# exact entry such as '=httpbin.org' may allow).
+SECTIONS = [
+    # (name, in the ICANN section)
+    ("com", True), ("co.uk", True), ("foo.ck", True), ("xn--p1ai", True), ("xn--55qx5d.cn", True),
+    ("github.io", False), ("httpbin.org", False), ("s3.amazonaws.com", False), ("herokuapp.com", False),
+    ("githubusercontent.com", False),
+    ("www.ck", False), ("example.com", False), ("test", False),
+]
+
+
+@pytest.mark.parametrize(("name", "icann"), SECTIONS, ids=[n for n, _ in SECTIONS])
+def test_icann_section_fast_path_and_public_api_agree(name, icann):
+    assert public_suffix.is_icann_suffix(name) is icann
+    assert public_suffix.public_api_is_icann_suffix(name) is icann
+
+
+def test_the_icann_fast_path_answers_as_the_public_api_for_every_rule_of_the_list():
+    names, wild = _names_around_every_rule()
+    differ = {name: public_suffix.is_icann_suffix(name) for name in names
+              if public_suffix.is_icann_suffix(name) != public_suffix.public_api_is_icann_suffix(name)}
+    # As for the whole list: where they differ the list says suffix and the fast path says so too.
+    assert all(differ.values()), differ
+    assert all(name.partition(".")[2] in wild for name in differ), differ
+    icann = public_suffix.icann_rules()
+    assert len(icann[0]) < len(public_suffix.suffix_rules()[0])  # the private section is left out
+    # every ICANN suffix is a public suffix; the private section is the rest
+    assert all(public_suffix.is_public_suffix(n) for n in names if public_suffix.is_icann_suffix(n))
+
+
+def test_without_the_section_marker_the_public_api_answers(monkeypatch):
+    monkeypatch.setattr(public_suffix, "ICANN_END", "===NO SUCH MARKER===")
+    public_suffix.forget()
+    try:
+        assert public_suffix.icann_rules() is None
+        assert [public_suffix.is_icann_suffix(n) for n, _ in SECTIONS] == [icann for _, icann in SECTIONS]
+    finally:
+        public_suffix.forget()
+
+
+def test_nothing_is_ever_fetched(tmp_path):
+    # Every public function, the public API included, with the network gone: a fetch would raise.
+    code = """
+import socket
+def refuse(*args, **kwargs):
+    raise AssertionError("a network call")
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.create_connection = socket.getaddrinfo = refuse
+from egress import public_suffix as p
+print(p.is_public_suffix("httpbin.org"), p.is_icann_suffix("httpbin.org"),
+      p.public_api_is_public_suffix("httpbin.org"), p.public_api_is_icann_suffix("co.uk"),
+      p.registrable_domain("www.example.co.uk"))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd(), "HOME": str(tmp_path),
+                                               "TLDEXTRACT_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "True", "True", "example.co.uk"]
+    assert not (tmp_path / "cache").exists()

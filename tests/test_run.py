@@ -31,7 +31,9 @@ POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
 
 
 def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream_ca=None, timeout=120,
-               project=None) -> subprocess.CompletedProcess:
+               project=None, env=None) -> subprocess.CompletedProcess:
+    """``egress run`` from a clean environment (plus ``env``: egress's own variables), the test names
+    resolved to 127.0.0.1."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(policy)
     args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state")]
@@ -45,7 +47,7 @@ def egress_run(tmp_path, *command: str, policy: str = POLICY, extra=(), upstream
     launcher_tmp = tmp_path / "launcher-tmp"  # where egress run makes its per-run folder
     launcher_tmp.mkdir(exist_ok=True)
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=project,
-                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(launcher_tmp)))
+                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(launcher_tmp), **(env or {})))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,6 +94,16 @@ def test_refused_request_shows_the_403_and_is_reported_once(tmp_path, https_upst
     result = egress_run(tmp_path, "sh", "-c", f"curl -sS {url}; curl -sS {url}")
     assert "CONNECT tunnel failed, response 403" in result.stderr
     assert result.stderr.count("EGRESS_BLOCKED blocked.test") == 1
+
+
+def test_a_private_address_refusal_names_the_address_and_the_line_that_allows_it(tmp_path, curl_path):
+    # A company resolver answering pypi.org with a documentation-range address: the run's line says
+    # which address, what kind, and the exact policy line (nothing is dialled: refused before).
+    result = egress_run(tmp_path, "curl", "-sS", "https://pypi.test/simple/",
+                        extra=["--allow", "pypi.test", "--resolve", "pypi.test:203.0.113.80", "--headless"])
+    assert result.returncode == 56  # curl: CONNECT tunnel failed
+    assert ('EGRESS_BLOCKED pypi.test (resolves to 203.0.113.80, reserved for documentation; to allow it, add '
+            '"203.0.113.80" to the policy\'s allow_private list: allow_private = ["203.0.113.80"])\n') in result.stderr
 
 
 def test_deny_flag_wins_over_allow(tmp_path, http_upstream):

@@ -2,10 +2,13 @@
 
 A public name may resolve to 127.0.0.1, 10.x or the metadata service (SSRF, DNS
 rebinding). After the policy allows a host, its addresses are resolved here
-(dnspython, bounded time) and classified; loopback, private, link-local, CGNAT,
-metadata, multicast, reserved and IPv4-embedding IPv6 addresses are refused
-unless ``allow_private`` names the host or range. The address that passed is
-pinned for the client connection (its ConnState) and ``server_connect`` dials exactly it.
+(dnspython, bounded time; localhost is loopback without a lookup) and the policy
+chooses one (``Policy.choose_address``, the decision ``egress check`` makes too):
+loopback, private, link-local, CGNAT, metadata, multicast, reserved and
+IPv4-embedding IPv6 addresses are refused unless ``allow_private`` names the host or
+range, and the refusal names the address, its class and the entry that would allow
+it. The address that passed is pinned for the client connection (its ConnState) and
+``server_connect`` dials exactly it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from mitmproxy import http
 from mitmproxy.proxy import server_hooks
 
 from .. import mitm
-from ..addresses import classify
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import flow_state, refused
@@ -107,11 +109,5 @@ class AddressGuard:
         finally:
             if host.ip is None:
                 self.engine.recorder.metrics.dns_lookup.observe(time.perf_counter() - started)
-        policy = self.engine.policy
-        refused_ = []
-        for ip in addresses:
-            kind = classify(ip)
-            if kind is None or policy.private_allowed(host, ip, kind) is not None:
-                return (ip,)
-            refused_.append(f"{ip} is {kind}")
-        return Decision(host.name, port, False, "private-address", detail="; ".join(refused_[:3]))
+        chosen = self.engine.policy.choose_address(host, port, addresses)
+        return chosen if isinstance(chosen, Decision) else (chosen,)

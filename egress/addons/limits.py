@@ -55,20 +55,20 @@ import time
 
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection, ctx
-from mitmproxy.net.http import http1, url
+from mitmproxy.net.http import http1, status_codes, url
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError
+from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server, make_body_reader
 
 from .. import mitm
 from ..engine import Engine
 from ..failclosed import fail_closed
-from ..flowstate import ConnState, flow_state
+from ..flowstate import KEY, ConnState, flow_state
 from ..hosts import InvalidHost, parse_authority
 from ..policy import Decision
-from ..refusal import refuse
+from ..refusal import refuse, upstream_error
 
 logger = logging.getLogger("egress")
 
@@ -217,10 +217,13 @@ class Limits:
 
 
 class StrictHttp1Server(Http1Server):
-    """mitmproxy's HTTP/1 server side, with a bounded and strictly checked request head.
+    """mitmproxy's HTTP/1 server side, with a bounded and strictly checked request head, and
+    egress's answers in place of mitmproxy's error pages.
 
     ``read_headers`` follows mitmproxy 11.0.2's own, with the checks added before the
-    head is parsed and egress's refusal instead of mitmproxy's bare 400.
+    head is parsed and egress's refusal instead of mitmproxy's bare 400. ``send`` answers
+    an upstream failure that egress named (upstream_errors.py) with egress's 502/504
+    instead of mitmproxy's HTML page.
     """
 
     def __init__(self, context, limits: Limits, http_layer: HttpLayer):
@@ -277,6 +280,28 @@ class StrictHttp1Server(Http1Server):
         self.body_reader = make_body_reader(expected_body_size)
         self.state = self.read_body
         yield from self.state(event)
+
+    def send(self, event) -> layer.CommandGenerator[None]:
+        # Http1Server.send would write make_error_response's HTML page, then close.
+        if (isinstance(event, ResponseProtocolError) and self.response is None
+                and event.code != status_codes.NO_RESPONSE
+                and self.conn.state & connection.ConnectionState.CAN_WRITE):
+            answer = self._upstream_answer(event.stream_id)
+            if answer is not None:
+                yield commands.SendData(self.conn, http1.assemble_response(answer))
+                yield commands.CloseConnection(self.conn)
+                return
+        yield from super().send(event)
+
+    def _upstream_answer(self, stream_id: int):
+        """egress's answer for the flow of ``stream_id`` when its upstream failure has a code."""
+        flow = getattr(self.http_layer.streams.get(stream_id), "flow", None)
+        state = flow.metadata.get(KEY) if flow is not None else None
+        if state is None or state.upstream_error is None or state.refused:
+            return None
+        clean = self.limits.engine.recorder.clean
+        return upstream_error(clean(state.host_name or flow.request.host or "unknown"), state.upstream_error,
+                              clean(state.upstream_detail))
 
     def read_body(self, event: events.Event) -> layer.CommandGenerator[None]:
         try:

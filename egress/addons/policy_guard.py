@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from mitmproxy import http
 
+from ..addresses import known_addresses
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import FlowState, flow_state
@@ -64,7 +65,8 @@ class PolicyGuard:
         self._remember(flow, state, decision)
 
     async def _decide(self, state: FlowState, host: str | Host, port: int) -> Decision:
-        """The policy's answer; a not-allowed *name* may still be granted for this run."""
+        """The policy's answer; a not-allowed *name* may still be granted for this run (never an IP
+        literal or a localhost name: their addresses are known, and special, so never offered)."""
         if not isinstance(host, Host):
             try:
                 host = parse_host(host)
@@ -75,7 +77,7 @@ class PolicyGuard:
         asker = self.engine.asker
         if decision.allowed or decision.reason != "not-allowed" or asker is None:
             return decision
-        if host.is_ip or not await asker.ask(decision.host):
+        if known_addresses(host) is not None or not await asker.ask(decision.host):
             return decision
         return Decision(decision.host, port, True, "allowed", detail="allowed for this run")
 

@@ -60,8 +60,9 @@ class Reporter:
     def response(self, flow: http.HTTPFlow) -> None:
         if refused(flow):
             return
-        if upstream_error := flow_state(flow).upstream_error:
-            self._record(flow, "error", upstream_error)
+        state = flow_state(flow)
+        if state.upstream_error:
+            self._record(flow, "error", state.upstream_error, detail=state.upstream_detail)
         else:
             what = masked(flow)
             self._record(flow, "allow", "allowed", detail=f"masked {what}" if what else "")
@@ -70,8 +71,11 @@ class Reporter:
     def error(self, flow: http.HTTPFlow) -> None:
         if refused(flow) or flow.error is None:
             return
-        code = flow_state(flow).upstream_error or "connect-failed"
-        self._record(flow, "error", code, detail=flow.error.msg[:200])
+        state = flow_state(flow)
+        if state.upstream_error:  # named by UpstreamErrors (or UpstreamTimeout)
+            self._record(flow, "error", state.upstream_error, detail=(state.upstream_detail or flow.error.msg)[:300])
+        else:  # the client went away before the answer was complete: allowed, not an upstream failure
+            self._record(flow, "allow", "allowed", detail=f"not completed: {flow.error.msg[:200]}")
 
     def _record(self, flow: http.HTTPFlow, decision: str, reason: str, detail: str = "") -> None:
         state = flow_state(flow)

@@ -9,8 +9,8 @@ to upstream; if no response head arrives before it fires:
   response (``Connection: close`` then drops the hung connection), so every later
   hook sees an ordinary response;
 * TLS upstream: bytes fed in there would be taken for ciphertext, so the hung
-  connection is closed instead and mitmproxy answers ``502`` ("server closed
-  connection"); the audit event still says ``upstream-timeout``.
+  connection is closed instead; mitmproxy's error that follows is answered with the same
+  ``504`` by egress's HTTP/1 server side (see upstream_errors.py).
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ class UpstreamTimeout:
             return
         state = flow_state(flow)
         state.upstream_error = "upstream-timeout"
+        state.upstream_detail = f"no response within {self.seconds:g} s"
         if flow.server_conn.tls:  # bytes fed in would be read as ciphertext: close it instead
             mitm.close_connections(flow, flow.server_conn)
             return
         host = state.host_name or flow.request.host
-        mitm.feed_server_response(
-            flow, refusal.upstream_error(host, "upstream-timeout", f"no response within {self.seconds:g} s"))
+        mitm.feed_server_response(flow, refusal.upstream_error(host, "upstream-timeout", state.upstream_detail))

@@ -40,7 +40,11 @@ def test_private_address_is_one_refusal():
     assert flow.response.status_code == 403
     assert flow.response.headers["X-Egress-Blocked"] == "private.test; reason=private-address"
     [event] = events(engine)
-    assert event["reason"] == "private-address" and event["detail"] == "10.1.2.3 is private"
+    assert event["reason"] == "private-address"
+    # the address, its class, and the policy line that would allow it
+    assert event["detail"] == ('resolves to 10.1.2.3, private; to allow it, add "10.1.2.3" to the policy\'s '
+                               'allow_private list: allow_private = ["10.1.2.3"]')
+    assert flow.response.text.splitlines()[0] == f"EGRESS_BLOCKED private.test: {event['detail']}"
     assert flow_state(flow).refused and engine.conn(flow.client_conn).pins == {}
 
 
@@ -49,7 +53,7 @@ def test_a_name_resolving_to_siit_is_refused():
     engine, _, flow = through_guards("http://siit.test/")
     assert flow.response.status_code == 403
     [event] = events(engine)
-    assert event["detail"] == "::ffff:0:7f00:1 is ipv4-embedding"
+    assert event["detail"].startswith("resolves to ::ffff:0:7f00:1, IPv4-translated IPv6 (SIIT); to allow it")
 
 
 def test_server_connect_dials_the_pinned_address_and_keeps_the_name_for_tls():

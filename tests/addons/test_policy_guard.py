@@ -118,3 +118,27 @@ def test_a_guard_that_raises_refuses_instead_of_passing(monkeypatch):
     assert flow.response.headers["X-Egress-Blocked"] == "allowed.test; reason=guard-error"
     [event] = events(engine)
     assert event["reason"] == "guard-error" and event["detail"] == "PolicyGuard.requestheaders: ValueError"
+
+
+def test_ip_literals_and_localhost_names_are_never_offered_for_a_grant():
+    # Loopback by definition (RFC 6761) like an IP literal: asking would offer what the address
+    # guard refuses anyway. NeverAsk says its notice the first time it is asked anything.
+    from egress.ask import NeverAsk
+    from egress.control import RunState
+
+    said: list[str] = []
+    engine = make_engine()
+    engine.asker = NeverAsk(RunState("t", ["cmd"]), say=said.append)
+    guard = PolicyGuard(engine)
+
+    async def go(url):
+        with context(guard):
+            flow = request_flow(url)
+            await guard.requestheaders(flow)
+            return flow
+
+    for url in ("http://localhost/", "http://api.localhost/", "http://127.0.0.1/", "http://[::1]/"):
+        assert run(lambda: go(url)).response.status_code == 403
+    assert said == []
+    assert run(lambda: go("http://blocked.test/")).response.status_code == 403
+    assert len(said) == 1  # a name: asked (and, headless, kept blocked)

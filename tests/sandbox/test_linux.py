@@ -132,6 +132,32 @@ def test_no_route_leaves_the_namespace(tmp_path):
     assert int(out) == errno.ENETUNREACH
 
 
+def test_attempts_to_go_around_the_handed_over_socket_are_counted(tmp_path):
+    # What egress run's hint rests on (sandbox/netcount.py): each send with no route out (IPv4,
+    # IPv6) and each datagram to a loopback port where nothing listens (a stub resolver's
+    # 127.0.0.53); a connection to the handed-over socket is not one. Nothing leaves either way.
+    code = py("""
+        import socket
+        for family, address in ((socket.AF_INET, ("192.0.2.1", 80)), (socket.AF_INET6, ("2001:db8::1", 80))):
+            try:
+                socket.socket(family).connect(address)
+            except OSError:
+                pass
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"?", ("127.0.0.53", 53))
+        socket.create_connection(("127.0.0.1", 3128)).close()
+    """)
+    with start(SandboxSpec(code, ENV, str(tmp_path), network=True)) as box:
+        assert box.wait(timeout=WAIT) == 0
+        assert box.direct_attempts() == (3 if os.path.exists("/proc/net/snmp6") else 2)
+    with start(SandboxSpec(py("import socket; socket.create_connection(('127.0.0.1', 3128)).close()"), ENV,
+                           str(tmp_path), network=True)) as box:
+        assert box.wait(timeout=WAIT) == 0
+        assert box.direct_attempts() == 0
+    with start(SandboxSpec(["true"], ENV, str(tmp_path), network=False)) as box:
+        box.wait(timeout=WAIT)
+        assert box.direct_attempts() is None  # no handed-over socket: nothing to go around
+
+
 def test_host_loopback_server_is_not_reachable_from_inside(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
