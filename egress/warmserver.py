@@ -137,6 +137,7 @@ class Server:
         self.spare: tuple[int, socket.socket] | None = None  # (pid, our end) of a child waiting for a run
         self.spare_ready = False  # it has rehearsed (it said so on its end)
         self._spare_due: float | None = 0.0  # when to fork the next spare (None: not now)
+        self._lost_spares: set[int] = set()  # spares that went before they were reaped
         self.stopping = False
         self.stale = False
         self.fingerprint: tuple = ()
@@ -199,9 +200,16 @@ class Server:
                     pass
             if self.spare is not None and self.spare[1] in ready:
                 try:
-                    self.spare_ready = self.spare[1].recv(1) == b"R"
+                    word = self.spare[1].recv(1)
                 except OSError:
-                    self.spare_ready = False
+                    word = b""
+                if word == b"R":
+                    self.spare_ready = True
+                else:  # it closed its end without a word: it is ending; reaped as a spare, not a run
+                    self._lost_spares.add(self.spare[0])
+                    self.spare[1].close()
+                    self.spare, self.spare_ready = None, False
+                    self._spare_due = time.monotonic() + 1.0
             if self.listener in ready:
                 self._accept()
         self.shutdown()
@@ -225,6 +233,9 @@ class Server:
                 self.spare[1].close()
                 self.spare, self.spare_ready = None, False
                 self._spare_due = time.monotonic() + 1.0
+                continue
+            if pid in self._lost_spares:
+                self._lost_spares.discard(pid)
                 continue
             self.children.discard(pid)
             self._last_exit = time.monotonic()
@@ -308,6 +319,8 @@ class Server:
             os.close(self._wake_w)
             if self.lock >= 0:
                 os.close(self.lock)  # a replacement server must be able to take it when we go
+            if self.spare is not None:  # the server's end of a spare's pipe: the spare's, not ours
+                self.spare[1].close()
             self.listener.close()
             gc.enable()
             from .warmrun import run_child
