@@ -1081,6 +1081,14 @@ class StreamRedactor:
         self._buf, self._done = b"", 0
         return out
 
+    def cut(self) -> int:
+        """The stream is cut here (egress run's output cap elides what follows): what is held
+        back, which might be the start of a secret, is dropped, never emitted. Returns how many
+        bytes were dropped; the redactor starts afresh."""
+        held = len(self._buf) - self._done
+        self._buf, self._done, self._base, self._origin = b"", 0, 0, None
+        return held
+
     def _findings(self, buf: bytes) -> list[Finding]:
         found = self._detector.scan(buf)
         if self._env:
