@@ -1,0 +1,475 @@
+"""The command deny list: commands `egress run` refuses before they start.
+
+A guard against accidents, not against an adversary: an agent that means to run
+``sudo`` can spell it in ways no list foresees (``$(printf su)do``, a script file, python's
+``os.system``). What it stops is the command typed by mistake, in the forms people type.
+
+Rules are regular expressions anchored to *command position*: the start of the argv, and
+inside shell scripts (``sh -c``/``bash -c`` and the like, ``eval``) the start of a line or
+what follows ``;``, ``|``, ``&``, ``&&``, ``||``, ``(``, ``$(``, a backtick, ``then``, ``do``,
+``else``, ``!``, ``{``, ... So ``grep -r "sudo" .`` and ``echo "shutdown" >> notes.txt``
+pass: ``sudo`` and ``shutdown`` are arguments there, not commands.
+
+Each command found is matched as one normalised text: its words with the shell's quoting
+removed, joined by single spaces, the command's name without its folder (``/usr/bin/sudo`` is
+``sudo``), leading ``NAME=value`` assignments and wrappers that run their arguments (``env``,
+``nohup``, ``timeout 5``, ``nice -n 10``, ``xargs``, ``command``, ``exec``, ``time``, ...)
+removed, and its redirections at the end (``cat x > /dev/sda``). A rule matches from the
+command's start and must end at a word's end: ``sudo`` does not match ``sudoku``, and
+``git push --force`` matches ``git push --force origin main``.
+
+Allow rules are checked first and win over both lists, per command. A rule that is not a
+valid regular expression is matched as literal text (with a warning at load), never an
+exception. Pure: no files, no processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+BUILTIN = "built-in"
+
+_ROOTS = (r"(?:/+\.?\*?|~/*\*?|\$HOME/*\*?|\$\{HOME\}/*\*?|"
+          r"/+(?:bin|boot|dev|etc|home|lib|lib32|lib64|opt|proc|root|sbin|srv|sys|usr|var)/*\*?)")
+_BLOCK = r"/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|md|dm-|mapper/|disk/|loop|nbd|rbd|zd)\S*"
+
+# (name, pattern, why): the bar for a built-in rule is that no legitimate agent task needs
+# the command, and running it by accident cannot be undone.
+BUILTIN_RULES = (
+    ("rm-root", r"rm(?=\s(?:.*\s)?(?:-[a-zA-Z]*[rR][a-zA-Z]*|--recursive)(?:\s|$))"
+                rf"(?=\s(?:.*\s)?{_ROOTS}(?:\s|$)).*",
+     "recursive removal of /, ~ or a system folder"),
+    ("chmod-root", r"(?:chmod|chown|chgrp)(?=\s(?:.*\s)?(?:-[a-zA-Z]*R[a-zA-Z]*|--recursive)(?:\s|$))"
+                   rf"(?=\s(?:.*\s)?{_ROOTS}(?:\s|$)).*",
+     "recursive permission or owner change of /, ~ or a system folder"),
+    ("mkfs", r"(?:mkfs(?:\.[\w.-]+)?|mke2fs|mkswap|mkdosfs|mkntfs|wipefs)(?:\s.*)?",
+     "makes or wipes a file system"),
+    ("block-device", rf"(?:dd\s(?:.*\s)?of={_BLOCK}|shred\s(?:.*\s)?{_BLOCK}|.*\s(?:>|>>|>\||&>|&>>)\s{_BLOCK}).*",
+     "writes onto a block device"),
+    ("power", r"(?:shutdown|reboot|halt|poweroff|systemctl\s(?:.*\s)?(?:poweroff|reboot|halt|kexec|soft-reboot)"
+              r"|(?:init|telinit)\s[06])(?:\s.*)?",
+     "shuts down or restarts the machine"),
+    ("sudo", r"(?:sudo|su|doas|pkexec|run0)(?:\s.*)?", "runs commands as another user"),
+)
+# Matched against a script's whole text, not at command position: the classic
+# `:(){ :|:& };:` and any function that pipes itself into itself in the background.
+FORK_BOMB = re.compile(r"([\w.:-]+)\s*\(\s*\)\s*\{[^}]*?(?<![\w.:-])\1\s*\|\s*&?\s*\1\s*&")
+
+SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "posh", "yash", "busybox"))
+_SHELL_VALUE_OPTIONS = frozenset(("-o", "+o", "-O", "+O", "--rcfile", "--init-file"))
+# Commands that run their arguments as a command: option words that take a value, and how
+# many plain words (a duration) come before the command.
+WRAPPERS = {
+    "env": (frozenset(("-u", "--unset", "-C", "--chdir", "-S", "--split-string")), 0),
+    "command": (frozenset(), 0), "builtin": (frozenset(), 0), "exec": (frozenset(("-a",)), 0),
+    "nohup": (frozenset(), 0), "time": (frozenset(("-f", "--format", "-o", "--output")), 0),
+    "nice": (frozenset(("-n", "--adjustment")), 0), "ionice": (frozenset(("-c", "-n", "--class", "--classdata")), 0),
+    "timeout": (frozenset(("-s", "--signal", "-k", "--kill-after")), 1), "setsid": (frozenset(), 0),
+    "stdbuf": (frozenset(("-i", "-o", "-e")), 0), "chrt": (frozenset(), 1), "taskset": (frozenset(), 1),
+    "xargs": (frozenset(("-I", "-i", "-n", "-P", "-L", "-l", "-d", "-E", "-e", "-a", "-s", "--max-args",
+                         "--max-procs", "--max-lines", "--delimiter", "--arg-file", "--replace")), 0),
+    "watch": (frozenset(("-n", "--interval", "-d")), 0), "unbuffer": (frozenset(), 0),
+    "flock": (frozenset(("-w", "--timeout", "-E", "-c")), 1), "caffeinate": (frozenset(), 0),
+}
+# Words that start a compound command or negate one: the word after them is in command position.
+RESERVED = frozenset(("!", "{", "}", "then", "do", "else", "elif", "if", "while", "until", "fi", "done", "esac"))
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^\]]*\])?\+?=")
+MAX_DEPTH = 16  # nested scripts (sh -c "sh -c '...'", $(...) in $(...)); deeper is refused
+
+
+class Rule:
+    """One deny or allow rule: as written, where it came from (``file:line`` or built-in)."""
+
+    __slots__ = ("kind", "text", "where", "why", "pattern", "name")
+
+    def __init__(self, kind: str, text: str, where: str, pattern: re.Pattern, why: str | None = None,
+                 name: str | None = None):
+        self.kind = kind  # "deny" | "allow"
+        self.text = text
+        self.where = where
+        self.pattern = pattern
+        self.why = why
+        self.name = name  # a built-in rule's name
+
+    def matches(self, command: str) -> bool:
+        return self.pattern.match(command) is not None
+
+    def describe(self) -> str:
+        if self.where == BUILTIN:
+            return f"the built-in rule {self.name!r} ({self.why})"
+        key = "allow_commands" if self.kind == "allow" else "deny_commands"
+        return f"{key} {self.text!r} ({self.where})"
+
+    def __repr__(self) -> str:
+        return f"Rule({self.kind!r}, {self.text!r}, {self.where!r})"
+
+
+def compile_rule(text: str) -> tuple[re.Pattern, str | None]:
+    """``text`` anchored to a command's start and a word's end; a text that is not a valid regular
+    expression is matched as literal text. Returns (pattern, warning or None)."""
+    try:
+        return re.compile(rf"(?:{text})(?=\s|$)"), None
+    except re.error as e:
+        return (re.compile(re.escape(text) + r"(?=\s|$)"),
+                f"{text!r} is not a valid regular expression ({e}); it is matched as literal text")
+
+
+def builtin_rules() -> list[Rule]:
+    return [Rule("deny", pattern, BUILTIN, re.compile(rf"(?:{pattern})(?=\s|$)"), why, name)
+            for name, pattern, why in BUILTIN_RULES]
+
+
+class Refusal:
+    """Why a command line is refused: the rule, and the command (normalised) it matched."""
+
+    __slots__ = ("rule", "command")
+
+    def __init__(self, rule: Rule, command: str):
+        self.rule = rule
+        self.command = command
+
+    def __str__(self) -> str:
+        shown = self.command if len(self.command) <= 200 else self.command[:197] + "..."
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+        return f"command refused by {self.rule.describe()}: {shown}"
+
+
+def check(argv: list[str], deny: list[Rule], allow: list[Rule] = ()) -> Refusal | None:
+    """The first refusal for ``argv`` (every command it would run, as far as the text shows), or None."""
+    for command in commands(argv):
+        if isinstance(command, _Special):
+            return Refusal(command.rule, str(command))
+        if any(rule.matches(command) for rule in allow):
+            continue
+        for rule in deny:
+            if rule.matches(command):
+                return Refusal(rule, command)
+    return None
+
+
+class _Special(str):
+    """A finding that is not a command's text: refused by its own built-in rule, whatever allows."""
+
+    rule: Rule
+
+    def __new__(cls, text: str, rule: Rule):
+        made = super().__new__(cls, text)
+        made.rule = rule
+        return made
+
+
+_NEVER = re.compile(r"(?!)")
+_TOO_DEEP_RULE = Rule("deny", "nesting", BUILTIN, _NEVER,
+                      f"scripts nested more than {MAX_DEPTH} deep are not checked", "nesting")
+_FORK_BOMB_RULE = Rule("deny", FORK_BOMB.pattern, BUILTIN, _NEVER,
+                       "a function that starts copies of itself without end", "fork-bomb")
+
+
+def commands(argv: list[str]):
+    """Every command in command position in ``argv``, normalised (see the module's doc)."""
+    yield from _from_words(list(argv), [], 0)
+
+
+def _from_words(words: list[str], redirects: list[str], depth: int):
+    if depth > MAX_DEPTH:
+        yield _Special(" ".join(words), _TOO_DEEP_RULE)
+        return
+    words = _strip_prefix(words)
+    if not words:
+        return
+    name = os.path.basename(words[0]) or words[0]
+    yield " ".join([name, *words[1:], *redirects])
+    if name == "busybox" and len(words) > 1:
+        yield from _from_words(words[1:], redirects, depth + 1)
+        return
+    script = None
+    if name in SHELLS:
+        script = _shell_script(words[1:])
+    elif name == "eval":
+        script = " ".join(words[1:])
+    if script is not None:
+        yield from _from_script(script, depth + 1)
+
+
+def _strip_prefix(words: list[str]) -> list[str]:
+    """Without assignments, reserved words and wrappers before the command itself."""
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in RESERVED or _ASSIGNMENT.match(word):
+            index += 1
+            continue
+        wrapper = WRAPPERS.get(os.path.basename(word))
+        if wrapper is None:
+            break
+        takes_value, plain = wrapper
+        index += 1
+        while index < len(words):
+            option = words[index]
+            if option == "--":
+                index += 1
+                break
+            if option.startswith("-") and len(option) > 1:
+                index += 2 if option in takes_value else 1
+            elif _ASSIGNMENT.match(option):
+                index += 1
+            elif plain:
+                plain -= 1
+                index += 1
+            else:
+                break
+    return words[index:]
+
+
+def _shell_script(args: list[str]) -> str | None:
+    """The script of ``sh -c SCRIPT`` (``-ec``, ``-o pipefail -c``, ...), or None."""
+    wants_script = False
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            index += 1
+            break
+        if arg[:1] in ("-", "+") and len(arg) > 1:
+            if arg in _SHELL_VALUE_OPTIONS:
+                index += 2
+                continue
+            if not arg.startswith("--") and "c" in arg[1:]:
+                wants_script = True
+            index += 1
+            continue
+        break
+    if wants_script and index < len(args):
+        return args[index]
+    return None
+
+
+def _from_script(script: str, depth: int):
+    if depth > MAX_DEPTH:
+        yield _Special(script, _TOO_DEEP_RULE)
+        return
+    bomb = FORK_BOMB.search(script)
+    if bomb:
+        yield _Special(bomb.group(0), _FORK_BOMB_RULE)
+    expect_pattern = False
+    for segment in _Lexer(script).segments():
+        for nested in segment.nested:
+            yield from _from_script(nested, depth + 1)
+        words = segment.words
+        if words[:1] == ["case"]:
+            expect_pattern = segment.end != ")"
+            continue
+        if expect_pattern:
+            if segment.end == ")":
+                expect_pattern = False
+                continue
+            if not words:
+                continue
+        if words[:1] == ["esac"]:
+            continue
+        if words[:1] == ["function"]:
+            continue
+        if segment.end in (";;", ";&", ";;&"):
+            expect_pattern = True
+        yield from _from_words(words, segment.redirects, depth)
+
+
+class _Segment:
+    __slots__ = ("words", "redirects", "nested", "end")
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+        self.redirects: list[str] = []
+        self.nested: list[str] = []
+        self.end = ""
+
+
+_OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", ";", "&", "|", "(", ")", "\n")
+_REDIRECTS = ("<<<", "<<-", "&>>", "<<", "<>", "<&", ">&", ">>", ">|", "&>", "<", ">")
+
+
+class _Lexer:
+    """Splits a POSIX/bash script into simple commands: words with quoting removed, redirections
+    apart, command substitutions ($(...), backticks, <(...)) kept as nested scripts. Never raises:
+    an unfinished quote or substitution runs to the end of the text, as the shell would read it."""
+
+    def __init__(self, text: str):
+        self.s = text
+        self.i = 0
+
+    def segments(self) -> list[_Segment]:
+        s, n = self.s, len(self.s)
+        out: list[_Segment] = []
+        seg = _Segment()
+        word: str | None = None
+        redirect: str | None = None
+        heredocs: list[tuple[str, bool]] = []
+
+        def end_word():
+            nonlocal word, redirect
+            if word is None:
+                return
+            if redirect is not None:
+                if redirect in ("<<", "<<-"):
+                    heredocs.append((word, redirect == "<<-"))
+                seg.redirects.append(f"{redirect} {word}")
+                redirect = None
+            else:
+                seg.words.append(word)
+            word = None
+
+        while self.i < n:
+            c = s[self.i]
+            if c in " \t\r":
+                end_word()
+                self.i += 1
+            elif c == "#" and word is None:
+                end = s.find("\n", self.i)
+                self.i = n if end < 0 else end
+            elif c == "\\":
+                if s[self.i + 1:self.i + 2] == "\n":
+                    self.i += 2
+                else:
+                    word = (word or "") + s[self.i + 1:self.i + 2]
+                    self.i += 2
+            elif c == "'":
+                end = s.find("'", self.i + 1)
+                end = n if end < 0 else end
+                word = (word or "") + s[self.i + 1:end]
+                self.i = end + 1
+            elif c == '"':
+                word = (word or "") + self._double_quoted(seg)
+            elif c == "`":
+                word = (word or "") + self._backtick(seg)
+            elif c == "$" and s.startswith("$((", self.i):
+                end = self._closing(self.i + 1)
+                word = (word or "") + s[self.i:end]
+                self.i = end
+            elif c == "$" and s.startswith("$(", self.i):
+                word = (word or "") + self._substitution(seg, self.i + 1)
+            elif c == "$" and s.startswith("${", self.i):
+                end = s.find("}", self.i)
+                end = n if end < 0 else end + 1
+                word = (word or "") + s[self.i:end]
+                self.i = end
+            elif c in "<>" and s.startswith("(", self.i + 1):
+                word = (word or "") + self._substitution(seg, self.i + 1)
+            elif c in "<>" or (c == "&" and s.startswith(">", self.i + 1)):
+                if word is not None and word.isdigit():
+                    word = None  # a file descriptor: 2>err
+                end_word()
+                op = next(op for op in _REDIRECTS if s.startswith(op, self.i))
+                self.i += len(op)
+                if op in (">&", "<&"):  # 2>&1: a descriptor follows, or a file
+                    m = re.compile(r"\s*(\d+-?|-)").match(s, self.i)
+                    if m:
+                        self.i = m.end()
+                        continue
+                redirect = op
+            elif c in ";&|()\n":
+                end_word()
+                op = next(op for op in _OPERATORS if s.startswith(op, self.i))
+                self.i += len(op)
+                seg.end = op
+                out.append(seg)
+                seg = _Segment()
+                if op == "\n" and heredocs:
+                    self._skip_heredocs(heredocs)
+                    heredocs.clear()
+            else:
+                word = (word or "") + c
+                self.i += 1
+        end_word()
+        out.append(seg)
+        return out
+
+    def _double_quoted(self, seg: _Segment) -> str:
+        s, n = self.s, len(self.s)
+        self.i += 1
+        text = []
+        while self.i < n:
+            c = s[self.i]
+            if c == '"':
+                self.i += 1
+                break
+            if c == "\\" and s[self.i + 1:self.i + 2] in ('"', "\\", "$", "`", "\n"):
+                text.append(s[self.i + 1])
+                self.i += 2
+            elif c == "`":
+                text.append(self._backtick(seg))
+            elif s.startswith("$((", self.i):
+                end = self._closing(self.i + 1)
+                text.append(s[self.i:end])
+                self.i = end
+            elif s.startswith("$(", self.i):
+                text.append(self._substitution(seg, self.i + 1))
+            else:
+                text.append(c)
+                self.i += 1
+        return "".join(text)
+
+    def _backtick(self, seg: _Segment) -> str:
+        s, n = self.s, len(self.s)
+        start = self.i
+        self.i += 1
+        inner = []
+        while self.i < n and s[self.i] != "`":
+            if s[self.i] == "\\" and self.i + 1 < n:
+                inner.append(s[self.i + 1])
+                self.i += 2
+            else:
+                inner.append(s[self.i])
+                self.i += 1
+        self.i = min(self.i + 1, n)
+        seg.nested.append("".join(inner))
+        return s[start:self.i]
+
+    def _substitution(self, seg: _Segment, open_at: int) -> str:
+        """$(...) or <(...) whose "(" is at ``open_at``: its text is a nested script."""
+        start = self.i
+        end = self._closing(open_at)
+        seg.nested.append(self.s[open_at + 1:end - 1] if end <= len(self.s) and self.s[end - 1:end] == ")"
+                          else self.s[open_at + 1:end])
+        self.i = end
+        return self.s[start:end]
+
+    def _closing(self, open_at: int) -> int:
+        """The index after the ")" matching the "(" at ``open_at`` (quotes respected), or the end."""
+        s, n = self.s, len(self.s)
+        depth = 0
+        i = open_at
+        while i < n:
+            c = s[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c == "'":
+                end = s.find("'", i + 1)
+                i = n if end < 0 else end + 1
+                continue
+            if c == '"':
+                i += 1
+                while i < n and s[i] != '"':
+                    i += 2 if s[i] == "\\" else 1
+                i += 1
+                continue
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return n
+
+    def _skip_heredocs(self, heredocs: list[tuple[str, bool]]) -> None:
+        s, n = self.s, len(self.s)
+        for delimiter, tabs in heredocs:
+            while self.i < n:
+                end = s.find("\n", self.i)
+                end = n if end < 0 else end
+                line = s[self.i:end]
+                self.i = min(end + 1, n)
+                if (line.lstrip("\t") if tabs else line) == delimiter:
+                    break
