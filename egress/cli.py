@@ -587,6 +587,22 @@ def redact(policies: tuple[str, ...]) -> None:
 # ------------------------------------------------------------------------- run
 
 
+class ByteSize(click.ParamType):
+    """A byte count: 262144, 256K, 1M (egress.output_cap.parse_size; egress.entry takes the same)."""
+
+    name = "bytes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from .output_cap import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 @main.command(context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False})
 @click.option("--network", type=click.Choice(NETWORK_MODES),
               help="allowlist (default): built-in 'dev' plus your policy; all: every domain except the "
@@ -612,10 +628,20 @@ def redact(policies: tuple[str, ...]) -> None:
               help="warm (default): the run's proxy is a child of your warm egress process (started on "
                    "first use, gone after 10 idle minutes); lazy: it starts in this process when the "
                    "command first connects. [env: EGRESS_PROXY]")
+@click.option("--agent", is_flag=True,
+              help="For agent harnesses: --headless, --redact, --guard-commands, --max-output 256K and "
+                   "--timeout 120, each of which can still be given (as a policy's profile = \"agent\").")
+@click.option("--max-output", type=ByteSize(), metavar="BYTES",
+              help="Cap each of the command's streams at BYTES (K, M, G: 1024s): its first 60%% and last 40%% "
+                   "are kept, the middle replaced by one line saying how many bytes were elided. 0: no cap. "
+                   "Default: the policy's [limits] max_output.")
+@click.option("--guard-commands", is_flag=True,
+              help="Refuse (status 125) a command on the deny list: built-in (sudo, rm -rf /, mkfs, ...) "
+                   "and the policy's [guardrails] deny_commands, unless allow_commands lets it through.")
 @proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
-        proxy_mode, proxy, command) -> None:
+        proxy_mode, agent, max_output, guard_commands, proxy, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
@@ -630,18 +656,19 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     from sandbox.launcher import main as launch
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
-                       headless, proxy_mode, proxy, command))
+                       headless, proxy_mode, proxy, command, agent, max_output, guard_commands))
 
 
 def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
-                headless, proxy_mode, proxy, command):
+                headless, proxy_mode, proxy, command, agent=False, max_output=None, guard_commands=False):
     """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
     from sandbox.launcher import RunOptions
 
     return RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
                       deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
                       fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
-                      ask="never" if headless else ask, proxy_mode=proxy_mode)
+                      ask="never" if headless else ask, proxy_mode=proxy_mode, agent=agent,
+                      max_output=max_output, guard_commands=guard_commands)
 
 
 if __name__ == "__main__":

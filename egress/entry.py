@@ -35,6 +35,9 @@ OPTIONS = {
     "--resolve": ("many", "override"),
     "--audit-log": ("one", str),
     "--state-dir": ("one", "path"),
+    "--agent": ("flag", None),
+    "--max-output": ("one", "bytes"),
+    "--guard-commands": ("flag", None),
 }
 ENVIRONMENT = {"--proxy": "EGRESS_PROXY", "--state-dir": "EGRESS_STATE_DIR"}  # as click's envvar=
 
@@ -120,7 +123,9 @@ def _options(given: dict[str, list[str]], command: list[str]):
                       project=one("--project", _convert("--project", ".")), add_dirs=values.get("--add-dir", []),
                       timeout=one("--timeout"), fs_confinement="--no-fs-confinement" not in values,
                       proxy=proxy, redact="--redact" in values,
-                      ask="never" if "--headless" in values else one("--ask"), proxy_mode=one("--proxy"))
+                      ask="never" if "--headless" in values else one("--ask"), proxy_mode=one("--proxy"),
+                      agent="--agent" in values, max_output=one("--max-output"),
+                      guard_commands="--guard-commands" in values)
 
 
 def _convert(name: str, value: str):
@@ -140,6 +145,13 @@ def _convert(name: str, value: str):
         if not (math.isfinite(seconds) and seconds > 0):
             raise Unparsed(value)
         return seconds
+    if takes == "bytes":  # cli.ByteSize
+        from .output_cap import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError:
+            raise Unparsed(value) from None
     if takes == "override":
         from .hosts import parse_override
 

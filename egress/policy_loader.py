@@ -30,7 +30,10 @@ from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of parse_entry m
 from .policy_matcher import LIST_KEYS, Entry, Policy
 from .public_suffix import is_icann_suffix, is_public_suffix
 
-KNOWN_KEYS = ("include", "network", "credentials") + LIST_KEYS
+KNOWN_KEYS = ("include", "network", "credentials", "profile", "limits", "guardrails") + LIST_KEYS
+PROFILES = ("default", "agent")  # `profile = "agent"`: as `egress run --agent`
+LIMIT_KEYS = ("max_output",)
+GUARDRAIL_KEYS = ("deny_commands", "allow_commands")
 
 # Built-in sets, by the name used in `include`.
 BUILTIN_SETS = {"dev": "default.toml"}
@@ -396,6 +399,13 @@ class _Loader:
         if "credentials" in data:
             policy.credential_tables.append((path, data["credentials"]))
 
+        if "profile" in data:
+            self.load_profile(data["profile"], problem)
+        if "limits" in data:
+            self.load_limits(data["limits"], problem)
+        if "guardrails" in data:
+            self.load_guardrails(data["guardrails"], path, text, problem)
+
         if "network" in data:
             mode = data["network"]
             if mode not in NETWORK_MODES:
@@ -453,6 +463,68 @@ class _Loader:
                 if key == "passthrough" and entry.port is None:
                     problem(passthrough_warning(entry_text), entry_text, key, to=policy.warnings)
                 policy.add(key, entry, entry_text, source)
+
+
+    def load_profile(self, profile, problem) -> None:
+        policy = self.policy
+        if profile not in PROFILES:
+            problem(f"profile: {profile!r} is not a profile; write one of {', '.join(map(repr, PROFILES))}",
+                    key="profile")
+        elif policy.profile not in (None, profile):
+            problem(f"profile: {profile!r} conflicts with {policy.profile!r} set by another file", key="profile")
+        else:
+            policy.profile = profile
+
+    def load_limits(self, table, problem) -> None:
+        from .output_cap import parse_size
+
+        if not isinstance(table, dict):
+            problem("limits: expected a table, e.g. [limits] max_output = \"256K\"", key="limits")
+            return
+        for key, value in table.items():
+            if key not in LIMIT_KEYS:
+                close = difflib.get_close_matches(key, LIMIT_KEYS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(LIMIT_KEYS)}"
+                problem(f"limits: unknown key {key!r}{hint}", key=key)
+                continue
+            try:
+                size = parse_size(value)
+            except ValueError as e:
+                problem(f"limits: max_output: {e}", key=key)
+                continue
+            # Several files: the smallest cap stands (a cap is a guard; the stricter one wins).
+            current = self.policy.max_output
+            self.policy.max_output = size if current is None or (size and (not current or size < current)) \
+                else current
+
+    def load_guardrails(self, table, path: str, text: str | None, problem) -> None:
+        from .command_guard import Rule, compile_rule
+
+        if not isinstance(table, dict):
+            problem("guardrails: expected a table, e.g. [guardrails] deny_commands = [\"git push --force\"]",
+                    key="guardrails")
+            return
+        for key, entries in table.items():
+            if key not in GUARDRAIL_KEYS:
+                close = difflib.get_close_matches(key, GUARDRAIL_KEYS, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(GUARDRAIL_KEYS)}"
+                problem(f"guardrails: unknown key {key!r}{hint}", key=key)
+                continue
+            if not isinstance(entries, list):
+                problem(f"guardrails: {key}: expected a list of strings, e.g. {key} = [\"git push --force\"]",
+                        key=key)
+                continue
+            kind = "deny" if key == "deny_commands" else "allow"
+            for entry in entries:
+                if not isinstance(entry, str) or not entry.strip():
+                    problem(f"guardrails: {key}: entries must be non-empty strings, not {entry!r}", key=key)
+                    continue
+                pattern, warning = compile_rule(entry)
+                line = find_line(path, entry, key) if text is not None else None
+                if warning:
+                    problem(f"guardrails: {key}: {warning}", entry, key, to=self.policy.warnings)
+                where = f"{path}:{line}" if line else path
+                self.policy.command_rules.append(Rule(kind, entry, where, pattern))
 
 
 @contextlib.contextmanager

@@ -198,6 +198,11 @@ class Policy:
         self.credential_tables: list[tuple[str, object]] = []
         # what loaded but deserves a second look (a passthrough without a port), with file:line
         self.warnings: list = []
+        # for `egress run` (sandbox.launcher), read as written: `profile`, `[limits] max_output`
+        # (bytes, None if no file sets it) and `[guardrails]` (egress.command_guard.Rule, in load order)
+        self.profile: str | None = None
+        self.max_output: int | None = None
+        self.command_rules: list = []
 
     # -- building (egress.policy_loader)
 

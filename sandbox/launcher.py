@@ -27,6 +27,10 @@ from egress.wiring import ProxyConfig
 from . import environment
 
 PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
+# `egress run --agent` (or a policy's `profile = "agent"`): what an agent harness would otherwise
+# set by hand. Each can still be set on its own (--timeout, --max-output 0, --ask tty).
+# (It also turns on --headless, --redact and --guard-commands.)
+AGENT_PROFILE = {"max_output": 256 * 1024, "timeout": 120.0}
 
 
 class LaunchError(Exception):
@@ -42,13 +46,14 @@ class RunOptions:
     methods cost ~10 ms of a ~40 ms `egress run -- true`."""
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
-                 "fs_confinement", "proxy", "redact", "ask", "proxy_mode")
+                 "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands")
 
     def __init__(self, argv: list[str], network: str | None = None, policies: list[str] = (),
                  allow: list[str] = (), deny: list[str] = (), project: Path | None = None,
                  add_dirs: list[Path] = (), timeout: float | None = None, fs_confinement: bool = True,
                  proxy: ProxyConfig = ProxyConfig(), redact: bool = False, ask: str | None = None,
-                 proxy_mode: str | None = None):
+                 proxy_mode: str | None = None, agent: bool = False, max_output: int | None = None,
+                 guard_commands: bool = False):
         self.argv = list(argv)
         self.network = network  # None: the policy files' `network` key, else "allowlist"
         self.policies = list(policies)
@@ -63,10 +68,38 @@ class RunOptions:
         self.redact = redact  # the command's stdout and stderr pass through the secret redactor
         self.ask = ask  # "tty" | "never"; None: tty when egress run has a terminal
         self.proxy_mode = proxy_mode  # "warm" | "lazy"; None: $EGRESS_PROXY, else warm (egress.warm)
+        self.agent = agent  # the agent profile (AGENT_PROFILE), as a policy's `profile = "agent"`
+        self.max_output = max_output  # bytes per stream (0: no cap); None: the policy's, else the profile's
+        self.guard_commands = guard_commands  # refuse commands on the deny list (egress.command_guard)
 
     @property
     def state_dir(self) -> Path | None:
         return self.proxy.state_dir
+
+    def settled(self, user=None) -> RunOptions:
+        """These options with the agent profile and the policy's guardrails applied: a flag given
+        wins over the policy, which wins over the profile (AGENT_PROFILE)."""
+        agent = self.agent or (user is not None and user.profile == "agent")
+        rules = bool(user is not None and user.command_rules)
+        policy_cap = user.max_output if user is not None else None
+        if not (agent or rules or policy_cap is not None):
+            return self
+        made = RunOptions.__new__(RunOptions)
+        for name in self.__slots__:
+            setattr(made, name, getattr(self, name))
+        made.agent = agent
+        if self.max_output is None:
+            made.max_output = policy_cap if policy_cap is not None else (
+                AGENT_PROFILE["max_output"] if agent else None)
+        # a policy that names commands to deny wants them denied, the built-in ones with them
+        made.guard_commands = self.guard_commands or agent or (rules and any(
+            rule.kind == "deny" for rule in user.command_rules))
+        if agent:
+            made.redact = True
+            made.ask = self.ask or "never"
+            if self.timeout is None:
+                made.timeout = AGENT_PROFILE["timeout"]
+        return made
 
     def _fields(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -229,6 +262,26 @@ def _from_command_line(include: list[str], allow: list[str], deny: list[str], re
                                  read=read).policy
 
 
+def guard_command(options: RunOptions, user=None) -> None:
+    """Refuse the command if it is on the deny list (egress.command_guard), before anything starts:
+    one line naming the rule and where it came from (status 125)."""
+    from egress.command_guard import builtin_rules, check
+
+    rules = list(user.command_rules) if user is not None else []
+    for problem in (user.warnings if user is not None else []):
+        if problem.message.startswith("guardrails:"):
+            say(f"egress: {problem.as_warning()}")
+    refusal = check(options.argv, builtin_rules() + [r for r in rules if r.kind == "deny"],
+                    [r for r in rules if r.kind == "allow"])
+    if refusal is not None:
+        text = str(refusal)
+        if options.redact:
+            from egress.detect import Detector
+
+            text = Detector().redact(text.encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+        raise LaunchError(text + "; it was not run")
+
+
 def _policy_failure(error) -> LaunchError:
     return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
 
@@ -248,6 +301,9 @@ def run(options: RunOptions) -> int:
             raise LaunchError(f"--add-dir {directory} does not exist")
     reader = policy_reader()
     user = user_policy(options, reader)
+    options = options.settled(user)
+    if options.guard_commands:
+        guard_command(options, user)
     mode = network_mode(options, user)
     networked = mode != "off"
     caller_env = dict(os.environ)
@@ -293,7 +349,7 @@ def run(options: RunOptions) -> int:
             command_env, proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
             ca_bundle=ca_bundle, tmpdir=tmpdir)
         (tmpdir / "cache").mkdir()
-        outputs = _Relay.for_run(options.redact, credentials)
+        outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
         own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
@@ -477,20 +533,23 @@ class _Relay:
     through a pipe it can only add to them.
     """
 
-    def __init__(self, streams: tuple[bool, bool], detector=None):
+    def __init__(self, streams: tuple[bool, bool], detector=None, limit: int = 0):
         self.detector = detector
+        self.limit = limit  # each stream's cap in bytes (egress.output_cap); 0: none
         self._pipes = [os.pipe() if wanted else None for wanted in streams]
         self.stdout, self.stderr = (pipe[1] if pipe else None for pipe in self._pipes)
         self._threads: list[threading.Thread] = []
 
     @classmethod
-    def for_run(cls, redact: bool, credentials) -> _Relay | None:
+    def for_run(cls, redact: bool, credentials, limit: int = 0) -> _Relay | None:
         if redact:
             from egress.detect import Detector
 
             secrets = [(s.label, s.value) for s in credentials.secrets] if credentials else []
             secrets += [(s.label, s.placeholder) for s in credentials.brokered] if credentials else []
-            return cls((True, True), Detector(secrets))
+            return cls((True, True), Detector(secrets), limit)
+        if limit:
+            return cls((True, True), None, limit)
         try:
             err = os.fstat(2)
         except OSError:
@@ -515,19 +574,27 @@ class _Relay:
             self._threads.append(thread)
 
     def _copy(self, fd: int, sink) -> None:
-        redactor = None
-        if self.detector is not None:  # only then: importing the detector costs ~20 ms
-            from egress.detect import StreamRedactor
+        stream = None
+        if self.detector is not None or self.limit:
+            from egress.output_cap import CappedStream
 
-            redactor = StreamRedactor(self.detector)
+            factory = None
+            if self.detector is not None:  # only then: importing the detector costs ~20 ms
+                from egress.detect import StreamRedactor
+
+                detector = self.detector
+                factory = lambda: StreamRedactor(detector)  # noqa: E731
+            stream = CappedStream(self.limit, factory)  # the cap first, then redaction
         sink.flush()
         out = sink.buffer
         with os.fdopen(fd, "rb", buffering=0) as source:
             while chunk := source.read(65536):
-                out.write(redactor.feed(chunk) if redactor else chunk)
-                out.flush()
-        if redactor:
-            out.write(redactor.finish())
+                data = stream.feed(chunk) if stream else chunk
+                if data:
+                    out.write(data)
+                    out.flush()
+        if stream:
+            out.write(stream.finish())
         out.flush()
 
     def finish(self) -> None:

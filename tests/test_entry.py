@@ -53,6 +53,11 @@ PARSED = [
     (["--state-dir", "{tmp}/state", "true"], {}),
     (["true"], {"EGRESS_STATE_DIR": "{tmp}/env-state"}),
     (["--state-dir", "{tmp}/state", "true"], {"EGRESS_STATE_DIR": "{tmp}/env-state"}),
+    (["--agent", "true"], {}),
+    (["--max-output", "256K", "--guard-commands", "true"], {}),
+    (["--max-output=0", "true"], {}),
+    (["--max-output", "1048576", "--max-output", "2m", "true"], {}),
+    (["--agent", "--max-output", "1M", "--timeout", "5", "--ask", "tty", "--", "sh", "-c", "echo hi"], {}),
 ]
 
 
@@ -75,6 +80,8 @@ UNPARSED = [
     ["--timeout", "inf", "true"], ["--timeout", "soon", "true"],
     ["--resolve", "nonsense", "true"], ["--resolve", "a.test:not-an-ip", "true"],
     ["--project", "{file}", "true"], ["--add-dir", "{file}", "true"], ["--allow", "", "true"],
+    ["--max-output", "lots", "true"], ["--max-output", "-5", "true"], ["--max-output", "1.5M", "true"],
+    ["--agent=yes", "true"], ["--guard-commands=1", "true"],
 ]
 
 
