@@ -109,6 +109,7 @@ def compile_rule(text: str) -> tuple[re.Pattern, str | None]:
     """``text`` anchored to a command's start and a word's end; a text that is not a valid regular
     expression is matched as literal text. Returns (pattern, warning or None)."""
     try:
+        re.compile(text)  # alone first: the error's position is then in the text as written
         return re.compile(rf"(?:{text})(?=\s|$)"), None
     except re.error as e:
         return (re.compile(re.escape(text) + r"(?=\s|$)"),
@@ -260,11 +261,11 @@ def _from_script(script: str, depth: int):
         if words[:1] == ["case"]:
             expect_pattern = segment.end != ")"
             continue
-        if expect_pattern:
+        if expect_pattern:  # a case pattern: `word)`, `a|b)`, `(word)`
             if segment.end == ")":
                 expect_pattern = False
                 continue
-            if not words:
+            if not words or segment.end == "|":
                 continue
         if words[:1] == ["esac"]:
             continue
