@@ -91,6 +91,7 @@ def main() -> None:
       egress policy validate my.toml    check a policy file
       egress ca path                    the CA certificate clients must trust
       egress redact < log               replace secrets in a stream with [redacted:<kind>]
+      egress fence --source URL < page  fence untrusted text for an agent to read as data
     """
 
 
@@ -562,13 +563,32 @@ def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
 
 @main.command()
 @policy_option
-def redact(policies: tuple[str, ...]) -> None:
+@click.option("--guard-write", "guard_write", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Instead: write standard input to FILE, unless it would put a [redacted:...] placeholder "
+                   "where FILE holds a value (status 1, the lines named, FILE untouched).")
+def redact(policies: tuple[str, ...], guard_write: Path | None) -> None:
     """Copy standard input to standard output with secrets replaced by [redacted:<kind>].
 
     Well-known token formats, the install's stored secrets (the policy's
     [credentials] and secret-named environment variables), and NAME=value lines
     whose NAME marks a secret. Streams: nothing is held back longer than needed.
+
+    With --guard-write FILE, the write guard: a file read through redaction and
+    written back must not replace its secrets with their placeholders.
     """
+    if guard_write is not None:
+        from .write_guard import WriteRefused, guarded_write
+
+        try:
+            guarded_write(str(guard_write), sys.stdin.buffer.read())
+        except WriteRefused as e:
+            for clobber in e.clobbers:
+                click.echo(f"egress: {guard_write}: refused: {clobber}", err=True)
+            sys.exit(EXIT_REFUSED)
+        except OSError as e:
+            click.echo(f"egress: {guard_write}: {e.strerror or e}", err=True)
+            sys.exit(EXIT_STATE)
+        return
     from .detect import Detector, StreamRedactor
 
     try:
@@ -582,6 +602,43 @@ def redact(policies: tuple[str, ...]) -> None:
         sink.flush()
     sink.write(redactor.finish())
     sink.flush()
+
+
+# ----------------------------------------------------------------------- fence
+
+
+@main.command()
+@click.option("--source", metavar="NAME", help="Where the text came from (a URL, a file, a tool), written outside the fence.")
+@click.option("--field", "fields", multiple=True, metavar="KEY=VALUE",
+              help="Another trusted field written outside the fence; repeatable.")
+@click.option("--score", "score_only", is_flag=True,
+              help="Instead of the fence, print the text's prompt-injection signals and score as one JSON object.")
+def fence(source: str | None, fields: tuple[str, ...], score_only: bool) -> None:
+    """Write standard input inside <untrusted-content-NONCE> tags for an agent to read as data.
+
+    \b
+    A fresh 128-bit nonce per call, so the text cannot close the fence; fence tags in
+    the text are escaped; characters hidden from a reader (bidirectional controls,
+    zero-width and tag characters) are stripped. --score reports prompt-injection
+    signals and a score from 0 to 1 (egress.fence.SIGNALS lists them).
+    """
+    from . import fence as fencing
+
+    pairs = []
+    for field in fields:
+        key, equals, value = field.partition("=")
+        if not equals:
+            raise click.BadParameter(f"{field!r}: expected KEY=VALUE", param_hint="--field")
+        pairs.append((key, value))
+    text = sys.stdin.buffer.read().decode("utf-8", "replace")
+    if score_only:
+        click.echo(json.dumps(fencing.score(text).as_dict()))
+        return
+    try:
+        fenced = fencing.fence(text, source=source, fields=pairs)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--field") from None
+    sys.stdout.write(fenced)
 
 
 # ------------------------------------------------------------------------- run
