@@ -21,8 +21,8 @@ to the redactor; so, when a redactor follows:
 - the tail starts at its first whole line, and after a private key's END line or a PuTTY
   key's MAC line when the tail holds no beginning of that key.
 
-Either way the cut never splits a UTF-8 character. The elided count is every byte of the
-stream that was not printed.
+Either way the cut falls on a line break when one is near (LINE_REACH) and never splits a
+UTF-8 character. The elided count is every byte of the stream that was not printed.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from __future__ import annotations
 import re
 
 HEAD_SHARE = 0.6  # of the budget: the first bytes; the rest is the tail's
-UTF8_HOLD = 3  # a UTF-8 character is at most 4 bytes: the head's last 3 wait for the verdict
-AGENT_MAX_OUTPUT = 256 * 1024  # per stream, for `egress run --agent`
+# The cut falls on a line break when one is this near (bytes, and at most a quarter of the
+# head's or the tail's share): a log reads as whole lines. The head's last bytes wait for the
+# verdict (is there a cut?) so that they can still end at that line break.
+LINE_REACH = 4096
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024 ** 2, "mb": 1024 ** 2, "mib": 1024 ** 2,
           "g": 1024 ** 3, "gb": 1024 ** 3, "gib": 1024 ** 3}
@@ -89,6 +91,7 @@ class CappedStream:
         self.head_size = int(limit * HEAD_SHARE)
         self.tail_size = limit - self.head_size
         self._head_left = self.head_size
+        self._hold = max(4, min(LINE_REACH, self.head_size // 4))
         self._pending = b""  # the head's last bytes, passed on once the verdict is known
         self._tail = bytearray()
         self._before_tail = b"\n"  # the byte before the tail buffer's first (a line start)
@@ -112,8 +115,8 @@ class CappedStream:
             if self._head_left:
                 out = self._pass(data)
             else:
-                self._pending = data[-UTF8_HOLD:]
-                out = self._pass(data[:-UTF8_HOLD])
+                self._pending = data[-self._hold:]
+                out = self._pass(data[:-self._hold])
         if chunk:
             tail = self._tail
             tail += chunk
@@ -136,7 +139,8 @@ class CappedStream:
             drop = len(tail) - self.tail_size
             self._before_tail = tail[drop - 1:drop]
             del tail[:drop]
-        start = _tail_start(tail, self._before_tail, careful=self._factory is not None)
+        start = _tail_start(tail, self._before_tail, careful=self._factory is not None,
+                            reach=max(4, min(LINE_REACH, self.tail_size // 4)))
         kept = bytes(tail[start:])
         self.elided = self.total - (self._passed - self._dropped) - len(kept)
         out = b"" if self._last == b"\n" else b"\n"
@@ -155,7 +159,8 @@ class CappedStream:
         """The stream is over its budget: the head ends here."""
         self.cut = True
         pending, self._pending = self._pending, b""
-        keep = _utf8_whole(pending)
+        line = pending.rfind(b"\n")
+        keep = line + 1 if line >= 0 else _utf8_whole(pending)
         out = self._pass(pending[:keep])
         self._dropped = self._stage.cut()
         return out
@@ -178,10 +183,15 @@ def _utf8_whole(data: bytes) -> int:
     return len(data)
 
 
-def _tail_start(tail: bytearray, before: bytes, careful: bool) -> int:
-    """Where the printed tail begins: not inside a UTF-8 character; when ``careful`` (a redactor
-    follows), not inside a line or a key either, since a secret's second half is not recognisable."""
+def _tail_start(tail: bytearray, before: bytes, careful: bool, reach: int) -> int:
+    """Where the printed tail begins: at a line's start if one is within ``reach``, else not inside
+    a UTF-8 character; when ``careful`` (a redactor follows), not inside a line or a key at all,
+    since a secret's second half is not recognisable."""
     start = 0
+    if before != b"\n":
+        line = tail.find(b"\n", 0, reach)
+        if line >= 0:
+            return _tail_start(tail[line + 1:], b"\n", careful, reach) + line + 1 if careful else line + 1
     while start < min(4, len(tail)) and 0x80 <= tail[start] < 0xC0:
         start += 1
     if not careful:

@@ -151,13 +151,15 @@ def test_below_the_cap_a_stream_is_byte_exact_and_above_it_head_and_tail_are_exa
         for chunk in (1, 7, 4096, 10 ** 6):
             assert capped(data, limit, chunk=chunk) == (data, 0)
     text = b"".join(b"line %06d\n" % i for i in range(100_000))
-    out, elided = capped(text, 1000)
-    marker = b"... [%d bytes elided by egress] ...\n" % elided
-    head, tail = out.split(marker)  # the head ends a line (50 lines of 12 bytes): no line break added
-    assert head == text[:600] and tail == text[-400:] and elided == len(text) - 1000
-    out, elided = capped(text, 1010)
+    for chunk in (1, 7, 4096):
+        out, elided = capped(text, 1000, chunk=chunk)
+        head, tail = out.split(b"... [%d bytes elided by egress] ...\n" % elided)
+        # the cut falls on line breaks near the 60%/40% marks: whole lines
+        assert head == text[:600] and tail == text[-396:] and elided == len(text) - 996
+    one_line = bytes(range(32, 127)) * 1000  # no line break anywhere: cut exactly at 60% and 40%
+    out, elided = capped(one_line, 1000)
     head, tail = out.split(b"\n... [%d bytes elided by egress] ...\n" % elided)  # the marker starts a line
-    assert head == text[:606] and tail == text[-404:]
+    assert head == one_line[:600] and tail == one_line[-400:] and elided == len(one_line) - 1000
 
 
 def test_the_cut_never_splits_a_utf8_character():
@@ -306,10 +308,12 @@ def test_a_large_output_keeps_its_head_and_tail_and_says_what_was_elided(tmp_pat
     result = egress(tmp_path, "--max-output", "64K", "--", sys.executable, "-c", script, entry=entry)
     assert result.returncode == 0
     whole = b"".join(b"line %08d\n" % i for i in range(lines))
-    head, rest = result.stdout.split(b"\n... [", 1)
+    head, rest = result.stdout.split(b"... [", 1)
     count, tail = rest.split(b" bytes elided by egress] ...\n")
-    assert head == whole[:int(65536 * 0.6)] and tail == whole[-(65536 - int(65536 * 0.6)):]
-    assert int(count) == len(whole) - 65536
+    # whole lines, the cut on the line breaks nearest the 60% and 40% marks
+    assert head == whole[:len(head)] and int(65536 * 0.6) - 14 < len(head) <= int(65536 * 0.6)
+    assert tail == whole[-len(tail):] and tail.startswith(b"line ") and 26214 - 14 < len(tail) <= 26214
+    assert int(count) == len(whole) - len(head) - len(tail)
     errors = result.stderr.decode()
     assert errors.startswith("err 00000000\n") and errors.endswith("err 00099999\n")
     assert "bytes elided by egress] ...\n" in errors and len(errors.encode()) < 65536 + 100
