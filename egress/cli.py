@@ -276,20 +276,24 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--max-head-size", default=DEFAULT_LIMITS["egress_max_head_bytes"], show_default=True,
                      type=click.IntRange(1024),
                      help="Largest request head in bytes; a larger one is answered 431."),
+        click.option("--label-injection", is_flag=True,
+                     help="Score small text responses (up to 256 KiB, with a Content-Length) for prompt-injection "
+                          "signals and name them in an X-Egress-Injection header; streamed bodies pass unlabelled."),
     ]
 
     def decorate(command):
         @functools.wraps(command)
         def with_config(*args, metrics, audit_log, overrides, dns_server, dns_timeout, upstream_timeout,
                         upstream_ca, state_dir, max_client_connections, idle_timeout, head_timeout,
-                        max_head_size, **kwargs):
+                        max_head_size, label_injection, **kwargs):
             config = proxy_config(metrics=metrics, audit_log=audit_log, overrides=overrides,
                                   dns_server=dns_server, dns_timeout=dns_timeout,
                                   upstream_timeout=upstream_timeout, upstream_ca=upstream_ca,
                                   state_dir=state_dir,
                                   limits=dict(egress_max_client_connections=max_client_connections,
                                               egress_idle_timeout=idle_timeout, egress_head_timeout=head_timeout,
-                                              egress_max_head_bytes=max_head_size))
+                                              egress_max_head_bytes=max_head_size,
+                                              egress_label_injection=label_injection))
             return command(*args, proxy=config, **kwargs)
 
         for option in reversed(options):

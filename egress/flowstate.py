@@ -33,6 +33,8 @@ class FlowState:
     upstream_detail: str = ""  # what failed, in words (the event's detail, the answer's body)
     masked: str | None = None  # what the credential guard masked, in words
     substituted: bool = False  # a brokered secret was swapped in
+    whole: bool = False  # the response body is read whole, not streamed (addons.injection_label)
+    injection: str | None = None  # the injection label the response got, if any
 
     @property
     def host_name(self) -> str | None:

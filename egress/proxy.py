@@ -25,6 +25,7 @@ import socket
 from . import mitm
 from .addons.address_guard import AddressGuard
 from .addons.credential_guard import CredentialGuard
+from .addons.injection_label import InjectionLabel
 from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
@@ -71,6 +72,7 @@ class EgressProxy:
             *([CredentialGuard(engine, credentials)] if credentials is not None else []),
             AddressGuard(engine),
             UpstreamErrors(engine),  # before the Reporter: it records the code named here
+            InjectionLabel(engine),  # before the Reporter: a body it reads whole is not streamed
             Reporter(engine),
             UpstreamTimeout(config.upstream_timeout),
         )

@@ -29,7 +29,8 @@ _NOTHING = MappingProxyType({})  # an empty mapping no one can change, shared by
 
 # The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
 DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
-                                   "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536})
+                                   "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536,
+                                   "egress_label_injection": False})  # addons.injection_label
 
 
 class ProxyConfig(namedtuple("ProxyConfig", (

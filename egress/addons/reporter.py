@@ -53,7 +53,7 @@ class Reporter:
 
     @fail_closed
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is not None and not refused(flow):
+        if flow.response is not None and not refused(flow) and not flow_state(flow).whole:
             flow.response.stream = _Counter(flow, "received", self.metrics.download, flow.response.stream)
 
     @fail_closed
@@ -61,11 +61,17 @@ class Reporter:
         if refused(flow):
             return
         state = flow_state(flow)
+        if state.whole and flow.response is not None and flow.response.raw_content:  # read whole (bounded)
+            state.received = len(flow.response.raw_content)
+            self.metrics.download.inc(state.received)
         if state.upstream_error:
             self._record(flow, "error", state.upstream_error, detail=state.upstream_detail)
         else:
             what = masked(flow)
-            self._record(flow, "allow", "allowed", detail=f"masked {what}" if what else "")
+            detail = f"masked {what}" if what else ""
+            if state.injection:
+                detail = "; ".join(filter(None, (detail, f"injection signals: {state.injection}")))
+            self._record(flow, "allow", "allowed", detail=detail)
 
     @fail_closed
     def error(self, flow: http.HTTPFlow) -> None:
