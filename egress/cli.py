@@ -693,7 +693,7 @@ class ByteSize(click.ParamType):
               help="For agent harnesses: --headless, --redact, --guard-commands, --max-output 256K and "
                    "--timeout 120, each of which can still be given (as a policy's profile = \"agent\").")
 @click.option("--max-output", type=ByteSize(), metavar="BYTES",
-              help="Cap each of the command's streams at BYTES (K, M, G: 1024s): its first 60%% and last 40%% "
+              help="Cap each of the command's streams at BYTES (K, M, G: 1024s): its first 60% and last 40% "
                    "are kept, the middle replaced by one line saying how many bytes were elided. 0: no cap. "
                    "Default: the policy's [limits] max_output.")
 @click.option("--guard-commands", is_flag=True,
