@@ -180,17 +180,16 @@ def _from_words(words: list[str], redirects: list[str], depth: int):
     if not words:
         return
     name = os.path.basename(words[0]) or words[0]
-    yield " ".join([name, *words[1:], *redirects])
     if name == "busybox" and len(words) > 1:
         yield from _from_words(words[1:], redirects, depth + 1)
-        return
     script = None
     if name in SHELLS:
         script = _shell_script(words[1:])
     elif name == "eval":
         script = " ".join(words[1:])
-    if script is not None:
+    if script is not None:  # the script's commands first: a refusal then names the command inside
         yield from _from_script(script, depth + 1)
+    yield " ".join([name, *words[1:], *redirects])
 
 
 def _strip_prefix(words: list[str]) -> list[str]:
