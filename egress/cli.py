@@ -481,7 +481,7 @@ def _supervise(policies, config, count: int, directory: str) -> int:
         if not supervisor.start(on_event_lines, sys.stdout.fileno() if config.audit_log == "-" else None):
             return supervisor.status
         control = _control_server(control_state, config.state_dir)
-        _say_serving([supervisor.address], supervisor.builder, loaded, config)
+        _say_serving(supervisor.addresses, supervisor.builder, loaded, config)
         click.echo(f"egress: {count} workers, pids {', '.join(map(str, supervisor.pids))}", err=True)
         try:
             return supervisor.wait()

@@ -95,42 +95,45 @@ def private_dir() -> str:
 # ----------------------------------------------------------------- the port
 
 
-def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """``count`` sockets listening on host:port with SO_REUSEPORT (port 0: the port the first
-    one got). Raises BuildError (status 4), also when another process listens there too: a
-    second serve of the same user could otherwise join the group and take a share of the
-    connections, where a lone serve would have failed with "address in use"."""
-    sockets: list[socket.socket] = []
+def listening_sockets(host: str, port: int, count: int) -> list[list[socket.socket]]:
+    """For each of ``count`` workers, a socket listening with SO_REUSEPORT on every address
+    ``host`` names (as asyncio's servers, so a lone serve, bind each: ``localhost`` may be
+    127.0.0.1 and ::1), all on one port (port 0: the one the first socket got). Raises
+    BuildError (status 4), also when another process listens there too: a second serve of the
+    same user could otherwise join the group and take a share of the connections, where a lone
+    serve would have failed with "address in use"."""
+    workers: list[list[socket.socket]] = [[] for _ in range(count)]
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        for _ in range(count):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            address = sock.getsockname()
-            sock.listen(BACKLOG)
-        others = foreign_listeners(sockets)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            for sockets in workers:
+                sock = socket.socket(family, kind, proto)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address[0], port, *address[2:]))
+                port = sock.getsockname()[1]
+                sock.listen(BACKLOG)
+        others = foreign_listeners([sock for sockets in workers for sock in sockets])
         if others:
             raise OSError(f"{others} socket(s) of another process listen there too (SO_REUSEPORT)")
     except OSError as e:
-        for sock in sockets:
-            sock.close()
+        for sockets in workers:
+            for sock in sockets:
+                sock.close()
         raise BuildError(EXIT_LISTEN, f"cannot listen on {format_address(host, port)}: {e.strerror or e}") from None
-    return sockets
+    return workers
 
 
 def foreign_listeners(sockets: list[socket.socket]) -> int:
-    """Listening sockets on the same local address as ``sockets`` that are not among them
-    (/proc/net/tcp[6] of this network namespace). Two serves starting at the same instant each
-    see the other's, so both refuse: closed, never shared."""
+    """Listening sockets on the local addresses of ``sockets`` that are not among them
+    (/proc/net/tcp and tcp6 of this network namespace). Two serves starting at the same instant
+    each see the other's, so both refuse: closed, never shared."""
     ours = {str(os.fstat(sock.fileno()).st_ino) for sock in sockets}
-    table = "/proc/net/tcp6" if sockets[0].family == socket.AF_INET6 else "/proc/net/tcp"
-    rows = [line.split() for line in Path(table).read_text().splitlines()[1:]]
+    rows = [line.split() for table in ("/proc/net/tcp", "/proc/net/tcp6")
+            for line in Path(table).read_text().splitlines()[1:]]
     local = {row[1] for row in rows if row[9] in ours}
     return sum(1 for row in rows if row[3] == "0A" and row[1] in local and row[9] not in ours)  # 0A: LISTEN
 
@@ -139,12 +142,12 @@ def foreign_listeners(sockets: list[socket.socket]) -> int:
 
 
 class Slot:
-    """Worker i: its socket (kept across restarts), the process serving it now, its pipes."""
+    """Worker i: its sockets (one per address; kept across restarts), the process serving them now."""
 
-    def __init__(self, index: int, sock: socket.socket):
+    def __init__(self, index: int, socks: list[socket.socket]):
         self.index = index
         self.number = index + 1  # as people count
-        self.sock = sock
+        self.socks = socks
         self.process: subprocess.Popen | None = None
         self.pidfd = -1
         self.ready_fd = -1  # read end: the worker writes once it serves
@@ -200,7 +203,7 @@ class Supervisor:
         except StateError as e:
             raise BuildError(EXIT_STATE, str(e)) from None
         host, port = self.config.listen
-        self.slots = [Slot(i, sock) for i, sock in enumerate(listening_sockets(host, port, self.count))]
+        self.slots = [Slot(i, socks) for i, socks in enumerate(listening_sockets(host, port, self.count))]
         worker_config = self.config._replace(listen=None, metrics=None, audit_log=None,
                                              resolve=dict(self.config.resolve),
                                              extra_options=dict(self.config.extra_options))
@@ -219,8 +222,8 @@ class Supervisor:
         self._env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
 
     @property
-    def address(self) -> tuple[str, int]:
-        return self.slots[0].sock.getsockname()[:2]
+    def addresses(self) -> list[tuple[str, int]]:
+        return [sock.getsockname()[:2] for sock in self.slots[0].socks]
 
     @property
     def pids(self) -> list[int]:
@@ -273,7 +276,8 @@ class Supervisor:
             if slot.process is not None:  # only if wait() never ran: a failure of our own
                 slot.process.kill()
                 slot.process.wait()
-            slot.sock.close()
+            for sock in slot.socks:
+                sock.close()
         if self._followers is not None:
             self._followers.close()
         if self._wake_w >= 0:
@@ -329,7 +333,8 @@ class Supervisor:
         self.stopping = True
         self.stop_deadline = time.monotonic() + STOP_SECONDS
         for slot in self.slots:
-            slot.sock.close()  # the workers' copies close as they stop: no connection waits for nobody
+            for sock in slot.socks:
+                sock.close()  # the workers' copies close as they stop: no connection waits for nobody
         for slot in self.slots:
             if slot.process is not None:
                 try:
@@ -353,9 +358,10 @@ class Supervisor:
             audit_w = self.builder.audit.fileno()  # the file, O_APPEND: shared, never ours to close
         for fd in (events_w, audit_w if audit_r >= 0 else -1):
             _grow_pipe(fd)
-        passed = [fd for fd in (slot.sock.fileno(), ready_w, events_w, audit_w) if fd >= 0]
+        socks = [sock.fileno() for sock in slot.socks]
+        passed = [fd for fd in (*socks, ready_w, events_w, audit_w) if fd >= 0]
         argv = [sys.executable, "-P", "-m", "egress.workers", self.directory, str(slot.number), str(os.getpid()),
-                str(slot.sock.fileno()), str(audit_w), str(events_w), str(ready_w)]
+                ",".join(map(str, socks)), str(audit_w), str(events_w), str(ready_w)]
         try:
             slot.process = subprocess.Popen(argv, pass_fds=passed, stdin=subprocess.DEVNULL, env=self._env)
         finally:
@@ -572,9 +578,11 @@ def _end_with_parent(parent: int) -> None:
 
 
 def worker(argv: list[str]) -> int:
-    """A worker's life: ``DIR NUMBER PARENT SOCKET AUDIT EVENTS READY`` (descriptors; -1: none).
-    The exit status: 0 once stopped, serve's own status for what kept it from starting."""
-    directory, number, parent, sock_fd, audit_fd, events_fd, ready_fd = argv[0], *map(int, argv[1:])
+    """A worker's life: ``DIR NUMBER PARENT SOCKETS AUDIT EVENTS READY`` (descriptors, the sockets'
+    comma-separated; -1: none). The exit status: 0 once stopped, serve's own status for what kept it
+    from starting."""
+    directory, number, parent, sock_fds, audit_fd, events_fd, ready_fd = argv
+    number, parent, audit_fd, events_fd, ready_fd = map(int, (number, parent, audit_fd, events_fd, ready_fd))
     _end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
     import asyncio
@@ -602,7 +610,7 @@ def worker(argv: list[str]) -> int:
     builder = ProxyBuilder(config)
     if audit_fd >= 0:
         builder.audit = LineWriter(audit_fd)
-    sock = socket.socket(fileno=sock_fd)
+    socks = [socket.socket(fileno=int(fd)) for fd in sock_fds.split(",")]
 
     async def serve() -> None:
         from .cli import _watch_policy
@@ -610,8 +618,9 @@ def worker(argv: list[str]) -> int:
         proxy = await builder.start(loaded, credentials)
         engine = builder.engine
         engine.recorder.worker = os.getpid()
-        engine.own_ports.add(sock.getsockname()[1])
-        await proxy.serve_socket(sock)
+        for sock in socks:
+            engine.own_ports.add(sock.getsockname()[1])
+            await proxy.serve_socket(sock)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, proxy.stop)
         watcher = _watch_policy(engine, policies, since, lambda line: _say(f"{prefix} {line}"))
