@@ -441,6 +441,7 @@ def _serve_workers(policies, config, count: int) -> None:
         status = _supervise(policies, config, count, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(workers.MULTIPROC_DIR, None)
     if status:
         sys.exit(status)
 

@@ -320,7 +320,9 @@ class Supervisor:
     def _signal(self, signum: int) -> None:
         if signum == signal.SIGHUP:  # also `egress policy reload --run serve-<pid>`
             for slot in self.slots:
-                if slot.process is not None:
+                # a worker still starting reads the files as they are now (and would die of a SIGHUP
+                # before its interpreter reached the line that ignores it)
+                if slot.process is not None and slot.ready:
                     try:
                         slot.process.send_signal(signal.SIGHUP)
                     except ProcessLookupError:
@@ -585,6 +587,9 @@ def worker(argv: list[str]) -> int:
     number, parent, audit_fd, events_fd, ready_fd = map(int, (number, parent, audit_fd, events_fd, ready_fd))
     _end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us
+    # A reload asked for while this worker starts would end it (SIGHUP's default action): it reads
+    # the files now anyway, and its watcher, starting from what it read, sees any later edit.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     import asyncio
     import mmap
     import pickle

@@ -320,6 +320,7 @@ def test_a_killed_worker_is_restarted_and_no_connection_is_lost(two, http_upstre
     proxy = two()
     for _ in range(10):
         assert status(proxy, http_upstream.url("allowed.test")) == 200
+    audit_when(proxy, 10)  # written: a worker killed with SIGKILL loses the events it had not written yet
     killed, kept = proxy.workers
     os.kill(killed, signal.SIGKILL)
     # at once: connections hashed to the killed worker's socket wait in its queue for the new one
@@ -428,3 +429,17 @@ def test_the_domain_bound_holds_across_worker_processes(tmp_path):
     assert len(named) == 50
     for result in results:  # a name has the same label in every process
         assert result == {name: name if name in named else "other" for name in result}
+
+
+def test_reloads_while_a_worker_restarts_do_not_end_it(two, http_upstream):
+    proxy = two()
+    os.kill(proxy.workers[0], signal.SIGKILL)
+    wait_for(lambda: any("starting another" in line for line in proxy.stderr_lines), "the restart")
+    for _ in range(40):  # SIGHUP's default action ends a process: the replacement must not get one early
+        proxy.process.send_signal(signal.SIGHUP)
+        time.sleep(0.02)
+    wait_for(lambda: any("serving again" in line for line in proxy.stderr_lines), "the new worker")
+    assert proxy.process.poll() is None, "".join(proxy.stderr_lines)
+    for _ in range(SPREAD):
+        assert status(proxy, http_upstream.url("allowed.test")) == 200
+    assert len(set(e["worker"] for e in audit_when(proxy, SPREAD))) == 2
