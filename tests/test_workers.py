@@ -443,3 +443,20 @@ def test_reloads_while_a_worker_restarts_do_not_end_it(two, http_upstream):
     for _ in range(SPREAD):
         assert status(proxy, http_upstream.url("allowed.test")) == 200
     assert len(set(e["worker"] for e in audit_when(proxy, SPREAD))) == 2
+
+
+def test_a_worker_that_keeps_dying_stops_serve_loudly(two):
+    from egress.workers import RESTARTS
+
+    proxy = two()
+    for death in range(RESTARTS + 1):
+        [pid] = [p for p in children(proxy.process.pid) if p not in proxy.workers[1:]]
+        os.kill(pid, signal.SIGKILL)
+        if death < RESTARTS:
+            wait_for(lambda: sum("serving again" in line for line in proxy.stderr_lines) == death + 1,
+                     f"restart {death + 1}")
+    assert proxy.process.wait(30) == 6
+    last = [line for line in proxy.stderr_lines if "stopping every worker" in line]
+    assert last == [f"egress: worker 1 (pid {pid}) was killed by SIGKILL, its {RESTARTS + 1}th end within 60 s: "
+                    "stopping every worker\n"]
+    assert not any(alive(p) for p in proxy.workers)
