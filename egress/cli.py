@@ -447,20 +447,22 @@ def _serve_workers(policies, config, count: int) -> None:
 
 
 def _supervise(policies, config, count: int, directory: str) -> int:
-    import json
-    import signal
-
-    from .events import Event
-    from .metrics import collected
-    from .terminal import EventLines
-    from .wiring import BuildError
     from .workers import Supervisor
 
-    loaded, _ = _load_for_proxy(policies)  # checked here (3); each worker loads its own
-    for warning in loaded.warnings:
-        click.echo(f"egress: {warning.as_warning()}", err=True)
     supervisor = Supervisor(policies, config, count, directory)
+    supervisor.catch_signals()  # first: a SIGTERM from now on still removes the folder
     try:
+        import json
+        import signal
+
+        from .events import Event
+        from .metrics import collected
+        from .terminal import EventLines
+        from .wiring import BuildError
+
+        loaded, _ = _load_for_proxy(policies)  # checked here (3); each worker loads its own
+        for warning in loaded.warnings:
+            click.echo(f"egress: {warning.as_warning()}", err=True)
         try:
             supervisor.open()  # the CAs, the audit log (5), the metrics port, the proxy's address (4)
             supervisor.builder.serve_metrics(collected(directory))

@@ -84,12 +84,28 @@ def default_count() -> int:
 def private_dir() -> str:
     """A fresh folder only this user can enter (0700) for what the workers share, and
     PROMETHEUS_MULTIPROC_DIR set to it for this process and its children: call it before anything
-    imports prometheus_client. The caller removes the folder."""
+    imports prometheus_client. The caller removes the folder; one a supervisor could not remove
+    (it was killed) is removed by the next supervisor of the same user (its name holds its pid)."""
     import tempfile
 
-    directory = tempfile.mkdtemp(prefix="egress-serve-")
+    _remove_orphans(Path(tempfile.gettempdir()))
+    directory = tempfile.mkdtemp(prefix=f"egress-serve-{os.getpid()}-")
     os.environ[MULTIPROC_DIR] = directory
     return directory
+
+
+def _remove_orphans(where: Path) -> None:
+    """Folders of supervisors of this user that no longer exist (a pid alive, whoever it is now, keeps its folder)."""
+    import shutil
+
+    for folder in where.glob("egress-serve-*-*"):
+        try:
+            pid = int(folder.name.split("-")[2])
+            if folder.stat().st_uid != os.getuid() or Path(f"/proc/{pid}").exists():
+                continue
+        except (ValueError, OSError):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # ----------------------------------------------------------------- the port
@@ -236,17 +252,23 @@ class Supervisor:
 
     # -- start, supervise, stop
 
+    def catch_signals(self) -> None:
+        """From now on SIGTERM, SIGINT and SIGHUP are the supervisor's to handle (before this,
+        their default action would end it without removing its folder). Call it first."""
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None, None))
+        signal.set_wakeup_fd(self._wake_w)
+        self._previous = {sig: signal.signal(sig, self._on_signal)
+                          for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
     def start(self, on_event_lines, audit_out: int | None) -> bool:
         """Spawn the workers and wait until each serves. False if serve must end instead (a
         worker failed to start: ``status`` says how; or a stop was asked for meanwhile).
 
         ``on_event_lines(data)``: whole JSON lines of events; ``audit_out``: the descriptor the
         audit lines of ``-`` go to (None: the workers write to the audit file themselves)."""
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None, None))
-        signal.set_wakeup_fd(self._wake_w)
-        self._previous = {sig: signal.signal(sig, self._on_signal)
-                          for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        if {signal.SIGTERM, signal.SIGINT} & set(self._signals):  # asked to stop while serve started
+            return False
         self.audit_out = audit_out
         self.relay = Relay(on_event_lines, audit_out)
         for slot in self.slots:

@@ -349,7 +349,7 @@ def test_sigterm_stops_every_worker_and_leaves_nothing_behind(tmp_path, test_ca_
     assert len(proxy.audit()) == 1
 
 
-def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path, test_ca_file):
+def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path, test_ca_file, two):
     proxy = start_proxy(tmp_path, DEFAULT_POLICY, "--workers", "2", upstream_ca=test_ca_file)
     workers = wait_for(lambda: (lambda c: c if len(c) == 2 else None)(children(proxy.process.pid)), "two workers")
     shared = Path(Path(f"/proc/{workers[0]}/cmdline").read_bytes().split(b"\0")[4].decode())
@@ -359,10 +359,13 @@ def test_a_killed_supervisor_takes_its_workers_with_it(tmp_path, test_ca_file):
         wait_for(lambda: not any(alive(pid) for pid in workers), "the workers to end")
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", proxy.port), timeout=5).close()
+        assert shared.is_dir()  # what a killed supervisor could not remove...
+        two()
+        assert not shared.exists()  # ...the next one does
     finally:
         import shutil
 
-        shutil.rmtree(shared, ignore_errors=True)  # what a killed supervisor cannot remove
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_a_second_serve_on_the_same_port_is_refused(two, tmp_path):
@@ -460,3 +463,36 @@ def test_a_worker_that_keeps_dying_stops_serve_loudly(two):
     assert last == [f"egress: worker 1 (pid {pid}) was killed by SIGKILL, its {RESTARTS + 1}th end within 60 s: "
                     "stopping every worker\n"]
     assert not any(alive(p) for p in proxy.workers)
+
+
+def test_sigterm_while_serve_starts_stops_it_and_leaves_nothing(tmp_path):
+    import glob
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text(DEFAULT_POLICY)
+    process = subprocess.Popen([*egress_command(), "serve", "--policy", str(policy), "--listen", "127.0.0.1:0",
+                                "--metrics", "off", "--state-dir", str(tmp_path / "state"), "--workers", "2"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env=clean_env(tmp_path))
+    try:
+        def catches_sigterm() -> bool:  # the supervisor's handler is in place (SigCgt), its folder made
+            status = Path(f"/proc/{process.pid}/status").read_text()
+            caught = int(re.search(r"^SigCgt:\s*(\S+)", status, re.M).group(1), 16)
+            return bool(caught & (1 << (signal.SIGTERM - 1))) and bool(glob.glob(f"/tmp/egress-serve-{process.pid}-*"))
+        wait_for(catches_sigterm, "the supervisor to catch SIGTERM")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    def cmdline(pid: str) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            return b""
+
+    workers = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+               if f"egress-serve-{process.pid}-".encode() in cmdline(pid)]
+    assert workers == [] and glob.glob(f"/tmp/egress-serve-{process.pid}-*") == []  # clean_env: no TMPDIR
+    assert "proxy listening" not in process.stderr.read()
