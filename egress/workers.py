@@ -247,8 +247,12 @@ class Supervisor:
 
     def following(self, count: int) -> None:
         """Someone follows the events (count > 0), or no one does any more: tell the workers."""
-        if self._followers is not None:
-            self._followers[0] = 1 if count else 0
+        flag = self._followers
+        if flag is not None:
+            try:
+                flag[0] = 1 if count else 0
+            except ValueError:  # closed: serve is ending (a follower leaves as it does)
+                pass
 
     # -- start, supervise, stop
 
@@ -301,7 +305,8 @@ class Supervisor:
             for sock in slot.socks:
                 sock.close()
         if self._followers is not None:
-            self._followers.close()
+            flag, self._followers = self._followers, None
+            flag.close()
         if self._wake_w >= 0:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
