@@ -36,7 +36,7 @@ What the workers share, and how:
   worker within the watcher's second).
 
 A worker that dies is restarted and said on stderr; one that fails to start, at start-up or
-as a replacement, or one restarted more than RESTARTS times within RESTART_WINDOW seconds,
+as a replacement, or one that ends again after RESTARTS restarts within RESTART_WINDOW seconds,
 stops every worker and serve exits (3, 4 or 5 as the worker's own failure, else 6): never a
 serve that silently runs fewer workers than it says. SIGTERM or SIGINT to the supervisor stops
 every worker (each drains its connections, as a lone serve does); a worker whose supervisor
@@ -64,7 +64,7 @@ from .wiring import BuildError, format_address
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to its multiprocess mode
 START_SECONDS = 60.0  # a worker that serves nothing after this long has failed to start
 STOP_SECONDS = 10.0  # SIGTERM to SIGKILL: the proxy's drain (2 s) and its observers' (2 s), and room
-RESTARTS = 5  # more restarts than this within RESTART_WINDOW seconds: a crash loop, serve stops
+RESTARTS = 5  # a worker ending again after this many restarts within RESTART_WINDOW s: a crash loop, serve stops
 RESTART_WINDOW = 60.0
 BACKLOG = 128  # each socket's accept queue (asyncio's own listen() makes it 100 once a worker serves)
 PIPE_BYTES = 1 << 20  # the relay pipes' buffer: a busy supervisor holds no worker back for long
