@@ -51,6 +51,9 @@ class Metrics:
         self.transferred = Counter(
             "egress_transferred_bytes", "HTTP body bytes relayed, by direction (upload/download).",
             ["direction"], registry=r)
+        self.passthrough = Counter(
+            "egress_passthrough_bytes", "Bytes relayed through passthrough tunnels, by direction "
+            "(upload: from the client).", ["direction"], registry=r)
         # Across workers: the sum of the live ones' (a dead worker's connections are gone).
         self.open_connections = Gauge(
             "egress_open_connections", "Client connections currently open.", registry=r,
@@ -72,6 +75,8 @@ class Metrics:
             "(client-connections, head-timeout, head-size).", ["limit"], registry=r)
         self.upload = self.transferred.labels("upload")
         self.download = self.transferred.labels("download")
+        self.passthrough_upload = self.passthrough.labels("upload")
+        self.passthrough_download = self.passthrough.labels("download")
         directory = os.environ.get(MULTIPROC_DIR)
         self.domain_label = DomainLabels(os.path.join(directory, "domains") if directory else None).label
 
