@@ -298,7 +298,7 @@ def run(options: RunOptions) -> int:
         own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
                            writable=writable, read_only=own_code,
-                           network=networked, proxy_port=PROXY_PORT,
+                           network=networked, proxy_port=PROXY_PORT, capture=networked,
                            fs_confinement=options.fs_confinement,
                            # The command never sees egress's state (control sockets, the CA's key)
                            # nor a secret file bound to hosts (it reads the placeholder instead).
@@ -341,7 +341,9 @@ def run(options: RunOptions) -> int:
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
                                    asker=_asker(options, state), state=state, warm=handover)
-            session.serve_lazily(box.listen_socket)
+            session.serve_lazily(box.listen_socket, box.capture)
+            if box.capture_error is not None:
+                state.extra["capture"] = f"unavailable: {box.capture_error}"
         if outputs is not None:
             outputs.start()
         previous = _forward_signals(box)

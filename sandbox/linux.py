@@ -83,7 +83,7 @@ from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
-from sandbox import _libc, landlock, mounts, namespaces, netcount, seccomp
+from sandbox import _libc, capture, landlock, mounts, namespaces, netcount, seccomp
 
 _BACKLOG = 1024
 _HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow
@@ -122,12 +122,14 @@ class SandboxSpec:
     replaced: files the command sees with other contents (secret files -> their placeholders).
     network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
         command still gets a fresh network namespace with only `lo`.
+    capture: with network, capture every other road out too (sandbox/capture.py): routes to
+        `lo`, nftables redirects, and the capture's sockets handed over (Sandbox.capture).
     fs_confinement: apply Landlock and show the host read-only with /tmp, /var/tmp masked; if
         False the command may write wherever its uid may (/run and host sockets stay masked).
     stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
     """
 
-    __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
+    __slots__ = ("argv", "env", "cwd", "writable", "network", "capture", "proxy_port", "fs_confinement",
                  "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr")
 
     def __init__(
@@ -146,6 +148,7 @@ class SandboxSpec:
         stdin: int | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
+        capture: bool = False,
     ) -> None:
         if not argv:
             raise ValueError("argv must name a command")
@@ -156,6 +159,7 @@ class SandboxSpec:
         self.cwd = os.path.abspath(cwd)
         self.writable = [os.path.abspath(p) for p in writable]
         self.network = bool(network)
+        self.capture = bool(capture) and self.network
         self.proxy_port = int(proxy_port)
         self.fs_confinement = bool(fs_confinement)
         self.read_only = [os.path.abspath(p) for p in read_only]
@@ -175,6 +179,8 @@ class Sandbox:
     def __init__(self, helper_pid: int, helper_fd: int) -> None:
         self.pid: int | None = None  # the command, in the caller's PID namespace
         self.listen_socket: socket.socket | None = None
+        self.capture: list[tuple[str, socket.socket]] = []  # (tag, socket): sandbox/capture.py's
+        self.capture_error: str | None = None  # why the capture could not be set up (the run goes on without)
         self.returncode: int | None = None
         self._helper_pid = helper_pid
         self._helper_fd = helper_fd  # pidfd: poll()able for a timed wait
@@ -220,6 +226,8 @@ class Sandbox:
             self.returncode = self._reap()
         if self.listen_socket is not None:
             self.listen_socket.close()
+        for _, sock in self.capture:
+            sock.close()
         for fd in self._netcount:
             os.close(fd)
         self._netcount = []
@@ -284,7 +292,8 @@ def start(spec: SandboxSpec) -> Sandbox:
 
 
 # --- the caller's side of the socket pair --------------------------------------------------
-# Messages: b"L" + the listening socket; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
+# Messages: b"L" + the listening socket; b"K<tag>" + a capture socket; b"X<why>" the capture
+# could not be set up; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
 # b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
 
 
@@ -305,6 +314,10 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             box.listen_socket = socket.socket(fileno=fds.pop())
             # The helper is in the new network namespace now, waiting for init: its counters.
             box._netcount = netcount.open_files(box._helper_pid)
+        elif tag == b"K" and fds:
+            box.capture.append((payload.decode(), socket.socket(fileno=fds.pop())))
+        elif tag == b"X":
+            box.capture_error = payload.decode(errors="replace")
         elif tag == b"B" and fds:
             box._init_fd = fds.pop()
         elif tag == b"C" and fds:
@@ -383,6 +396,8 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
                 ls.bind(("127.0.0.1", spec.proxy_port))
                 ls.listen(_BACKLOG)
                 _send_fd(chan, b"L", ls.fileno())
+            if spec.capture:
+                _hand_over_capture(chan)
     except OSError as e:
         # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
         raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({e.strerror}): "
@@ -440,6 +455,19 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
         pid, status = os.waitpid(-1, 0)
         if pid == command:
             return _exit_code(status)
+
+
+def _hand_over_capture(chan: socket.socket) -> None:
+    """Set up the transparent capture (sandbox/capture.py) and send its sockets; if the kernel
+    refuses (no nf_tables), say why and go on: the namespace stays without a route out."""
+    try:
+        made = capture.setup(_BACKLOG)
+    except OSError as e:
+        chan.send(b"X" + f"{e.strerror or e}".encode())
+        return
+    for tag, sock in made:
+        _send_fd(chan, b"K" + tag, sock.fileno())
+        sock.close()
 
 
 def _send_pidfd(chan: socket.socket, tag: bytes, child: int, host_proc: int | None = None) -> None:
