@@ -264,6 +264,7 @@ class Capture:
         self.book = AddressBook()
         self._tasks: set[asyncio.Task] = set()
         self._closers: list[Callable[[], None]] = []
+        self._unnamed: dict[int, tuple[str, str, int]] = {}  # connections still waiting for first bytes
 
     async def serve(self, sockets: list[tuple[str, socket.socket]]) -> None:
         loop = asyncio.get_running_loop()
@@ -279,6 +280,11 @@ class Capture:
                 self._closers.append(lambda s=sock: (loop.remove_reader(s.fileno()), s.close()))
 
     def close(self) -> None:
+        # The run ended while these had sent nothing yet (a client that connected and gave up):
+        # still named, from what is known.
+        for client, name, port in list(self._unnamed.values()):
+            self._block(client, "TCP", name, port, "not-http", guess_protocol(b"", port))
+        self._unnamed.clear()
         for close in self._closers:
             close()
         self._closers = []
@@ -317,10 +323,15 @@ class Capture:
         peer = conn.getpeername()
         client = f"{peer[0]}:{peer[1]}"
         first = b""
+        self._unnamed[id(conn)] = (client, name, port)
         try:
             first = await asyncio.wait_for(self._first_bytes(loop, conn), FIRST_BYTES_WAIT)
         except (asyncio.TimeoutError, OSError):
             pass
+        finally:
+            if self._unnamed.pop(id(conn), None) is None:  # named by close() meanwhile
+                conn.close()
+                return
         if not (is_tls(first) or is_http(first)):
             self._block(client, "TCP", name, port, "not-http", guess_protocol(first, port))
             conn.close()
