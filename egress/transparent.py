@@ -128,6 +128,17 @@ def http_host(first: bytes) -> str | None:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+def claimed_name(first: bytes) -> str | None:
+    """The host a captured connection's first bytes name (TLS SNI or HTTP Host), canonical, or None.
+
+    It becomes the target of the CONNECT made up for the connection, so it must be a host name
+    or address and nothing else: an SNI may hold any byte (CR, LF, spaces), and a Host header
+    anything but CR and LF; either could otherwise write a second line into that CONNECT.
+    """
+    said = tls_sni(first) if is_tls(first) else http_host(first) if is_http(first) else None
+    return _canonical(said) if said else None
+
+
 def guess_protocol(first: bytes, port: int) -> str:
     """A person's name for a TCP protocol that is not HTTP or TLS, from its first bytes and port."""
     if first.startswith(b"SSH-"):
@@ -336,7 +347,7 @@ class Capture:
             self._block(client, "TCP", name, port, "not-http", guess_protocol(first, port))
             conn.close()
             return
-        said = tls_sni(first) if is_tls(first) else http_host(first)
+        said = claimed_name(first)
         target = name
         if self.book.name(address) is None and said:
             target = said  # a literal address (no lookup through us): the name the client says
