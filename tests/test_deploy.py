@@ -570,12 +570,12 @@ class KubeletVolume:
         root.mkdir(mode=0o755)
         self.versions = 0
 
-    def write(self, data: dict[str, str]) -> None:
+    def write(self, data: dict[str, str | bytes]) -> None:
         self.versions += 1
         stamp = self.root / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{os.getpid()}{self.versions:04d}"
         stamp.mkdir(mode=0o755)
         for key, text in data.items():
-            (stamp / key).write_text(text)
+            (stamp / key).write_bytes(text if isinstance(text, bytes) else text.encode())
             (stamp / key).chmod(0o644)
         current = self.root / "..data"
         old = os.readlink(current) if current.is_symlink() else None
@@ -622,3 +622,37 @@ def test_a_configmap_update_written_as_kubelet_writes_it_reaches_serve_each_time
     assert status(proxy, url) == 200
     assert sorted(p.name for p in volume.root.iterdir() if not p.name.startswith("..")) == ["policy.toml", "team.toml"]
     assert len([p for p in volume.root.iterdir() if p.name.startswith("..") and p.name != "..data"]) == 1
+
+
+def test_replicas_share_a_ca_given_read_only_as_a_secret_volume(tmp_path, https_upstream, test_ca_file, monkeypatch):
+    # deploy/kubernetes mounts the egress-ca Secret read-only at $EGRESS_STATE_DIR/ca: serve must
+    # use that CA and write nothing there. Made as the README says (egress ca path), laid out as
+    # kubelet lays out a Secret, and mounted read-only (a bind mount in a mount namespace).
+    import sys
+
+    import conftest
+
+    need("unshare", "util-linux: a mount namespace for the read-only mount")
+    made = tmp_path / "gateway-ca"
+    subprocess.run([*conftest.egress_command(), "ca", "path", "--state-dir", str(made)], check=True,
+                   capture_output=True, env=conftest.clean_env(tmp_path))
+    secret = KubeletVolume(tmp_path / "secret")
+    secret.write({p.name: p.read_bytes() for p in (made / "ca").iterdir() if p.is_file()})  # --from-file=gateway-ca/ca/
+    where = tmp_path / "replica"
+    (where / "state" / "ca").mkdir(parents=True)
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
+    mount = 'mount --bind -o ro "$0" "$1" && shift && exec "$@"'
+    monkeypatch.setattr(conftest, "egress_command", lambda: [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c", mount, str(secret.root),
+        str(where / "state" / "ca"), sys.executable, "-m", "egress.cli"])
+    proxy = conftest.start_proxy(where, DEFAULT_POLICY, upstream_ca=test_ca_file)
+    try:
+        session = proxied_session(proxy)
+        session.verify = str(made / "ca" / "mitmproxy-ca-cert.pem")  # what the apps were given
+        assert session.get(https_upstream.url("allowed.test"), timeout=20).status_code == 200
+        assert get(proxy.metrics_url.replace("/metrics", "/readyz"))[0] == 200
+    finally:
+        conftest.stop_proxy(proxy)
+    assert not any("Traceback" in line for line in proxy.stderr_lines), "".join(proxy.stderr_lines)
