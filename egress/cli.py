@@ -463,7 +463,7 @@ def _supervise(policies, config, count: int, directory: str) -> int:
             click.echo(f"egress: {warning.as_warning()}", err=True)
         try:
             supervisor.open()  # the CAs, the audit log (5), the metrics port, the proxy's address (4)
-            supervisor.builder.serve_metrics(collected(directory))
+            supervisor.builder.serve_metrics(collected(directory), supervisor.unready)
         except BuildError as e:
             raise Fatal(e.status, str(e)) from None
         control_state = _serve_control_state(policies, supervisor.builder.metrics_url)

@@ -92,6 +92,7 @@ class EgressProxy:
         self._captures: list = []  # egress.transparent.Capture, one per run
         self.accepted = False  # a connection came through a handed-over socket
         self.on_first_accept = None  # called when it does, the first time (the warm proxy tells egress run)
+        self.stopping = False  # stop() was called: /readyz says so while connections drain
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> list[tuple[str, int]]:
@@ -134,6 +135,7 @@ class EgressProxy:
 
     def stop(self) -> None:
         """Thread-safe."""
+        self.stopping = True
         mitm.stop(self.master)
 
 

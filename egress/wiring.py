@@ -150,14 +150,26 @@ class ProxyBuilder:
         address = self.metrics_address
         return f"http://{format_address(*address)}/metrics" if address else None
 
-    def serve_metrics(self, registry=None) -> None:
+    def serve_metrics(self, registry=None, unready=None) -> None:
         """Answer on the metrics port from now on (a thread), if one is configured: this proxy's
-        metrics, or ``registry``'s (serve's supervisor: the sum of its workers'). Raises BuildError."""
+        metrics, or ``registry``'s (serve's supervisor: the sum of its workers'), and /healthz and
+        /readyz, whose readiness is ``unready()`` (default: this builder's). Raises BuildError."""
         self.open()
         if self._metrics_socket is None or self._metrics_server is not None:
             return
         self._metrics_server = _serve_metrics(self._metrics_socket,
-                                              registry if registry is not None else self._metrics().registry)
+                                              registry if registry is not None else self._metrics().registry,
+                                              unready if unready is not None else self.unready)
+
+    def unready(self) -> list[str]:
+        """Why this proxy is not ready for traffic (/readyz), in words; empty once it is: started
+        (its policy loaded and in force), listening, and not stopping. Called from the metrics thread."""
+        proxy, engine = self.proxy, self.engine
+        if proxy is None or engine is None:
+            return ["the proxy is not listening yet"]
+        if proxy.stopping:
+            return ["the proxy is stopping (draining its connections)"]
+        return []
 
     # -- in the event loop
 
@@ -254,8 +266,36 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve_metrics(sock: socket.socket, registry):
-    """prometheus_client's WSGI app on an already-listening socket, one thread per request."""
+def health_app(metrics_app, unready):
+    """The metrics port's WSGI app: /healthz (the process answers: 200), /readyz (200 when
+    ``unready()`` is empty, else 503 with each reason on a line) and the metrics on every other
+    path, as prometheus_client answers them. Probes need no metrics library and a human reads
+    the 503's reason with curl."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            status, body = "200 OK", "ok\n"
+        elif path == "/readyz":
+            try:
+                reasons = unready()
+            except Exception as e:  # fails closed: a readiness check that broke says not ready
+                reasons = [f"readiness check failed ({type(e).__name__}: {e})"]
+            status, body = (("503 Service Unavailable", "".join(f"not ready: {r}\n" for r in reasons))
+                            if reasons else ("200 OK", "ready\n"))
+        else:
+            return metrics_app(environ, start_response)
+        data = body.encode() if environ.get("REQUEST_METHOD") != "HEAD" else b""
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                                ("Content-Length", str(len(body.encode()))), ("Cache-Control", "no-store")])
+        return [data]
+
+    return app
+
+
+def _serve_metrics(sock: socket.socket, registry, unready):
+    """prometheus_client's WSGI app (and /healthz, /readyz) on an already-listening socket, one
+    thread per request."""
     import threading
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -275,6 +315,6 @@ def _serve_metrics(sock: socket.socket, registry):
     server.server_address = sock.getsockname()
     server.server_name, server.server_port = server.server_address[:2]  # no reverse DNS lookup
     server.setup_environ()
-    server.set_app(make_wsgi_app(registry))
+    server.set_app(health_app(make_wsgi_app(registry), unready))
     threading.Thread(target=server.serve_forever, name="egress-metrics", daemon=True).start()
     return server

@@ -245,6 +245,20 @@ class Supervisor:
     def pids(self) -> list[int]:
         return [slot.pid for slot in self.slots if slot.pid is not None]
 
+    def unready(self) -> list[str]:
+        """Why this serve is not ready for traffic (/readyz), in words; empty once every worker
+        serves (each loaded the policy and serves its socket) and no stop was asked for. A worker
+        being replaced makes serve unready until its successor serves: connections meanwhile
+        wait in its socket's backlog, so a balancer that sends them elsewhere loses nothing.
+        Called from the metrics thread: reads what the supervisor's thread writes, and a
+        moment's stale answer is one probe's."""
+        if self.stopping:
+            return ["serve is stopping (its workers drain their connections)"]
+        if not self.slots:
+            return ["the proxy is not listening yet"]
+        return [f"worker {slot.number} of {self.count} is not serving yet (starting or being replaced)"
+                for slot in list(self.slots) if slot.process is None or not slot.ready]
+
     def following(self, count: int) -> None:
         """Someone follows the events (count > 0), or no one does any more: tell the workers."""
         flag = self._followers
