@@ -353,14 +353,28 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @policy_option
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
               help="Proxy address; port 0 picks a free port (printed on start-up).")
+@click.option("--auth", metavar="USER:PASSWORD", envvar="EGRESS_AUTH",
+              help="Answer only clients that send these credentials (http://USER:PASSWORD@HOST:PORT); "
+                   "others get 407. For a proxy others on the host can reach. [env: EGRESS_AUTH]")
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
-def serve(policies, listen, proxy) -> None:
+def serve(policies, listen, auth, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
-    config = proxy._replace(listen=_parse_address(listen, "--listen"))
+    config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
     try:
         _serve(policies, config)
     except Fatal as e:
         _fail(e)
+
+
+def _parse_auth(text: str | None) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    from .proxyauth import parse
+
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--auth") from None
 
 
 def _serve(policies, config) -> None:
@@ -416,6 +430,9 @@ def _serve(policies, config) -> None:
             control = None
         for host, port in builder.bound:
             click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
+        if config.auth is not None:
+            click.echo(f"egress: clients must authenticate as {config.auth[0]} (http://{config.auth[0]}:"
+                       f"PASSWORD@HOST:PORT); others get 407", err=True)
         if builder.metrics_url:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
         click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "

@@ -24,6 +24,8 @@ class Engine:
         self.connections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # egress run's person in the loop (egress.ask), or None: refusals are final
         self.asker = None
+        # what Proxy-Authorization must carry (egress.proxyauth), or None: no authentication
+        self.proxy_auth: bytes | None = None
 
     def conn(self, client) -> ConnState:
         """The state of a client connection (created on first use)."""
