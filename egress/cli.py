@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
+from .contract import EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
 from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
@@ -633,7 +633,8 @@ def redact(policies: tuple[str, ...]) -> None:
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
         proxy_mode, proxy, command) -> None:
-    """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
+    """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace; macOS: a
+    Seatbelt profile; elsewhere it refuses with status 125).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
     failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
@@ -641,10 +642,7 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
     `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
-    if sys.platform != "linux":
-        click.echo("egress: egress run is only available on Linux for now", err=True)
-        sys.exit(EXIT_LAUNCHER)
-    from sandbox.launcher import main as launch
+    from sandbox.launcher import main as launch  # the platform's sandbox, or status 125 where there is none
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
                        headless, proxy_mode, proxy, command))

@@ -42,10 +42,18 @@ class SandboxSpec:
     fs_confinement: apply Landlock and show the host read-only with /tmp, /var/tmp masked; if
         False the command may write wherever its uid may (/run and host sockets stay masked).
     stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
+    socket_dirs: folders where the command may bind and reach Unix sockets of its own (macOS,
+        where Seatbelt decides per path: the run's private folder; on Linux the command's own
+        view of the filesystem decides, and this is not needed).
+
+    On macOS (sandbox/macos.py) the same fields mean the same, with three differences that
+    Seatbelt imposes: hidden folders and replaced files are unreadable and unwritable (a
+    profile cannot show other contents), `readable` is moot (everything is readable), and the
+    network is outbound to 127.0.0.1:proxy_port only, on the host's own loopback.
     """
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
-                 "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr")
+                 "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr", "socket_dirs")
 
     def __init__(
         self,
@@ -63,6 +71,7 @@ class SandboxSpec:
         stdin: int | None = None,
         stdout: int | None = None,
         stderr: int | None = None,
+        socket_dirs: Sequence[str] = (),
     ) -> None:
         if not argv:
             raise ValueError("argv must name a command")
@@ -80,6 +89,7 @@ class SandboxSpec:
         self.hidden = [os.path.abspath(p) for p in hidden]
         self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.socket_dirs = [os.path.abspath(p) for p in socket_dirs]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k not in ("env", "replaced"))
@@ -97,12 +107,14 @@ def interpreter_trees() -> list[str]:
     return trees
 
 
-def find_program(name: str, env: Mapping[str, str]) -> str:
-    """Resolve argv[0] as execvp would (relative to the current folder), with 127/126 failures worded
-    like a shell's (SandboxError)."""
+def find_program(name: str, env: Mapping[str, str], cwd: str | None = None) -> str:
+    """Resolve argv[0] as execvp would (relative to ``cwd``, else the current folder), with 126/127
+    failures worded like a shell's (SandboxError)."""
     # Not os.get_exec_path: it enters warnings.catch_warnings, which is slow for what it does.
     search = env.get("PATH", os.defpath).split(os.pathsep)
     candidates = [name] if "/" in name else [os.path.join(d or ".", name) for d in search]
+    if cwd is not None:  # relative candidates as a process started in cwd would find them
+        candidates = [os.path.join(cwd, path) for path in candidates]
     refused = None
     for path in candidates:
         if os.path.isfile(path) and os.access(path, os.X_OK):
