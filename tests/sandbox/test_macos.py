@@ -211,3 +211,57 @@ def test_without_an_os_sandbox_egress_run_refuses_with_125(mac, tmp_path):
     with pytest.raises(LaunchError) as missing:
         run(options, platform=MacOS(sandbox_exec=str(tmp_path / "no-sandbox-exec")))
     assert missing.value.status == EXIT_LAUNCHER and "is missing" in str(missing.value)
+
+
+# ------------------------------------------------------------------ egress doctor
+
+
+def _doctor(tmp_path, platform: str) -> tuple[dict, bool]:
+    """run_checks for ``platform`` (a Python expression), in a fresh interpreter as `egress doctor` runs."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from sandbox.doctor import run_checks
+        from sandbox.platforms import MacOS, for_platform
+        from pathlib import Path
+        checks, honoured = run_checks([], Path(sys.argv[1]), platform={platform})
+        print(json.dumps({{"checks": [c.as_dict() for c in checks], "honoured": honoured}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "state")], capture_output=True, text=True,
+                          timeout=120, env=clean_env(tmp_path, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    return {c["name"]: c for c in result["checks"]}, result["honoured"]
+
+
+def test_doctor_on_macos_runs_egress_profile_and_says_which_promises_hold(mac, tmp_path):
+    rows, honoured = _doctor(tmp_path, f"MacOS(sandbox_exec={str(mac.stand_in)!r})")
+    assert honoured
+    seatbelt = rows["macos seatbelt"]
+    assert seatbelt["status"] == "ok" and "sandbox-exec runs egress's profile" in seatbelt["detail"]
+    assert rows["tty injection"]["status"] == "warning" and rows["process tree"]["status"] == "warning"
+    assert {rows[name]["status"] for name in ("unix sockets", "egress state", "host files")} == {"ok"}
+    assert "network namespace" not in rows and "landlock" not in rows
+    records = (tmp_path / "sandbox-exec.jsonl").read_text().splitlines()
+    trivial, own = (json.loads(line)["argv"] for line in records)
+    assert trivial[1:] == ["-p", "(version 1)(allow default)", "/usr/bin/true"]
+    assert own[1] == "-p" and writable_subpaths(own[2]) and own[3] == "/usr/bin/true"
+
+
+def test_doctor_on_macos_says_when_sandbox_exec_refuses_the_profile(tmp_path):
+    refusing = tmp_path / "sandbox-exec"
+    refusing.write_text('#!/bin/sh\ncase "$2" in *egress*) echo "sandbox-exec: unbound variable: x" >&2; '
+                        'exit 65;; esac\nshift 2\nexec "$@"\n')
+    refusing.chmod(0o755)
+    rows, honoured = _doctor(tmp_path, f"MacOS(sandbox_exec={str(refusing)!r})")
+    seatbelt = rows["macos seatbelt"]
+    assert not honoured and seatbelt["status"] == "unavailable"
+    assert seatbelt["detail"] == "sandbox-exec refused egress's profile: status 65: sandbox-exec: unbound variable: x"
+    rows, honoured = _doctor(tmp_path, f"MacOS(sandbox_exec={str(tmp_path / 'none')!r})")
+    assert not honoured and rows["macos seatbelt"]["status"] == "unavailable"
+    assert "is missing" in rows["macos seatbelt"]["detail"]
+
+
+def test_doctor_without_an_os_sandbox_says_egress_run_refuses(tmp_path):
+    rows, honoured = _doctor(tmp_path, 'for_platform("win32")')
+    assert not honoured and rows["os sandbox"]["status"] == "unavailable"
+    assert rows["os sandbox"]["detail"].startswith("egress run cannot enforce the allowlist on Windows")
