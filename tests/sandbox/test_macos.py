@@ -265,3 +265,29 @@ def test_doctor_without_an_os_sandbox_says_egress_run_refuses(tmp_path):
     rows, honoured = _doctor(tmp_path, 'for_platform("win32")')
     assert not honoured and rows["os sandbox"]["status"] == "unavailable"
     assert rows["os sandbox"]["detail"].startswith("egress run cannot enforce the allowlist on Windows")
+
+
+# ------------------------------------------------------------------ the person in the loop
+
+
+def test_the_grant_question_is_asked_and_answered_while_the_command_holds_the_terminal(mac, tmp_path,
+                                                                                        http_upstream):
+    """On macOS the command is the terminal's foreground group; egress takes the terminal back for
+    its question (else reading the answer would stop it) and gives it back after."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (.ci/run installs it)")
+    from test_grants import Terminal, curl_twice
+
+    policy = tmp_path / "grant-policy.toml"
+    policy.write_text('allow_private = ["other.test"]\n')
+    args = [sys.executable, "-c", DRIVER, str(mac.stand_in), "--policy", str(policy), "--state-dir",
+            str(tmp_path / "state"), "--proxy", "lazy", "--resolve", "other.test:127.0.0.1", "--",
+            *curl_twice(http_upstream.url("other.test")), ]
+    args[-1] += "; read -r line; echo got=$line"  # and the command reads the terminal after
+    term = Terminal(args, tmp_path)
+    term.read_until("wants to reach other.test")
+    term.type("a")
+    term.read_until("code=200\r\ncode=200")
+    term.type("hello\n")
+    term.read_until("got=hello")
+    assert term.finish() == 0
