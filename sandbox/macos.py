@@ -65,10 +65,11 @@ def plan(spec: SandboxSpec, sandbox_exec: str, canonical=seatbelt.canonical) -> 
 class Sandbox:
     """A started command. Use as a context manager, or call close() when done."""
 
-    def __init__(self, process: subprocess.Popen, listen_socket, launch: Launch):
+    def __init__(self, process: subprocess.Popen, listener, launch: Launch):
         self.process = process
         self.pid = process.pid  # also its process group
-        self.listen_socket = listen_socket
+        self.listener = listener  # its socket, and the port's guards, are the box's now
+        self.listen_socket = listener.socket if listener is not None else None
         self.launch = launch
         self.returncode: int | None = None
         self._exit = _ExitWatch(process.pid)
@@ -100,8 +101,8 @@ class Sandbox:
         """Kill whatever of the command's group still runs and release the socket. Idempotent."""
         if self.returncode is None:
             self.returncode = self._end()
-        if self.listen_socket is not None:
-            self.listen_socket.close()
+        if self.listener is not None:
+            self.listener.close()
         self._exit.close()
 
     def __enter__(self) -> Sandbox:
@@ -144,7 +145,7 @@ def start(spec: SandboxSpec, listener, sandbox_exec: str) -> Sandbox:
             os.killpg(process.pid, signal.SIGCONT)
         except OSError:
             pass
-    return Sandbox(process, listener.socket if listener is not None else None, launch)
+    return Sandbox(process, listener, launch)
 
 
 def _foreground_terminal() -> int | None:

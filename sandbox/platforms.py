@@ -33,12 +33,14 @@ SANDBOX_EXEC = "/usr/bin/sandbox-exec"  # the absolute path: never one found on 
 class Listener:
     """Where the run's proxy listens, as its command is told."""
 
-    __slots__ = ("port", "socket", "secret")
+    __slots__ = ("port", "socket", "secret", "guards")
 
-    def __init__(self, port: int, sock: socket.socket | None = None, secret: str | None = None):
+    def __init__(self, port: int, sock: socket.socket | None = None, secret: str | None = None,
+                 guards: list[socket.socket] = ()):
         self.port = port
         self.socket = sock  # made here (macOS); None: the sandbox makes it (Linux)
         self.secret = secret  # the proxy asks for it (egress.proxyauth); None: nobody else can reach it
+        self.guards = list(guards)  # sockets that only hold the port elsewhere on loopback (macOS)
 
     @property
     def url(self) -> str:
@@ -58,8 +60,9 @@ class Listener:
         return USER, self.secret
 
     def close(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
+        for sock in (self.socket, *self.guards):
+            if sock is not None:
+                sock.close()
 
 
 class Linux:
@@ -110,14 +113,22 @@ class MacOS:
 
         if not networked:
             return Listener(0)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("127.0.0.1", 0))  # a port picked for the run: the profile names it
-            sock.listen(1024)
-        except OSError:
-            sock.close()
-            raise
-        return Listener(sock.getsockname()[1], sock, new_secret())
+        error: OSError | None = None
+        for _ in range(8):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", 0))  # a port picked for the run: the profile names it
+                sock.listen(1024)
+                port = sock.getsockname()[1]
+                # The profile's "localhost:PORT" is ::1 too: hold that port there, so no other
+                # program can listen where the command may connect (a bound socket refuses).
+                guards = _hold_port("::1", port, socket.AF_INET6)
+            except OSError as e:
+                sock.close()
+                error = e
+                continue
+            return Listener(port, sock, new_secret(), guards)
+        raise error
 
     def environment(self, tmpdir) -> dict[str, str]:
         # macOS's python3 writes bytecode under ~/Library/Caches, which the command cannot write.
@@ -127,6 +138,22 @@ class MacOS:
         from sandbox.macos import start
 
         return start(spec, listener, self.sandbox_exec)
+
+
+def _hold_port(host: str, port: int, family: int) -> list[socket.socket]:
+    """A socket bound (not listening) to host:port; [] where that address does not exist. Raises
+    OSError when someone else has the port there (the caller picks another)."""
+    import errno
+
+    guard = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        guard.bind((host, port))
+    except OSError as e:
+        guard.close()
+        if e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+            return []
+        raise
+    return [guard]
 
 
 class Unsupported:

@@ -291,3 +291,27 @@ def test_the_grant_question_is_asked_and_answered_while_the_command_holds_the_te
     term.type("hello\n")
     term.read_until("got=hello")
     assert term.finish() == 0
+
+
+# ------------------------------------------------------------------ the run's port
+
+
+def test_the_runs_port_is_held_on_both_loopbacks_so_no_other_program_can_listen_there():
+    import socket
+
+    from sandbox.platforms import MacOS
+
+    listener = MacOS().listener(True)
+    try:
+        assert listener.socket.getsockname() == ("127.0.0.1", listener.port)
+        if not socket.has_ipv6 or not listener.guards:
+            pytest.skip("no IPv6 loopback here")
+        other = socket.socket(socket.AF_INET6)
+        with pytest.raises(OSError):
+            other.bind(("::1", listener.port))  # "localhost:PORT" in the profile: ours there too
+        other.close()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("::1", listener.port), timeout=10)
+    finally:
+        listener.close()
+
