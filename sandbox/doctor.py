@@ -286,7 +286,7 @@ def check_local() -> Check:
                                      "egress run can reach anything its user can")
 
 
-def check_proxy(policies: list[str], state_dir) -> list[Check]:
+def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:
     from egress import settings
     from egress.policy import PolicyError
     from egress.state import ca_cert_path
@@ -306,7 +306,9 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
         checks.append(Check("control sockets", "ok", f"reachable: {names}"))
     else:
         checks.append(Check("control sockets", "not-applicable", "no egress run or serve in progress"))
-    checks.append(check_warm_proxy(state_dir))
+    checks.append(check_warm_proxy(state_dir) if warm else Check(
+        "warm proxy", "not-applicable", "Linux only: here each egress run starts its own proxy when its command "
+                                        "first connects (~0.6 s)"))
     try:
         policy = settings.load(policies or ["dev"]).policy
     except PolicyError as e:
@@ -355,7 +357,7 @@ def run_checks(policies: list[str], state_dir, fs_confinement: bool = True,
     if platform.name == "darwin":
         seatbelt = check_seatbelt(platform)
         promises = macos_promises() if seatbelt.status == "ok" else []
-        checks = [seatbelt, *promises, check_local(), *check_proxy(policies, state_dir)]
+        checks = [seatbelt, *promises, check_local(), *check_proxy(policies, state_dir, warm=platform.warm)]
         return checks, seatbelt.status == "ok" and policy_ok(checks)
     if not platform.name.startswith("linux"):
         checks = [Check("os sandbox", "unavailable", platform.refusal(),

@@ -241,6 +241,7 @@ def test_doctor_on_macos_runs_egress_profile_and_says_which_promises_hold(mac, t
     assert rows["tty injection"]["status"] == "warning" and rows["process tree"]["status"] == "warning"
     assert {rows[name]["status"] for name in ("unix sockets", "egress state", "host files")} == {"ok"}
     assert "network namespace" not in rows and "landlock" not in rows
+    assert rows["warm proxy"]["status"] == "not-applicable" and "Linux only" in rows["warm proxy"]["detail"]
     records = (tmp_path / "sandbox-exec.jsonl").read_text().splitlines()
     trivial, own = (json.loads(line)["argv"] for line in records)
     assert trivial[1:] == ["-p", "(version 1)(allow default)", "/usr/bin/true"]
