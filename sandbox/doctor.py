@@ -47,7 +47,7 @@ def check_namespaces() -> Check:
     name = "network namespace"
     if not _linux():
         return Check(name, "unavailable", "not Linux: egress run's namespaces need a Linux kernel",
-                     "on macOS egress run will use a Seatbelt profile (not built yet)")
+                     "on macOS egress run uses a Seatbelt profile instead; elsewhere use egress serve")
     if "no-userns" in _simulated():
         return Check(name, "unavailable", "user namespaces are refused (simulated)",
                      "sudo sysctl -w user.max_user_namespaces=15000")
