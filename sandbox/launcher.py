@@ -336,7 +336,7 @@ def run(options: RunOptions, platform=None) -> int:
             box = platform.start(spec, listener)
             listener = None  # the box holds its socket now
         except SandboxError as e:
-            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == EXIT_NOT_FOUND else None
+            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if e.code == EXIT_NOT_FOUND else None
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:

@@ -160,6 +160,8 @@ def test_the_programs_status_and_launcher_failures_keep_their_codes(mac):
     missing, records = mac("no-such-program-here")
     assert missing.returncode == EXIT_NOT_FOUND and records == []
     assert "no-such-program-here: command not found" in missing.stderr
+    node, _ = mac("node", env={"PATH": "/nonexistent"})
+    assert node.returncode == EXIT_NOT_FOUND and "install it with: brew install node" in node.stderr
     (mac.project / "script.sh").write_text("#!/bin/sh\n")
     unexecutable, records = mac("./script.sh")
     assert unexecutable.returncode == 126 and records == []
