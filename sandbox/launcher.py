@@ -315,7 +315,7 @@ def run(options: RunOptions, platform=None) -> int:
         own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
                            writable=writable, read_only=own_code,
-                           network=networked, proxy_port=listener.port if networked else 3128,  # (unused without network)
+                           network=networked, proxy_port=listener.port or 3128,  # (any port without network)
                            socket_dirs=[str(tmpdir)],
                            fs_confinement=options.fs_confinement,
                            # The command never sees egress's state (control sockets, the CA's key)
@@ -336,7 +336,8 @@ def run(options: RunOptions, platform=None) -> int:
             box = platform.start(spec, listener)
             listener = None  # the box holds its socket now
         except SandboxError as e:
-            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if e.code == EXIT_NOT_FOUND else None
+            missing = e.code == EXIT_NOT_FOUND
+            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:
