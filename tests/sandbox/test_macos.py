@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import string
 import subprocess
 import sys
 import textwrap
@@ -144,6 +146,19 @@ def test_the_proxy_serves_the_command_with_the_secret_and_answers_407_without(ma
     assert done.stdout.splitlines() == ["hello from upstream", "403", "407"]
     assert "EGRESS_BLOCKED other.test (not on the allow list)" in done.stderr
     assert len(http_upstream.requests) == 1
+
+
+def test_redact_filters_the_commands_output_and_the_secret_never_shows(mac):
+    rng = random.Random(12)
+    token = "ghp_" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(36))
+    done, [record] = mac("sh", "-c", f'echo "leak: $MY_SERVICE_TOKEN $HTTPS_PROXY"; echo "{token}" >&2',
+                         extra=["--redact"], env={"MY_SERVICE_TOKEN": "stored-secret-of-this-install"})
+    assert done.returncode == 0, done.stderr
+    secret = record["env"]["HTTPS_PROXY"].split(":")[2].split("@")[0]
+    assert done.stdout.startswith("leak: [redacted:MY_SERVICE_TOKEN] ")
+    assert "[redacted:github-token]" in done.stderr and token not in done.stderr
+    # The run's proxy secret is a password in a URL: redacted too.
+    assert secret not in done.stdout and "@127.0.0.1:" in done.stdout
 
 
 def test_network_off_means_no_proxy_and_no_network_rule(mac):
