@@ -101,3 +101,15 @@ def test_a_raw_connection_without_the_secret_is_closed_after_the_407(auth_proxy)
         while chunk := conn.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 407") and answer.count(b"HTTP/1.1") == 1
+
+
+def test_every_worker_asks_for_the_credentials(proxy_factory, http_upstream, curl_path, tmp_path):
+    """serve --workers 2 --auth: whichever worker the kernel hands a connection to answers 407."""
+    proxy = proxy_factory(DEFAULT_POLICY, "--auth", f"egress:{SECRET}", "--workers", "2")
+    assert any("clients must authenticate as egress" in line for line in proxy.stderr_lines)
+    for _ in range(8):  # SO_REUSEPORT spreads new connections by their source port
+        refused = run_curl(curl_path, proxy, http_upstream.url("allowed.test"), "-i", home=tmp_path)
+        assert refused.stdout.startswith(b"HTTP/1.1 407")
+        allowed = run_curl(curl_path, _with_secret(proxy), http_upstream.url("allowed.test"), home=tmp_path)
+        assert allowed.stdout == b"hello from upstream\n"
+    assert len(http_upstream.requests) == 8
