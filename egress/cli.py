@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
+from .contract import EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
 from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
@@ -353,15 +353,18 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @policy_option
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
               help="Proxy address; port 0 picks a free port (printed on start-up).")
+@click.option("--auth", metavar="USER:PASSWORD", envvar="EGRESS_AUTH",
+              help="Answer only clients that send these credentials (http://USER:PASSWORD@HOST:PORT); "
+                   "others get 407. For a proxy others on the host can reach. [env: EGRESS_AUTH]")
 @click.option("--workers", type=click.IntRange(1, 1024), metavar="N",
               help="Proxy processes sharing the address, the kernel spreading connections over them "
                    "(SO_REUSEPORT; Linux). Default: the CPUs egress may run on. 1: a single process.")
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
-def serve(policies, listen, workers, proxy) -> None:
+def serve(policies, listen, auth, workers, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
     from .workers import default_count
 
-    config = proxy._replace(listen=_parse_address(listen, "--listen"))
+    config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
     count = workers or default_count()
     if count > 1 and not sys.platform.startswith("linux"):
         raise click.BadParameter("more than 1 needs Linux, whose SO_REUSEPORT spreads connections "
@@ -373,6 +376,17 @@ def serve(policies, listen, workers, proxy) -> None:
             _serve(policies, config)
     except Fatal as e:
         _fail(e)
+
+
+def _parse_auth(text: str | None) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    from .proxyauth import parse
+
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--auth") from None
 
 
 def _serve(policies, config) -> None:
@@ -539,6 +553,9 @@ def _say_serving(bound, builder, loaded, config) -> None:
 
     for host, port in bound:
         click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
+    if config.auth is not None:
+        click.echo(f"egress: clients must authenticate as {config.auth[0]} (http://{config.auth[0]}:"
+                   f"PASSWORD@HOST:PORT); others get 407", err=True)
     if builder.metrics_url:
         click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
     click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
@@ -724,7 +741,8 @@ def redact(policies: tuple[str, ...]) -> None:
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
         proxy_mode, proxy, command) -> None:
-    """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
+    """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace; macOS: a
+    Seatbelt profile; elsewhere it refuses with status 125).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
     failed (bad policy, missing folder, sandbox refused, metrics port in use); 126/127
@@ -732,10 +750,7 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
     `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
-    if sys.platform != "linux":
-        click.echo("egress: egress run is only available on Linux for now", err=True)
-        sys.exit(EXIT_LAUNCHER)
-    from sandbox.launcher import main as launch
+    from sandbox.launcher import main as launch  # the platform's sandbox, or status 125 where there is none
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
                        headless, proxy_mode, proxy, command))

@@ -34,8 +34,8 @@ DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress
 
 class ProxyConfig(namedtuple("ProxyConfig", (
         "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
-        "upstream_ca", "state_dir", "extra_options"),
-        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING))):
+        "upstream_ca", "state_dir", "extra_options", "auth"),
+        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING, None))):
     """Everything that shapes a proxy except its policy and credentials, for serve and run alike.
 
     Keyword fields (``config._replace(listen=...)`` makes a changed copy):
@@ -50,6 +50,7 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     * ``upstream_ca``: a CA (PEM) also trusted for upstream servers, beside the system's (egress.trust)
     * ``state_dir``: where the CA and control sockets live; None: egress.state.state_dir()
     * ``extra_options``: mitmproxy options on top (tests, benchmarks)
+    * ``auth``: (user, password) every client must send (egress.proxyauth); None: none asked
 
     A namedtuple, not a dataclass: every `egress run` makes one, and generating a dataclass's
     methods cost ~2 ms of its ~130 ms.
@@ -65,7 +66,8 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                 "upstream_timeout": self.upstream_timeout,
                 "upstream_ca": str(self.upstream_ca) if self.upstream_ca is not None else None,
                 "state_dir": str(self.state_dir) if self.state_dir is not None else None,
-                "extra_options": dict(self.extra_options)}
+                "extra_options": dict(self.extra_options),
+                "auth": list(self.auth) if self.auth is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> ProxyConfig:
@@ -80,7 +82,8 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                    upstream_timeout=data["upstream_timeout"],
                    upstream_ca=Path(data["upstream_ca"]) if data["upstream_ca"] is not None else None,
                    state_dir=Path(data["state_dir"]) if data["state_dir"] is not None else None,
-                   extra_options=data["extra_options"])
+                   extra_options=data["extra_options"],
+                   auth=tuple(data["auth"]) if data.get("auth") is not None else None)
 
 
 class BuildError(Exception):
@@ -195,6 +198,10 @@ class ProxyBuilder:
         resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
         engine = Engine(policy, resolver, recorder)
         engine.asker = asker
+        if config.auth is not None:
+            from .proxyauth import expected
+
+            engine.proxy_auth = expected(config.auth)
         engine.recorder.metrics.policy_rules.set(policy.rule_count)
         try:
             proxy = EgressProxy(engine, config, credentials, trust=self.trust)
