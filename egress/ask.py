@@ -100,6 +100,12 @@ class TerminalAsker:
                 self._settle_soon(host, False)
                 return
             try:
+                held = _hold_foreground(fd)
+            except OSError:
+                os.close(fd)
+                self._settle_soon(host, False)
+                return
+            try:
                 # Whatever is queued now was not typed in answer to this question: drop it.
                 # A terminal that cannot be flushed is not asked (kept blocked).
                 termios.tcflush(fd, termios.TCIFLUSH)
@@ -117,6 +123,7 @@ class TerminalAsker:
             except (OSError, termios.error):
                 self._settle_soon(host, False)
             finally:
+                _give_back(fd, held)
                 os.close(fd)
 
     @staticmethod
@@ -142,6 +149,39 @@ class TerminalAsker:
         finally:
             termios.tcflush(fd, termios.TCIFLUSH)
             termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def _hold_foreground(fd: int) -> int | None:
+    """egress's own process group holds the terminal while it asks; returns the group to give it
+    back to (None: egress held it already). On macOS the command is the terminal's foreground group
+    (sandbox/macos.py), and anywhere a command can make itself one: reading the answer from the
+    background would stop egress (SIGTTIN). Meanwhile the command, in the background, cannot read
+    the answer either. Raises OSError if egress cannot take it (then nothing is asked)."""
+    import signal
+
+    try:
+        current = os.tcgetpgrp(fd)
+    except OSError:
+        return None  # no job control on this terminal: nothing to take
+    own = os.getpgrp()
+    if current == own:
+        return None
+    if signal.getsignal(signal.SIGTTOU) is not signal.SIG_IGN:  # taking it would stop egress
+        raise OSError("egress is in the terminal's background")
+    os.tcsetpgrp(fd, own)
+    return current
+
+
+def _give_back(fd: int, group: int | None) -> None:
+    if group is None:
+        return
+    import signal
+
+    try:
+        os.tcsetpgrp(fd, group)
+        os.killpg(group, signal.SIGCONT)  # had it read the terminal meanwhile, job control stopped it
+    except OSError:
+        pass  # gone meanwhile
 
 
 class NeverAsk:

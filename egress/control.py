@@ -23,6 +23,12 @@ between connect() and accept open to pid reuse. A peer we cannot establish (exit
 visible in our pid namespace, /proc unreadable) is refused like a sandboxed one: one line
 ``{"error": ...}`` and the connection closed, nothing it sent acted on.
 
+On macOS there are no user namespaces: the command's Seatbelt profile refuses it any Unix
+socket outside its run's own folder (and egress's state folder is unreadable to it), and the
+server itself asks the kernel about each peer: the same uid (LOCAL_PEERCRED), and not inside any
+sandbox (LOCAL_PEERPID, then libsystem_sandbox's sandbox_check). A pid can be reused between
+connect() and that question, as with SO_PEERCRED on older Linux kernels.
+
 It runs in a thread of its own, so it answers before the (lazily started) proxy exists.
 """
 
@@ -35,6 +41,7 @@ import select
 import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -80,6 +87,9 @@ class RunState:
         self._lock = threading.Lock()
         self.dropped = 0  # events a follower missed because its queue was full
         self.on_drop: Callable[[], None] = lambda: None  # e.g. the events-dropped metric's inc
+        # told how many follow now, whenever that changes (serve's supervisor: whether its
+        # workers send every event or only upstream failures)
+        self.on_followers: Callable[[int], None] = lambda count: None
 
     def grant(self, host: str) -> str:
         """Allow ``host`` (that exact name) for the rest of the run. Raises egress.hosts.InvalidHost,
@@ -104,9 +114,14 @@ class RunState:
         """
         if not self._followers:  # nobody follows: not even the JSON is made
             return
+        self.publish_line(event.to_json())
+
+    def publish_line(self, line: str) -> None:
+        """An event already made JSON (a serve worker's, relayed by its supervisor): as publish."""
+        if not self._followers:
+            return
         import queue
 
-        line = event.to_json()
         with self._lock:
             for follower in self._followers:
                 try:
@@ -121,11 +136,13 @@ class RunState:
         follower: queue.Queue = queue.Queue(maxsize=limit)
         with self._lock:
             self._followers.append(follower)
+            self.on_followers(len(self._followers))
         return follower
 
     def unfollow(self, follower: queue.Queue) -> None:
         with self._lock:
             self._followers.remove(follower)
+            self.on_followers(len(self._followers))
 
     def info(self) -> dict:
         return {"run": self.run_id, "command": self.command, "pid": os.getpid(),
@@ -197,6 +214,24 @@ def peer_in_namespace(conn: socket.socket, namespace: tuple[int, int] | None) ->
     except Exception:  # whatever we could not establish refuses
         return False
     return namespace is not None and peer == namespace
+
+
+def peer_unsandboxed_darwin(conn: socket.socket) -> bool:
+    """macOS: True only if the peer runs as our uid and outside every sandbox (see the module's
+    docstring); anything that cannot be established refuses."""
+    import ctypes
+
+    sol_local, local_peercred, local_peerpid = 0, 1, 2  # <sys/un.h>
+    try:
+        # struct xucred: u_int cr_version; uid_t cr_uid; short cr_ngroups; gid_t cr_groups[16]
+        cred = conn.getsockopt(sol_local, local_peercred, 76)
+        uid = struct.unpack_from("I", cred, 4)[0]
+        pid = struct.unpack("i", conn.getsockopt(sol_local, local_peerpid, 4))[0]
+        check = ctypes.CDLL(None).sandbox_check  # libsystem_sandbox, part of libSystem
+        check.argtypes, check.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+        return uid == os.getuid() and pid > 0 and check(pid, None, 0) == 0  # 0: not sandboxed
+    except Exception:  # whatever we could not establish refuses
+        return False
 
 
 class _Handler:
@@ -289,6 +324,7 @@ class ControlServer:
         self.path = directory / f"{state.run_id}.sock"
         self.state = state
         self._user_namespace = own_user_namespace()  # None (no /proc): every peer is refused
+        self._darwin = sys.platform == "darwin"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
         try:
@@ -322,7 +358,10 @@ class ControlServer:
             _Handler(conn, self)
 
     def peer_allowed(self, conn: socket.socket) -> bool:
-        """True only if the peer is known to live in our own user namespace (so outside any sandbox)."""
+        """True only if the peer is known to live in our own user namespace (so outside any sandbox);
+        on macOS, to run as our uid outside every sandbox."""
+        if self._darwin:
+            return peer_unsandboxed_darwin(conn)
         return peer_in_namespace(conn, self._user_namespace)
 
     def close(self) -> None:

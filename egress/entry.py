@@ -48,7 +48,7 @@ class Unparsed(Exception):
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    if args[:1] == ["run"] and sys.platform == "linux":
+    if args[:1] == ["run"]:
         try:
             options = parse_run(args[1:], os.environ)
         except Unparsed:

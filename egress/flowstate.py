@@ -71,3 +71,4 @@ class ConnState:
     # an upstream connection of this client that could not be opened, until its flow's error
     # hook takes it (egress.addons.upstream_errors): (code, detail, mitmproxy's message)
     open_failure: tuple[str, str, str] | None = None
+    authenticated: bool = False  # its first request carried the proxy's secret (egress.proxyauth)

@@ -244,16 +244,24 @@ async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list
 async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket, on_accept=None) -> asyncio.Server:
     """Serve connections from an already-listening socket (one made inside a sandbox) as a regular
     proxy; ``on_accept()`` is called as each connection is taken."""
-    instance = next(iter(server.servers), None)
-    if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
-        instance = ServerInstance.make(ProxyMode.parse("regular"), server)
+    instance_handle = regular_handler(server)
     sock.setblocking(False)
-    handle = instance.handle_stream
+    handle = instance_handle
     if on_accept is not None:
         async def handle(reader, writer):
             on_accept()
-            await instance.handle_stream(reader, writer)
+            await instance_handle(reader, writer)
     return await asyncio.start_server(handle, sock=sock)
+
+
+def regular_handler(server: proxyserver.Proxyserver):
+    """``handle_stream(reader, writer)`` of a regular-mode server instance: a client connection
+    served as by an explicit proxy (egress.transparent feeds it captured connections, each
+    behind a CONNECT of its own)."""
+    instance = next(iter(server.servers), None)
+    if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
+        instance = ServerInstance.make(ProxyMode.parse("regular"), server)
+    return instance.handle_stream
 
 
 async def stop_serving(server: proxyserver.Proxyserver, timeout: float) -> int:

@@ -9,6 +9,8 @@ Semantics:
 * IP addresses and CIDRs match IP literals only; a domain entry never matches
   an IP literal.
 * ``deny`` wins over every ``allow``.
+* A name that no ``allow`` entry covers and that looks like data leaving in its labels
+  (egress.exfil) is refused as ``exfiltration``, in every network mode.
 * After a destination is allowed and its addresses known, :meth:`Policy.choose_address`
   says which one may be dialled, or refuses (``private-address``) naming the address, its
   class and the ``allow_private`` line that would allow it. The proxy asks it after
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from . import reasons
 from .addresses import address_class, classify
+from .exfil import shape
 from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host
 
 LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
@@ -246,6 +249,11 @@ class Policy:
         allowed = self._lists["allow"].match(host, port)
         if allowed is not None:
             return Decision(host.name, port, True, reasons.ALLOWED, self._rule(allowed))
+        # An allow entry wins (the one way to pass an id the shape test takes for data); anything
+        # else, network "all" included, is looked at for data in its labels (egress.exfil).
+        data = None if host.is_ip else shape(host.name)
+        if data is not None:
+            return Decision(host.name, port, False, "exfiltration", detail=data)
         if self.allow_all:
             return Decision(host.name, port, True, reasons.ALLOWED, detail="network mode 'all'")
         return Decision(host.name, port, False, "not-allowed")

@@ -91,8 +91,10 @@ class EgressProxy:
         update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
+        self._captures: list = []  # egress.transparent.Capture, one per run
         self.accepted = False  # a connection came through a handed-over socket
         self.on_first_accept = None  # called when it does, the first time (the warm proxy tells egress run)
+        self.stopping = False  # stop() was called: /readyz says so while connections drain
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> list[tuple[str, int]]:
@@ -102,6 +104,16 @@ class EgressProxy:
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
         self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock, on_accept=self._accepted))
+
+    async def serve_capture(self, sockets) -> None:
+        """Serve `egress run`'s transparent capture sockets ([(tag, socket)], sandbox/capture.py)."""
+        from .transparent import Capture
+
+        engine = self.engine
+        capture = Capture(mitm.regular_handler(self.proxyserver), decide=lambda host: engine.policy.decide(host),
+                          record=engine.recorder.record, on_activity=self._accepted)
+        await capture.serve(list(sockets))
+        self._captures.append(capture)
 
     def _accepted(self) -> None:
         if not self.accepted:
@@ -118,11 +130,14 @@ class EgressProxy:
         finally:
             for server in self._extra_servers:
                 server.close()
+            for capture in self._captures:
+                capture.close()
             await mitm.stop_serving(self.proxyserver, DRAIN_SECONDS)
             await mitm.done(self.master)
 
     def stop(self) -> None:
         """Thread-safe."""
+        self.stopping = True
         mitm.stop(self.master)
 
 

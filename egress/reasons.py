@@ -14,6 +14,8 @@ REFUSALS: dict[str, str] = {
     "protocol": "not well-formed HTTP/1.1, or non-HTTP traffic in a tunnel to a host that is not on the "
                 "passthrough list",
     "credential": "the request carries a credential",
+    "exfiltration": "the name looks like data smuggled out in its labels",
+    "not-http": "only HTTP(S) passes",
     "guard-error": "a check failed with an internal error, so the request was refused to be safe",
 }
 
@@ -38,7 +40,8 @@ SPECIFIC_DETAIL = frozenset({"private-address"})
 
 # Upstream errors whose words stand for many causes (refused or unreachable; which certificate
 # check failed, and whether --upstream-ca is the fix): a person's line also says which one.
-CAUSE_IN_DETAIL = frozenset({"connect-failed", "upstream-certificate", "tls-failed"})
+CAUSE_IN_DETAIL = frozenset({"connect-failed", "upstream-certificate", "tls-failed",
+                             "exfiltration", "not-http"})  # which shape; which protocol was guessed
 
 
 def words(code: str) -> str:

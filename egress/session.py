@@ -88,13 +88,17 @@ class ProxySession:
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        self.capture: list[tuple[str, socket.socket]] = []  # transparent capture's sockets (egress.transparent)
         self._proxy = None
         self._watcher = None
         self._reload_pending = False
         self._bridge = None  # an event loop for the asker, made on the warm proxy's first question
 
-    def serve_lazily(self, sock: socket.socket) -> None:
+    def serve_lazily(self, sock: socket.socket, capture=()) -> None:
+        """``capture``: [(tag, socket)] of the sandbox's transparent capture (sandbox/capture.py),
+        served beside ``sock``; any of them becoming readable starts the proxy."""
         self._sock = sock
+        self.capture = list(capture)
         target = self._run_warm if self.warm is not None else self._run
         self._thread = threading.Thread(target=target, args=(sock,), name="egress-proxy", daemon=True)
         self._thread.start()
@@ -114,7 +118,7 @@ class ProxySession:
         if self._sock is None:
             return self.connected
         try:
-            return bool(select.select([self._sock], [], [], 0)[0])
+            return bool(select.select([self._sock, *(s for _, s in self.capture)], [], [], 0)[0])
         except (ValueError, OSError):  # closed by the thread meanwhile, after setting connected
             return self.connected
 
@@ -150,12 +154,14 @@ class ProxySession:
     def _run(self, sock: socket.socket) -> None:
         with selectors.DefaultSelector() as selector:
             selector.register(sock, selectors.EVENT_READ)
+            for _, extra in self.capture:
+                selector.register(extra, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             ready = {key.fileobj for key, _ in selector.select()}
-        if sock in ready:
+        if ready - {self._wake_r}:
             self.connected = True
         if self._wake_r in ready:
-            sock.close()
+            self._close_sockets(sock)
             return
         try:
             import asyncio
@@ -167,7 +173,12 @@ class ProxySession:
         except BaseException as e:  # reported by the launcher; the command then sees refused connections
             self.error = e
         finally:
-            sock.close()
+            self._close_sockets(sock)
+
+    def _close_sockets(self, sock: socket.socket) -> None:
+        sock.close()
+        for _, extra in self.capture:
+            extra.close()
 
     async def serve(self, sock, before_serving: Callable[[], bool] | None = None) -> None:
         """Build the proxy and serve ``sock`` until stopped.
@@ -192,6 +203,8 @@ class ProxySession:
                 await proxy.run_until_stopped()
                 return
             await proxy.serve_socket(sock)
+            if self.capture:
+                await proxy.serve_capture(self.capture)
             self._proxy = proxy
             if self.reload is not None:
                 from .live import PolicyWatcher
@@ -236,11 +249,11 @@ class ProxySession:
                 self.builder.serve_metrics()  # the warm proxy was to serve them
             except Exception as e:  # noqa: BLE001 - reported as the proxy's failure
                 self.error = e
-                sock.close()
+                self._close_sockets(sock)
                 return
             self._run(sock)
         elif not self.served_warm:
-            sock.close()
+            self._close_sockets(sock)
 
     def _relay(self, sock: socket.socket) -> str:
         """Hand ``sock`` to the warm proxy and relay its messages until the run ends.
@@ -253,7 +266,8 @@ class ProxySession:
             if not link.sent and not self._wait_for_server(link):
                 return "fallback"
             try:
-                link.send({"op": "socket", "fds": ["listen"]}, [sock.fileno()])
+                link.send({"op": "socket", "fds": ["listen", *(tag for tag, _ in self.capture)]},
+                          [sock.fileno(), *(s.fileno() for _, s in self.capture)])
             except OSError:
                 pass  # a server that refused the run closed first: its answer is read next
             outcome = self._exchange(link, sock)
@@ -324,7 +338,7 @@ class ProxySession:
                 self.on_event(RemoteEvent(message["event"]))
         elif op == "serving":
             # From now on the warm proxy alone holds the socket: if it dies, connections are refused.
-            sock.close()
+            self._close_sockets(sock)
             self.served_warm = True
             self.warm.pid = message.get("pid")
             self.started.set()

@@ -44,7 +44,10 @@ def event_line(event) -> str | None:
     from . import reasons
 
     if event.decision == "block":
-        return f"EGRESS_BLOCKED {event.host} ({reasons.for_person(event.reason, event.detail)})"
+        host = event.host
+        if event.reason == "not-http" and event.port is not None:  # the port is what was refused
+            host = f"[{host}]:{event.port}" if ":" in host else f"{host}:{event.port}"
+        return f"EGRESS_BLOCKED {host} ({reasons.for_person(event.reason, event.detail)})"
     if event.decision == "error" and event.reason in reasons.UPSTREAM_ERRORS:
         return f"EGRESS_UPSTREAM_ERROR {event.host} ({reasons.for_person(event.reason, event.detail)})"
     return None
@@ -60,7 +63,7 @@ class EventLines:
 
         self.stream = stream
         self.blocked = blocked
-        self.seen: set[tuple[str, str, str]] = set()
+        self.seen: set[tuple[str, str, str]] = set()  # (decision, the line's host part, reason)
         self.lock = threading.Lock()
 
     def __call__(self, event) -> None:
@@ -70,7 +73,7 @@ class EventLines:
         if line is None:
             return
         with self.lock:
-            key = (event.decision, event.host, event.reason)
+            key = (event.decision, line.split(" (", 1)[0], event.reason)  # the host, with the port for not-http
             if key in self.seen:
                 return
             self.seen.add(key)

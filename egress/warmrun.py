@@ -11,7 +11,8 @@ socket the launcher hands over. Its connection to the launcher is the run's chan
                         {"op": "event", "event": {...}} every decision (egress.events.Event's fields)
                         {"op": "ask", "id", "host"}     a held request: allow this host for the run?
                         {"op": "error", "message"}      the proxy failed; the child then exits
-    launcher -> child   {"op": "socket"} + the listening socket
+    launcher -> child   {"op": "socket", "fds": ["listen", tags...]} + the listening socket and
+                                                        the transparent capture's (sandbox/capture.py)
                         {"op": "answer", "id", "allowed"}
                         {"op": "reload"}                re-read the policy files now
                         {"op": "stop"}                  the command ended (EOF means the same)
@@ -226,10 +227,15 @@ class ChildRun:
     def _dispatch(self, message: dict, fds: list[int]) -> None:
         op = message.get("op")
         if op == "socket" and fds:
+            tags = list(message.get("fds", ["listen"]))[1:]
             sock = socket.socket(fileno=fds.pop(0))
+            capture = [(tag, socket.socket(fileno=fds.pop(0))) for tag in tags[:len(fds)]]
             if self.listen.done():
                 sock.close()
+                for _, extra in capture:
+                    extra.close()
             else:
+                self.session.capture = capture  # served beside the listening socket (egress.transparent)
                 self.listen.set_result(sock)
         elif op == "answer":
             self.asker.answer(message.get("id"), bool(message.get("allowed")))

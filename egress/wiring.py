@@ -35,8 +35,8 @@ DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress
 
 class ProxyConfig(namedtuple("ProxyConfig", (
         "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
-        "upstream_ca", "state_dir", "extra_options"),
-        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING))):
+        "upstream_ca", "state_dir", "extra_options", "auth"),
+        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING, None))):
     """Everything that shapes a proxy except its policy and credentials, for serve and run alike.
 
     Keyword fields (``config._replace(listen=...)`` makes a changed copy):
@@ -51,6 +51,7 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     * ``upstream_ca``: a CA (PEM) also trusted for upstream servers, beside the system's (egress.trust)
     * ``state_dir``: where the CA and control sockets live; None: egress.state.state_dir()
     * ``extra_options``: mitmproxy options on top (tests, benchmarks)
+    * ``auth``: (user, password) every client must send (egress.proxyauth); None: none asked
 
     A namedtuple, not a dataclass: every `egress run` makes one, and generating a dataclass's
     methods cost ~2 ms of its ~130 ms.
@@ -66,7 +67,8 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                 "upstream_timeout": self.upstream_timeout,
                 "upstream_ca": str(self.upstream_ca) if self.upstream_ca is not None else None,
                 "state_dir": str(self.state_dir) if self.state_dir is not None else None,
-                "extra_options": dict(self.extra_options)}
+                "extra_options": dict(self.extra_options),
+                "auth": list(self.auth) if self.auth is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict) -> ProxyConfig:
@@ -81,7 +83,8 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                    upstream_timeout=data["upstream_timeout"],
                    upstream_ca=Path(data["upstream_ca"]) if data["upstream_ca"] is not None else None,
                    state_dir=Path(data["state_dir"]) if data["state_dir"] is not None else None,
-                   extra_options=data["extra_options"])
+                   extra_options=data["extra_options"],
+                   auth=tuple(data["auth"]) if data.get("auth") is not None else None)
 
 
 class BuildError(Exception):
@@ -151,12 +154,26 @@ class ProxyBuilder:
         address = self.metrics_address
         return f"http://{format_address(*address)}/metrics" if address else None
 
-    def serve_metrics(self) -> None:
-        """Answer on the metrics port from now on (a thread), if one is configured. Raises BuildError."""
+    def serve_metrics(self, registry=None, unready=None) -> None:
+        """Answer on the metrics port from now on (a thread), if one is configured: this proxy's
+        metrics, or ``registry``'s (serve's supervisor: the sum of its workers'), and /healthz and
+        /readyz, whose readiness is ``unready()`` (default: this builder's). Raises BuildError."""
         self.open()
         if self._metrics_socket is None or self._metrics_server is not None:
             return
-        self._metrics_server = _serve_metrics(self._metrics_socket, self._metrics().registry)
+        self._metrics_server = _serve_metrics(self._metrics_socket,
+                                              registry if registry is not None else self._metrics().registry,
+                                              unready if unready is not None else self.unready)
+
+    def unready(self) -> list[str]:
+        """Why this proxy is not ready for traffic (/readyz), in words; empty once it is: started
+        (its policy loaded and in force), listening, and not stopping. Called from the metrics thread."""
+        proxy, engine = self.proxy, self.engine
+        if proxy is None or engine is None:
+            return ["the proxy is not listening yet"]
+        if proxy.stopping:
+            return ["the proxy is stopping (draining its connections)"]
+        return []
 
     # -- in the event loop
 
@@ -182,6 +199,10 @@ class ProxyBuilder:
         resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
         engine = Engine(policy, resolver, recorder)
         engine.asker = asker
+        if config.auth is not None:
+            from .proxyauth import expected
+
+            engine.proxy_auth = expected(config.auth)
         engine.recorder.metrics.policy_rules.set(policy.rule_count)
         try:
             proxy = EgressProxy(engine, config, credentials, trust=self.trust)
@@ -253,8 +274,36 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve_metrics(sock: socket.socket, registry):
-    """prometheus_client's WSGI app on an already-listening socket, one thread per request."""
+def health_app(metrics_app, unready):
+    """The metrics port's WSGI app: /healthz (the process answers: 200), /readyz (200 when
+    ``unready()`` is empty, else 503 with each reason on a line) and the metrics on every other
+    path, as prometheus_client answers them. Probes need no metrics library and a human reads
+    the 503's reason with curl."""
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/healthz":
+            status, body = "200 OK", "ok\n"
+        elif path == "/readyz":
+            try:
+                reasons = unready()
+            except Exception as e:  # fails closed: a readiness check that broke says not ready
+                reasons = [f"readiness check failed ({type(e).__name__}: {e})"]
+            status, body = (("503 Service Unavailable", "".join(f"not ready: {r}\n" for r in reasons))
+                            if reasons else ("200 OK", "ready\n"))
+        else:
+            return metrics_app(environ, start_response)
+        data = body.encode() if environ.get("REQUEST_METHOD") != "HEAD" else b""
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                                ("Content-Length", str(len(body.encode()))), ("Cache-Control", "no-store")])
+        return [data]
+
+    return app
+
+
+def _serve_metrics(sock: socket.socket, registry, unready):
+    """prometheus_client's WSGI app (and /healthz, /readyz) on an already-listening socket, one
+    thread per request."""
     import threading
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -274,6 +323,6 @@ def _serve_metrics(sock: socket.socket, registry):
     server.server_address = sock.getsockname()
     server.server_name, server.server_port = server.server_address[:2]  # no reverse DNS lookup
     server.setup_environ()
-    server.set_app(make_wsgi_app(registry))
+    server.set_app(health_app(make_wsgi_app(registry), unready))
     threading.Thread(target=server.serve_forever, name="egress-metrics", daemon=True).start()
     return server

@@ -47,7 +47,7 @@ def check_namespaces() -> Check:
     name = "network namespace"
     if not _linux():
         return Check(name, "unavailable", "not Linux: egress run's namespaces need a Linux kernel",
-                     "on macOS egress run will use a Seatbelt profile (not built yet)")
+                     "on macOS egress run uses a Seatbelt profile instead; elsewhere use egress serve")
     if "no-userns" in _simulated():
         return Check(name, "unavailable", "user namespaces are refused (simulated)",
                      "sudo sysctl -w user.max_user_namespaces=15000")
@@ -200,11 +200,85 @@ def _read(path: str) -> str | None:
         return None
 
 
-def check_seatbelt() -> Check:
-    if sys.platform != "darwin":
-        return Check("macos seatbelt", "not-applicable", "not macOS")
-    return Check("macos seatbelt", "unavailable", "egress run does not support macOS yet",
-                 "run egress serve and point clients at it; Seatbelt profiles are planned")
+def check_seatbelt(platform=None) -> Check:
+    """macOS: sandbox-exec is there, runs a trivial profile, and runs egress's own profile (so this
+    macOS reads every rule egress writes)."""
+    name = "macos seatbelt"
+    if platform is None or platform.name != "darwin":
+        return Check(name, "not-applicable", "not macOS")
+    refusal = platform.refusal()
+    if refusal is not None:
+        return Check(name, "unavailable", refusal, "egress serve, with clients pointed at it, is all that works here")
+    import subprocess
+
+    trivial = subprocess.run([platform.sandbox_exec, "-p", "(version 1)(allow default)", "/usr/bin/true"],
+                             capture_output=True, text=True, timeout=60)
+    if trivial.returncode != 0:
+        return Check(name, "unavailable", f"sandbox-exec refused a trivial profile (status {trivial.returncode}: "
+                                          f"{_first_line(trivial.stderr)})")
+    problem = _run_own_profile(platform)
+    if problem is not None:
+        return Check(name, "unavailable", f"sandbox-exec refused egress's profile: {problem}",
+                     "report it with `sw_vers` and egress's version: this macOS reads the profile differently")
+    return Check(name, "ok", "isolated: sandbox-exec runs egress's profile; each command reaches only its run's "
+                             "proxy (127.0.0.1, a port and a secret made for the run), no DNS, and writes only to "
+                             "the project, --add-dir folders and a private temporary folder")
+
+
+def _run_own_profile(platform) -> str | None:
+    """Run /usr/bin/true under the profile egress run would write; None if it ran, else why not."""
+    import shutil
+    import tempfile
+
+    from sandbox.spec import SandboxError, SandboxSpec
+
+    work = tempfile.mkdtemp(prefix="egress-doctor-")
+    listener = None
+    try:
+        listener = platform.listener(True)
+        read, write = os.pipe()
+        try:
+            spec = SandboxSpec(["/usr/bin/true"], {"PATH": "/usr/bin:/bin"}, work, writable=[work],
+                               proxy_port=listener.port, socket_dirs=[work], stderr=write,
+                               hidden=[os.path.join(work, "state")])
+            box = platform.start(spec, listener)
+            listener = None
+        except SandboxError as e:
+            return str(e)
+        finally:
+            os.close(write)
+        with box, os.fdopen(read) as err:
+            status = box.wait(30)
+            said = err.read()
+        return None if status == 0 else f"status {status}: {_first_line(said)}"
+    except OSError as e:
+        return str(e)
+    finally:
+        if listener is not None:
+            listener.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no message"])[0][:200]
+
+
+def macos_promises() -> list[Check]:
+    """What the Seatbelt profile holds on macOS, and what it does not (docs/architecture.md)."""
+    return [
+        Check("host files", "ok", "writes outside the writable folders are refused (chmod, rename and unlink "
+                                  "included); egress's own code inside them stays read-only"),
+        Check("unix sockets", "ok", "only inside the run's own folder: every other socket (docker, ssh-agent, "
+                                    "egress's own) is refused, and no other service but a short list of system ones"),
+        Check("egress state", "ok", "egress's state folder (the CA's key, control sockets) is unreadable to "
+                                    "commands, and control sockets answer only processes outside sandboxes"),
+        Check("tty injection", "warning", "not refused on macOS: a command can type into the terminal it shares "
+                                          "(TIOCSTI); run untrusted commands without a terminal (egress run ... "
+                                          "< /dev/null > log 2>&1)"),
+        Check("process tree", "warning", "--timeout and the run's end kill the command's process group; a process "
+                                         "that leaves it (setsid, a daemon) outlives the run, still sandboxed, "
+                                         "its proxy gone"),
+    ]
 
 
 def check_local() -> Check:
@@ -212,7 +286,7 @@ def check_local() -> Check:
                                      "egress run can reach anything its user can")
 
 
-def check_proxy(policies: list[str], state_dir) -> list[Check]:
+def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:
     from egress import settings
     from egress.policy import PolicyError
     from egress.state import ca_cert_path
@@ -232,7 +306,9 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
         checks.append(Check("control sockets", "ok", f"reachable: {names}"))
     else:
         checks.append(Check("control sockets", "not-applicable", "no egress run or serve in progress"))
-    checks.append(check_warm_proxy(state_dir))
+    checks.append(check_warm_proxy(state_dir) if warm else Check(
+        "warm proxy", "not-applicable", "Linux only: here each egress run starts its own proxy when its command "
+                                        "first connects (~0.6 s)"))
     try:
         policy = settings.load(policies or ["dev"]).policy
     except PolicyError as e:
@@ -268,12 +344,29 @@ def check_warm_proxy(state_dir) -> Check:
                              f"each egress run's proxy is a child of it ({paths.socket})")
 
 
-def run_checks(policies: list[str], state_dir, fs_confinement: bool = True) -> tuple[list[Check], bool]:
-    """Every check, and whether `egress run` (with these settings) can be honoured here."""
+def run_checks(policies: list[str], state_dir, fs_confinement: bool = True,
+               platform=None) -> tuple[list[Check], bool]:
+    """Every check, and whether `egress run` (with these settings) can be honoured here.
+
+    ``platform``: the sandbox to judge (sandbox/platforms.py); None: this system's."""
+    if platform is None:
+        from sandbox.platforms import current
+
+        platform = current()
+    policy_ok = lambda checks: all(c.status != "unavailable" for c in checks if c.name == "policy")  # noqa: E731
+    if platform.name == "darwin":
+        seatbelt = check_seatbelt(platform)
+        promises = macos_promises() if seatbelt.status == "ok" else []
+        checks = [seatbelt, *promises, check_local(), *check_proxy(policies, state_dir, warm=platform.warm)]
+        return checks, seatbelt.status == "ok" and policy_ok(checks)
+    if not platform.name.startswith("linux"):
+        checks = [Check("os sandbox", "unavailable", platform.refusal(),
+                        "egress serve, with clients pointed at it, is all that works here"),
+                  check_local(), *check_proxy(policies, state_dir)]
+        return checks, False
     namespaces, fs = check_namespaces(), check_landlock()
     walls = check_protections() if namespaces.status == "ok" and fs.status == "ok" else []
     checks = [namespaces, fs, *walls, check_seatbelt(), check_local(), *check_proxy(policies, state_dir)]
     honoured = namespaces.status == "ok" and (fs.status == "ok" or not fs_confinement)
     honoured = honoured and all(c.status == "ok" for c in walls)
-    honoured = honoured and all(c.status != "unavailable" for c in checks if c.name == "policy")
-    return checks, honoured
+    return checks, honoured and policy_ok(checks)

@@ -3,6 +3,9 @@
     policy  ->  sandbox (netns with only lo, a listening socket inside, Landlock)  ->  command
                      \\-> the socket is handed to a ProxySession outside, started lazily
 
+The sandbox is the platform's (sandbox/platforms.py: Linux namespaces and Landlock, macOS
+Seatbelt; elsewhere egress run refuses); nothing here depends on which.
+
 The launcher talks to the proxy only through egress.session.ProxySession: a socket
 handed over and a stream of events (DESIGN: no mitmproxy internals here).
 
@@ -26,7 +29,6 @@ from egress.wiring import ProxyConfig
 
 from . import environment
 
-PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
 # `egress run --agent` (or a policy's `profile = "agent"`): what an agent harness would otherwise
 # set by hand. Each can still be set on its own (--timeout, --max-output 0, --ask tty).
 # (It also turns on --headless, --redact and --guard-commands.)
@@ -142,14 +144,17 @@ def seal_policy(reader, writable: list[str], read_only: list[str] = ()) -> list[
     return trees
 
 
-def proxy_mode(options: RunOptions) -> str:
+def proxy_mode(options: RunOptions, platform=None) -> str:
     """Where the run's proxy lives: "warm" (the per-user warm proxy, egress.warm) or "lazy" (this
-    process, started when the command first connects)."""
+    process, started when the command first connects); always lazy where the platform's sandbox
+    cannot hand its socket to the warm proxy (sandbox/platforms.py says why)."""
     from egress.warm import MODE_ENV, MODES
 
     mode = options.proxy_mode or os.environ.get(MODE_ENV) or "warm"
     if mode not in MODES:
         raise LaunchError(f"--proxy (or ${MODE_ENV}) must be one of {', '.join(MODES)}, not {mode!r}")
+    if platform is not None and not platform.warm:
+        return "lazy"
     return mode
 
 
@@ -286,13 +291,22 @@ def _policy_failure(error) -> LaunchError:
     return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
 
 
-def run(options: RunOptions) -> int:
-    """Run the command; return its exit status (or a launcher status). Raises LaunchError."""
+def run(options: RunOptions, platform=None) -> int:
+    """Run the command; return its exit status (or a launcher status). Raises LaunchError.
+
+    ``platform``: the sandbox to use (sandbox/platforms.py); None: this system's."""
+    if platform is None:
+        from sandbox.platforms import current
+
+        platform = current()
+    refusal = platform.refusal()
+    if refusal is not None:
+        raise LaunchError(refusal)
     if options.network not in NETWORK_MODES + (None,):
         raise LaunchError(f"--network must be one of {', '.join(NETWORK_MODES)}")
     if options.proxy.listen is not None:  # the run's proxy serves its sandbox, and nothing else
         raise LaunchError("egress run's proxy listens only inside the sandbox; use egress serve to listen")
-    where = proxy_mode(options)
+    where = proxy_mode(options, platform)
     project = options.project.resolve()
     if not project.is_dir():
         raise LaunchError(f"the project folder {options.project} does not exist")
@@ -319,18 +333,23 @@ def run(options: RunOptions) -> int:
         ready = policy or build_policy(options, mode, reader)
         return ready, credentials or load_credentials(ready, caller_env)
 
-    from sandbox.linux import SandboxError, SandboxSpec, start
+    from sandbox.spec import SandboxError, SandboxSpec
 
     run_id = os.urandom(6).hex()
     tmpdir = Path(_private_folder(f"egress-run-{run_id}-"))
-    session = box = control = builder = terminal = handover = None
+    session = box = control = builder = terminal = handover = listener = None
     try:
         ca_bundle = None
+        try:
+            listener = platform.listener(networked)  # where the proxy listens, as the command is told
+        except OSError as e:
+            raise LaunchError(f"cannot listen for the run's proxy: {e.strerror or e}") from None
         if networked:
             from egress.state import StateError, ensure_ca
             from egress.wiring import BuildError, ProxyBuilder
 
-            builder = ProxyBuilder(options.proxy)
+            config = options.proxy if listener.auth is None else options.proxy._replace(auth=listener.auth)
+            builder = ProxyBuilder(config)
             try:
                 # the upstream CAs, the audit log and the metrics port, before the command runs; no thread yet
                 builder.open()
@@ -346,15 +365,16 @@ def run(options: RunOptions) -> int:
         if credentials is not None:  # the command holds placeholders, never the bound secrets
             command_env.update(credentials.placeholder_environment())
         env = environment.command_environment(
-            command_env, proxy_url=f"http://127.0.0.1:{PROXY_PORT}" if networked else None,
-            ca_bundle=ca_bundle, tmpdir=tmpdir)
+            command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir)
+        env.update(platform.environment(tmpdir))
         (tmpdir / "cache").mkdir()
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
         own_code = protect_own_code(writable)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
                            writable=writable, read_only=own_code,
-                           network=networked, proxy_port=PROXY_PORT,
+                           network=networked, proxy_port=listener.port or 3128,  # (any port without network)
+                           capture=networked and platform.capture, socket_dirs=[str(tmpdir)],
                            fs_confinement=options.fs_confinement,
                            # The command never sees egress's state (control sockets, the CA's key)
                            # nor a secret file bound to hosts (it reads the placeholder instead).
@@ -371,9 +391,11 @@ def run(options: RunOptions) -> int:
                                       run_id)
         terminal = _TerminalGuard()  # before the command can take the terminal's foreground
         try:
-            box = start(spec)
+            box = platform.start(spec, listener)
+            listener = None  # the box holds its socket now
         except SandboxError as e:
-            hint = environment.missing_runtime_hint(options.argv[0], sys.platform) if e.code == EXIT_NOT_FOUND else None
+            missing = e.code == EXIT_NOT_FOUND
+            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
             raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
 
         if networked:
@@ -397,7 +419,9 @@ def run(options: RunOptions) -> int:
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
                                    asker=_asker(options, state), state=state, warm=handover)
-            session.serve_lazily(box.listen_socket)
+            session.serve_lazily(box.listen_socket, box.capture)
+            if box.capture_error is not None:
+                state.extra["capture"] = f"unavailable: {box.capture_error}"
         if outputs is not None:
             outputs.start()
         previous = _forward_signals(box)
@@ -428,6 +452,8 @@ def run(options: RunOptions) -> int:
             builder.close()
         if box is not None:
             box.close()
+        if listener is not None:
+            listener.close()
         if terminal is not None:
             terminal.restore()
         _remove_tree(str(tmpdir))

@@ -83,7 +83,10 @@ from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
-from sandbox import _libc, landlock, mounts, namespaces, netcount, seccomp
+from sandbox import _libc, capture, landlock, mounts, namespaces, netcount, seccomp
+from sandbox.spec import SandboxError, SandboxSpec, find_program
+
+__all__ = ["Sandbox", "SandboxError", "SandboxSpec", "start"]
 
 _BACKLOG = 1024
 _HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow
@@ -96,85 +99,14 @@ _SUPERVISOR_IGNORES = (
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
-class SandboxError(Exception):
-    """The sandbox could not be made or the command could not be started; nothing ran.
-
-    `code` is the exit status a launcher should use (EXIT_SANDBOX, EXIT_CANNOT_EXECUTE,
-    EXIT_NOT_FOUND); `kind` names the failing step; str(error) is one line for a person.
-    """
-
-    def __init__(self, code: int, message: str, kind: str = "sandbox") -> None:
-        super().__init__(message)
-        self.code = code
-        self.kind = kind
-
-
-class SandboxSpec:
-    """What to run and how it is confined. Paths are made absolute against the caller's cwd.
-
-    argv: the command; argv[0] is looked up on env["PATH"] (after entering cwd) unless it has a "/".
-    env: the command's whole environment (nothing is inherited).
-    writable: trees the command may modify (must exist); /dev/null, ttys, a private /dev/shm are added.
-    read_only: folders inside the writable trees that the command may not change (egress's own code).
-    readable: folders kept visible (read-only) even where a mask would hide them; the caller's own
-        interpreter trees (sys.prefix, base_prefix) always are: a venv under /tmp stays runnable.
-    hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
-    replaced: files the command sees with other contents (secret files -> their placeholders).
-    network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
-        command still gets a fresh network namespace with only `lo`.
-    fs_confinement: apply Landlock and show the host read-only with /tmp, /var/tmp masked; if
-        False the command may write wherever its uid may (/run and host sockets stay masked).
-    stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
-    """
-
-    __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
-                 "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr")
-
-    def __init__(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        cwd: str,
-        writable: Sequence[str] = (),
-        network: bool = True,
-        proxy_port: int = 3128,
-        fs_confinement: bool = True,
-        read_only: Sequence[str] = (),
-        readable: Sequence[str] = (),
-        hidden: Sequence[str] = (),
-        replaced: Mapping[str, bytes] | None = None,
-        stdin: int | None = None,
-        stdout: int | None = None,
-        stderr: int | None = None,
-    ) -> None:
-        if not argv:
-            raise ValueError("argv must name a command")
-        if not 0 < proxy_port < 65536:
-            raise ValueError(f"proxy_port out of range: {proxy_port}")
-        self.argv = [os.fsdecode(a) for a in argv]
-        self.env = {str(k): str(v) for k, v in env.items()}
-        self.cwd = os.path.abspath(cwd)
-        self.writable = [os.path.abspath(p) for p in writable]
-        self.network = bool(network)
-        self.proxy_port = int(proxy_port)
-        self.fs_confinement = bool(fs_confinement)
-        self.read_only = [os.path.abspath(p) for p in read_only]
-        self.readable = list(dict.fromkeys(os.path.abspath(p) for p in (*readable, *_interpreter_trees())))
-        self.hidden = [os.path.abspath(p) for p in hidden]
-        self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
-        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k not in ("env", "replaced"))
-        return f"SandboxSpec({fields}, env=<{len(self.env)} variables>, replaced=<{len(self.replaced)} files>)"
-
-
 class Sandbox:
     """A started sandbox. Use as a context manager, or call close() when done."""
 
     def __init__(self, helper_pid: int, helper_fd: int) -> None:
         self.pid: int | None = None  # the command, in the caller's PID namespace
         self.listen_socket: socket.socket | None = None
+        self.capture: list[tuple[str, socket.socket]] = []  # (tag, socket): sandbox/capture.py's
+        self.capture_error: str | None = None  # why the capture could not be set up (the run goes on without)
         self.returncode: int | None = None
         self._helper_pid = helper_pid
         self._helper_fd = helper_fd  # pidfd: poll()able for a timed wait
@@ -220,6 +152,8 @@ class Sandbox:
             self.returncode = self._reap()
         if self.listen_socket is not None:
             self.listen_socket.close()
+        for _, sock in self.capture:
+            sock.close()
         for fd in self._netcount:
             os.close(fd)
         self._netcount = []
@@ -284,7 +218,8 @@ def start(spec: SandboxSpec) -> Sandbox:
 
 
 # --- the caller's side of the socket pair --------------------------------------------------
-# Messages: b"L" + the listening socket; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
+# Messages: b"L" + the listening socket; b"K<tag>" + a capture socket; b"X<why>" the capture
+# could not be set up; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
 # b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
 
 
@@ -305,6 +240,10 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             box.listen_socket = socket.socket(fileno=fds.pop())
             # The helper is in the new network namespace now, waiting for init: its counters.
             box._netcount = netcount.open_files(box._helper_pid)
+        elif tag == b"K" and fds:
+            box.capture.append((payload.decode(), socket.socket(fileno=fds.pop())))
+        elif tag == b"X":
+            box.capture_error = payload.decode(errors="replace")
         elif tag == b"B" and fds:
             box._init_fd = fds.pop()
         elif tag == b"C" and fds:
@@ -383,6 +322,8 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
                 ls.bind(("127.0.0.1", spec.proxy_port))
                 ls.listen(_BACKLOG)
                 _send_fd(chan, b"L", ls.fileno())
+            if spec.capture:
+                _hand_over_capture(chan)
     except OSError as e:
         # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
         raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({e.strerror}): "
@@ -442,6 +383,19 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str]) -> int
             return _exit_code(status)
 
 
+def _hand_over_capture(chan: socket.socket) -> None:
+    """Set up the transparent capture (sandbox/capture.py) and send its sockets; if the kernel
+    refuses (no nf_tables), say why and go on: the namespace stays without a route out."""
+    try:
+        made = capture.setup(_BACKLOG)
+    except OSError as e:
+        chan.send(b"X" + f"{e.strerror or e}".encode())
+        return
+    for tag, sock in made:
+        _send_fd(chan, b"K" + tag, sock.fileno())
+        sock.close()
+
+
 def _send_pidfd(chan: socket.socket, tag: bytes, child: int, host_proc: int | None = None) -> None:
     """Send a pidfd of our own child (only its parent can open one without racing its reaping).
 
@@ -462,34 +416,11 @@ def _send_pidfd(chan: socket.socket, tag: bytes, child: int, host_proc: int | No
         os.close(fd)
 
 
-def _interpreter_trees() -> list[str]:
-    """The caller's own interpreter: its prefixes, and the folder of its executable (with the
-    virtual environment around it: under `python -S` sys.prefix does not name the venv)."""
-    trees = [sys.prefix, sys.exec_prefix, sys.base_prefix]
-    if sys.executable:
-        folder = os.path.dirname(sys.executable)
-        venv = os.path.dirname(folder)
-        trees.append(venv if os.path.isfile(os.path.join(venv, "pyvenv.cfg")) else folder)
-    return trees
-
-
 def _find_program(name: str, env: Mapping[str, str]) -> str:
-    """Resolve argv[0] as execvp would, with 127/126 failures worded like a shell's."""
-    # Not os.get_exec_path: it enters warnings.catch_warnings, which is slow for what it does.
-    search = env.get("PATH", os.defpath).split(os.pathsep)
-    candidates = [name] if "/" in name else [os.path.join(d or ".", name) for d in search]
-    refused = None
-    for path in candidates:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-        if os.path.exists(path) and refused is None:
-            refused = path
-    if refused is not None:
-        why = "is a directory" if os.path.isdir(refused) else "permission denied"
-        raise _Failure(EXIT_CANNOT_EXECUTE, "exec", f"cannot execute {refused}: {why}")
-    if "/" in name:
-        raise _Failure(EXIT_NOT_FOUND, "exec", f"{name}: no such file")
-    raise _Failure(EXIT_NOT_FOUND, "exec", f"{name}: command not found (PATH={env.get('PATH', os.defpath)})")
+    try:
+        return find_program(name, env)
+    except SandboxError as e:
+        raise _Failure(e.code, e.kind, str(e)) from None
 
 
 # --- small process plumbing -------------------------------------------------------------------

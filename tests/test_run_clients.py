@@ -311,8 +311,10 @@ def test_a_node_command_that_failed_going_around_the_proxy_gets_a_hint(tmp_path)
     # NO_PROXY sends fetch() around the proxy whatever node's version: as node 20 does for every host.
     direct = egress_run(tmp_path, node, "-e", FETCH, "https://direct.test/", env={"NO_PROXY": "direct.test"})
     assert direct.returncode == 3, direct.stderr
-    assert HINT.findall(direct.stderr) == ["node"], direct.stderr
-    assert "NODE_USE_ENV_PROXY" in direct.stderr and "EGRESS_BLOCKED" not in direct.stderr
+    # Captured (tests/test_run_capture.py): no longer around the proxy, so a line, not the hint,
+    # which is left for kernels without nf_tables (the capture then is not made).
+    assert "EGRESS_BLOCKED direct.test (not on the allow list)" in direct.stderr
+    assert not HINT.findall(direct.stderr), direct.stderr
 
 
 def test_the_hint_is_not_given_when_the_command_did_not_go_around_the_proxy(tmp_path, http_upstream, curl_path):
@@ -334,5 +336,5 @@ def test_the_hint_is_not_given_when_the_command_did_not_go_around_the_proxy(tmp_
 def test_any_command_that_failed_going_around_the_proxy_gets_the_general_hint(tmp_path, curl_path):
     result = egress_run(tmp_path, "curl", "-sS", "--noproxy", "*", "https://direct.test/")
     assert result.returncode != 0
-    assert HINT.findall(result.stderr) == ["curl"], result.stderr
-    assert "a program that ignores HTTPS_PROXY needs its own proxy setting, http://127.0.0.1:3128." in result.stderr
+    assert "EGRESS_BLOCKED direct.test (not on the allow list)" in result.stderr  # captured: named
+    assert not HINT.findall(result.stderr), result.stderr

@@ -62,7 +62,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
 from mitmproxy.proxy.layers.http._http1 import Http1Server, make_body_reader
 
-from .. import mitm
+from .. import mitm, proxyauth
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import KEY, ConnState, flow_state
@@ -266,6 +266,20 @@ class StrictHttp1Server(Http1Server):
             yield from self._refuse_head(400, "protocol", str(e)[:200], lines[0])
             return
         request = self.request
+        wanted = self.limits.engine.proxy_auth
+        if wanted is not None and not state.authenticated:
+            # A proxy others on the host can reach (egress run on macOS, serve --auth): a client
+            # without the secret gets 407 before any hook, decision or event (egress.proxyauth).
+            if not proxyauth.accepts(request.headers.get("Proxy-Authorization"), wanted):
+                state.waiting_since = None
+                yield commands.SendData(self.conn, http1.assemble_response(proxyauth.challenge()))
+                yield commands.CloseConnection(self.conn)
+                self.state = self.done
+                self.buf = ReceiveBuffer()
+                return
+            state.authenticated = True
+        if wanted is not None:
+            request.headers.pop("Proxy-Authorization", None)  # the secret goes no further
         if (self.http_layer.mode is HTTPMode.regular and not request.authority and request.method != "CONNECT"):
             # mitmproxy then takes the destination from the Host header, and answers a bad one
             # with a 400 of its own and no hook: refuse it here, reported.
