@@ -103,8 +103,9 @@ _I = re.IGNORECASE
 # (signal, weight, patterns): each pattern a regular expression on the cleaned text.
 SIGNALS = (
     ("ignore-instructions", 0.6, [
-        r"\b(?:ignore|disregard|forget|skip|override|bypass)\b[^.\n]{0,40}\b(?:previous|prior|above|earlier|"
-        r"preceding|all|any|your|the|system|original)\b[^.\n]{0,30}\b(?:instructions?|prompts?|directions?|"
+        # within one clause: "ignore the proxy variables: captured, held to the policy" is documentation
+        r"\b(?:ignore|disregard|forget|skip|override|bypass)\b[^.\n:;,]{0,40}\b(?:previous|prior|above|earlier|"
+        r"preceding|all|any|your|the|system|original)\b[^.\n:;,]{0,30}\b(?:instructions?|prompts?|directions?|"
         r"rules|guidelines|context|messages?|guardrails|polic(?:y|ies))\b",
         r"\bnew (?:instructions|rules|task|directive)s?\s*:",
         r"\b(?:disregard|forget|ignore) (?:all of |everything )?(?:the |what (?:is|was) )?(?:above|previous|prior|said)"
