@@ -463,6 +463,7 @@ http {{
             tenth = rss[max(0, len(rss) // 10 - 1)]
             rows["rss_during"] = {"peak_mb": max(rss), "at_10pct_mb": tenth, "at_end_mb": rss[-1],
                                   "samples": len(rss)}
+            rows["rss_samples"] = samples  # (seconds into the load, MB): when memory moved
         rows["limited"] = self.metric("egress_connections_limited_total")
         if s["not2xx"] or s["socket_errors"] or s["err_status"] or s["responses"] < a.requests or rows["limited"]:
             self.failures.append(f"requests: {s['not2xx']} non-2xx, {s['socket_errors']} socket errors, "
