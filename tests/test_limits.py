@@ -6,6 +6,7 @@ A real `egress serve`, raw sockets on 127.0.0.1, the test upstreams of conftest.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import resource
 import socket
@@ -179,6 +180,78 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(proxy_factory, monk
     limits = Path(f"/proc/{proxy.process.pid}/limits").read_text()
     soft, hard_seen = re.search(r"^Max open files\s+(\S+)\s+(\S+)", limits, re.M).groups()
     assert soft == hard_seen != "1024"
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def _hold_tunnels(proxy, count: int, while_held) -> None:
+    """Open ``count`` passthrough tunnels to an echo server, check a round trip in each, call
+    ``while_held()`` with all of them open, then close them all."""
+    ends = []
+
+    async def echo(reader, writer):
+        ends.append(writer)
+        while data := await reader.read(65536):
+            writer.write(data)
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0, backlog=1024)
+    target = f"passthrough.test:{server.sockets[0].getsockname()[1]}"
+    gate = asyncio.Semaphore(50)
+
+    async def tunnel(i):
+        async with gate:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            writer.write(b"%d;" % i)
+            assert await reader.readexactly(len(b"%d;" % i)) == b"%d;" % i
+            return writer
+
+    writers = await asyncio.gather(*(tunnel(i) for i in range(count)))
+    try:
+        await asyncio.to_thread(while_held)
+    finally:
+        for writer in writers + ends:
+            writer.close()
+        server.close()
+        await asyncio.gather(*(w.wait_closed() for w in writers + ends), return_exceptions=True)
+
+
+def test_the_memory_of_closed_tunnels_is_given_back(proxy_factory):
+    # Each connection leaves objects in reference cycles; held long enough they reach the oldest
+    # generation, which CPython then collected only after a quarter as many new long-lived
+    # objects: after 10,000 tunnels closed, each worker kept its RSS of 10,000 held (bench/soak.py).
+    proxy = proxy_factory(DEFAULT_POLICY, "--max-client-connections", "0", "--workers", "1")
+    pid = proxy.process.pid
+    asyncio.run(_hold_tunnels(proxy, 50, lambda: None))  # every code path imported once
+    _wait_for_no_connection(proxy)
+    rest = _rss_mib(pid)
+    held: list[float] = []
+    asyncio.run(_hold_tunnels(proxy, 2000, lambda: held.append(_rss_mib(pid))))
+    _wait_for_no_connection(proxy)
+    grown = held[0] - rest
+    assert grown > 20, (rest, held)  # ~25 KiB a tunnel
+    # Not all of it: what still lives pins some of the allocator's arenas (a third to a half
+    # stayed, here and in the soak); before, none of it came back.
+    deadline = time.monotonic() + 60
+    while held[0] - _rss_mib(pid) < grown / 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert held[0] - _rss_mib(pid) >= grown / 3, (rest, held[0], _rss_mib(pid))
+
+
+def _wait_for_no_connection(proxy) -> None:
+    def open_now() -> float:
+        return float(re.search(r"^egress_open_connections (\S+)$", proxy.metrics(), re.M).group(1))
+
+    deadline = time.monotonic() + 60
+    while open_now() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert open_now() == 0
 
 
 def test_connections_per_client_address_are_capped(proxy_factory, http_upstream):

@@ -35,6 +35,8 @@ What this module does:
 * a request head with obs-fold, a bare CR, NUL or another control character (HTAB aside)
   is answered ``400`` (``protocol``). Bare LF line ends are left to mitmproxy: it splits
   lines on LF and writes the head anew with CRLF, so upstream never sees them;
+* connections that closed are given back to the system (:mod:`egress.reclaim`: a full collection
+  once as many have closed as are open, then ``malloc_trim``);
 * a request line mitmproxy cannot parse is answered ``400`` by egress (``invalid-host`` when
   it names a host that is not one, else ``protocol``), with an event; trailers and a
   malformed chunked body are reported as ``protocol`` refusals (and trailers answered 400).
@@ -68,6 +70,7 @@ from ..failclosed import fail_closed
 from ..flowstate import KEY, ConnState, flow_state
 from ..hosts import InvalidHost, parse_authority
 from ..policy import Decision
+from ..reclaim import Reclaimer
 from ..refusal import refuse, upstream_error
 
 logger = logging.getLogger("egress")
@@ -111,6 +114,7 @@ class Limits:
         self.head_timeout = HEAD_TIMEOUT
         self.max_head_bytes = MAX_HEAD_BYTES
         self._sweeper: asyncio.Task | None = None
+        self.reclaimer = Reclaimer()
 
     def load(self, loader) -> None:
         loader.add_option("egress_max_client_connections", int, MAX_CLIENT_CONNECTIONS,
@@ -137,11 +141,13 @@ class Limits:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self.reclaimer.cancel()
 
     # ------------------------------------------------------------- connections
 
     @fail_closed
     def client_connected(self, client: connection.Client) -> None:
+        self.reclaimer.opened()
         state = self.engine.conn(client)
         state.waiting_since = time.monotonic()
         address = client.peername[0] if client.peername else None
@@ -165,6 +171,7 @@ class Limits:
                 self.per_client.pop(state.counted, None)
             state.counted = None
         self.engine.forget(client)
+        self.reclaimer.closed_one()
 
     @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
