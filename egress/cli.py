@@ -383,11 +383,12 @@ def _serve(policies, config) -> None:
         click.echo(f"egress: {warning.as_warning()}", err=True)
     builder = ProxyBuilder(config)
 
-    async def run() -> None:
+    async def run(policy) -> None:
         try:
-            proxy = await builder.start(loaded, credentials)
+            proxy = await builder.start(policy, credentials)
         except BuildError as e:
             raise Fatal(e.status, str(e)) from None
+        del policy  # the engine's from now on: a reload must leave nothing else holding the first
         engine = builder.engine
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -420,7 +421,7 @@ def _serve(policies, config) -> None:
             click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
         if builder.metrics_url:
             click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
-        click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
+        click.echo(f"egress: policy {', '.join(engine.policy.files)} ({engine.policy.size}); "
                    f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
         click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
         try:
@@ -433,7 +434,9 @@ def _serve(policies, config) -> None:
     try:
         builder.open()  # the audit log (5) and the metrics port (4) before anything else
         builder.serve_metrics()
-        asyncio.run(run())
+        serving = run(loaded)
+        del loaded
+        asyncio.run(serving)
     except BuildError as e:
         raise Fatal(e.status, str(e)) from None
     finally:
