@@ -53,6 +53,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_bench import EGRESS_MAIN, WRK_LUA, Procs, free_port, listening_ports, status_kb  # noqa: E402
 
+# proxy_bench's script, plus every latency wrk recorded (its histogram: microseconds, count), so
+# that the percentiles of all requests during a reload can be computed, not only per slice.
+SLICE_LUA = WRK_LUA + r"""
+local summary_done = done
+function done(summary, latency, requests)
+  summary_done(summary, latency, requests)
+  local out = {}
+  for i = 1, #latency do  -- wrk 4: #latency distinct values, latency(i) = value, count
+    local v, n = latency(i)
+    out[#out + 1] = string.format("%d:%d", v, n)
+  end
+  io.write("HIST " .. table.concat(out, ",") .. "\n")
+end
+"""
+
 REPO = Path(__file__).resolve().parent.parent
 WILDCARD_EVERY = 10  # every 10th allow entry is "*.name"
 PORT_EVERY = 7  # every 7th is "name:443"
@@ -367,8 +382,8 @@ class Slices(threading.Thread):
     def __init__(self, procs: Procs, tmp: Path, proxy_port: int, upstream_port: int, conns: int):
         super().__init__(daemon=True)
         self.procs, self.conns = procs, conns
-        self.lua = tmp / "proxy.lua"
-        self.lua.write_text(WRK_LUA)
+        self.lua = tmp / "slice.lua"
+        self.lua.write_text(SLICE_LUA)
         self.url = f"http://127.0.0.1:{proxy_port}"
         self.env = dict(os.environ, BENCH_PATH=f"http://allowed.test:{upstream_port}/small",
                         BENCH_HOST=f"allowed.test:{upstream_port}")
@@ -392,6 +407,9 @@ class Slices(threading.Thread):
             if m:
                 s = json.loads(m.group(1))
                 s["errors"] = sum(s[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+                hist = re.search(r"^HIST (.*)$", out.decode(), re.M)
+                s["hist"] = [tuple(map(int, pair.split(":"))) for pair in hist.group(1).split(",") if pair] \
+                    if hist else []
                 self.slices.append((t0, time.monotonic(), s))
 
 
@@ -427,8 +445,8 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
                 os.kill(proc.pid, signal.SIGHUP)
                 while logpath.read_text(errors="replace").count("policy reloaded") == done:
                     if proc.poll() is not None or time.monotonic() > t_sig + args.timeout:
-                        raise SystemExit(f"egress serve ({v.label}) did not reload:\n"
-                                         f"{logpath.read_text(errors='replace')[-2000:]}")
+                        raise SystemExit(f"egress serve ({v.label}) did not reload (exit status "
+                                         f"{proc.poll()}):\n{logpath.read_text(errors='replace')[-2000:]}")
                     time.sleep(0.02)
                 t_done = time.monotonic()
                 windows.append((t_sig, t_done))
@@ -449,16 +467,34 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
     rate = lambda f: f["requests"] / (f["duration_us"] / 1e6)
     row.update({
         "quiet_rps": statistics.median(map(rate, quiet)) if quiet else 0,
-        "quiet_p99_ms": statistics.median(f["p99_us"] for f in quiet) / 1e3 if quiet else 0,
-        "quiet_p99_max_ms": max(f["p99_us"] for f in quiet) / 1e3 if quiet else 0,
+        "quiet_p50_ms": percentile(quiet, 50), "quiet_p99_ms": percentile(quiet, 99),
         "reload_rps": statistics.median(map(rate, during)) if during else 0,
-        "reload_p99_ms": max(f["p99_us"] for f in during) / 1e3 if during else 0,
-        "reload_p50_ms": statistics.median(f["p50_us"] for f in during) / 1e3 if during else 0,
+        "reload_p50_ms": percentile(during, 50), "reload_p99_ms": percentile(during, 99),
+        "reload_max_ms": max((f["hist"][-1][0] for f in during if f["hist"]), default=0) / 1e3,
+        "reload_slice_p99_ms": max((f["p99_us"] for f in during), default=0) / 1e3,
         "errors": sum(f["errors"] for _, _, f in slicer.slices),
-        "slices": [(round(s0 - t0, 2), round(s1 - t0, 2), f) for s0, s1, f in slicer.slices],
+        "slices": [(round(s0 - t0, 2), round(s1 - t0, 2), {k: v for k, v in f.items() if k != "hist"})
+                   for s0, s1, f in slicer.slices],
         "windows": [(round(w0 - t0, 2), round(w1 - t0, 2)) for w0, w1 in windows],
     })
     return row
+
+
+def percentile(slices: list[dict], p: float) -> float:
+    """The p-th percentile (ms) of every request of these wrk slices together."""
+    counts: dict[int, int] = {}
+    for fig in slices:
+        for value, n in fig["hist"]:
+            counts[value] = counts.get(value, 0) + n
+    total = sum(counts.values())
+    if not total:
+        return 0.0
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= total * p / 100:
+            return value / 1e3
+    return max(counts) / 1e3
 
 
 def reload_bench(args, procs: Procs, tmp: Path, vers: list[Version]) -> None:
@@ -474,7 +510,8 @@ def reload_bench(args, procs: Procs, tmp: Path, vers: list[Version]) -> None:
             row = reload_round(args, procs, tmp, v, policy, upstream)
             rows.setdefault(v.label, []).append(row)
             log(f"  start {row['start_s']:.1f} s, reloads {', '.join(f'{x:.1f}' for x in row['reloads'])} s, "
-                f"p99 quiet {row['quiet_p99_ms']:.0f} ms / reload {row['reload_p99_ms']:.0f} ms, "
+                f"p99 quiet {row['quiet_p99_ms']:.0f} ms / reload {row['reload_p99_ms']:.0f} ms "
+                f"(worst slice {row['reload_slice_p99_ms']:.0f}, max {row['reload_max_ms']:.0f}), "
                 f"rss {row['rss_start_mb']:.0f} -> {', '.join(f'{x:.0f}' for x in row['rss_after_mb'])} MB, "
                 f"peak {row['hwm_mb']:.0f} MB")
     procs.stop(nginx)
@@ -489,8 +526,11 @@ def reload_bench(args, procs: Procs, tmp: Path, vers: list[Version]) -> None:
         ("reload s", lambda r: statistics.median(r["reloads"]), ".1f"),
         ("req/s quiet", lambda r: r["quiet_rps"], ".0f"),
         ("req/s reload", lambda r: r["reload_rps"], ".0f"),
+        ("p50 quiet", lambda r: r["quiet_p50_ms"], ".1f"),
+        ("p50 reload", lambda r: r["reload_p50_ms"], ".1f"),
         ("p99 quiet", lambda r: r["quiet_p99_ms"], ".1f"),
         ("p99 reload", lambda r: r["reload_p99_ms"], ".1f"),
+        ("max reload", lambda r: r["reload_max_ms"], ".0f"),
         ("RSS start", lambda r: r["rss_start_mb"], ".0f"),
         ("RSS 1st", lambda r: r["rss_after_mb"][0], ".0f"),
         ("RSS last", lambda r: r["rss_after_mb"][-1], ".0f"),
@@ -498,16 +538,16 @@ def reload_bench(args, procs: Procs, tmp: Path, vers: list[Version]) -> None:
     ]
     print(f"\n{machine()}\negress serve, {args.entries:,}-entry policy (+1% deny), wrk -c{args.connections} "
           f"in 1 s slices, {args.reloads} SIGHUP reloads {args.quiet:g} s apart; medians of {args.rounds} "
-          f"round(s) (p99 reload: the worst slice overlapping a reload)")
+          f"round(s)\n(latency: of every request in the slices overlapping a reload, or in the others; ms)")
     for v in vers:
         print(f"  {v.label}: {v.describe}")
-    head = f"\n{'version':>13} " + " ".join(f"{c[0]:>12}" for c in cols)
+    head = f"\n{'version':>13} " + " ".join(f"{c[0]:>11}" for c in cols)
     print(head)
     print("-" * len(head))
     for v in vers:
-        print(f"{v.label:>13} " + " ".join(f"{med(v.label, f):>12{fmt}}" for _, f, fmt in cols))
+        print(f"{v.label:>13} " + " ".join(f"{med(v.label, f):>11{fmt}}" for _, f, fmt in cols))
     if len(vers) == 2:
-        print(f"{'tree/base':>13} " + " ".join(f"{ratio(med(vers[1].label, f), med(vers[0].label, f)):>12}"
+        print(f"{'tree/base':>13} " + " ".join(f"{ratio(med(vers[1].label, f), med(vers[0].label, f)):>11}"
                                                   for _, f, _ in cols))
     print("\nstart = process start to its listening line (the load included); reload = SIGHUP to the "
           "'policy reloaded' line;\nRSS (MB): after start, after the first and the last reload, peak (VmHWM).")

@@ -134,11 +134,17 @@ class PolicyWatcher:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
-                forced = True
             except asyncio.TimeoutError:
-                forced = False
+                pass
+            # The event, not how the wait ended: a request that came while wait_for was timing
+            # out (it awaits the cancelled wait) ended as a timeout, and was then cleared unseen.
+            forced = self._wake.is_set()
             self._wake.clear()
-            await self.check(forced)
+            try:
+                await self.check(forced)
+            except Exception as e:  # the watcher must outlive any one reload; the policy in force stays
+                self.report(f"policy not reloaded: {type(e).__name__}: {e}")
+                self.report("the last good policy stays in force")
 
     async def check(self, forced: bool = False) -> None:
         """Reload if a file that is not frozen changed (or ``forced``); report frozen ones."""
