@@ -23,12 +23,13 @@ peak RSS belongs to that size alone:
 
 Reload (``--reload``): ``egress serve`` with an N-entry policy (and ``allowed.test``) in front
 of nginx, under ``wrk -c C`` plain-HTTP load run in back-to-back 1-second slices; SIGHUP makes
-it reload the same policy ``--reloads`` times, 3 s apart. Reported: start-up (process start to
-its listening line), each reload's time (SIGHUP to the ``policy reloaded`` line), req/s and p99
-of the slices during a reload against the quiet ones, and the proxy's RSS after start, after
-each reload and at its peak. Everything listens on 127.0.0.1, on ports bound as 0 (nginx on
-ports it was just given); every process is stopped by its pid and the temporary directory removed,
-also on errors and Ctrl-C.
+it reload the same policy ``--reloads`` times, 3 s apart (a SIGHUP with no reload after
+``--resend`` seconds is counted as lost and sent again). Reported: start-up (process start to
+its listening line), each reload's time (SIGHUP to the ``policy reloaded`` line), req/s of the
+slices during a reload against the quiet ones, p50/p99/max latency of every request in them
+(wrk's histograms pooled), and the proxy's RSS after start, after each reload and at its peak.
+Everything listens on 127.0.0.1, on ports bound as 0 (nginx on ports it was just given); every
+process is stopped by its pid and the temporary directory removed, also on errors and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -433,7 +434,7 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
                 raise SystemExit(f"egress serve ({v.label}) did not start:\n{text[-2000:]}")
             time.sleep(0.02)
         row = {"start_s": start_s, "rss_start_mb": status_kb(proc.pid, "VmRSS") / 1024, "reloads": [],
-               "rss_after_mb": []}
+               "rss_after_mb": [], "lost": 0}
         slicer = Slices(procs, tmp, port, upstream, args.connections)
         slicer.start()
         windows = []
@@ -441,12 +442,16 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
             time.sleep(args.quiet)
             for _ in range(args.reloads):
                 done = logpath.read_text(errors="replace").count("policy reloaded")
-                t_sig = time.monotonic()
+                t_first = t_sig = time.monotonic()
                 os.kill(proc.pid, signal.SIGHUP)
                 while logpath.read_text(errors="replace").count("policy reloaded") == done:
-                    if proc.poll() is not None or time.monotonic() > t_sig + args.timeout:
+                    if proc.poll() is not None or time.monotonic() > t_first + args.timeout:
                         raise SystemExit(f"egress serve ({v.label}) did not reload (exit status "
                                          f"{proc.poll()}):\n{logpath.read_text(errors='replace')[-2000:]}")
+                    if time.monotonic() > t_sig + args.resend:  # lost (main before b8b7833 lost some)
+                        row["lost"] += 1
+                        t_sig = time.monotonic()
+                        os.kill(proc.pid, signal.SIGHUP)
                     time.sleep(0.02)
                 t_done = time.monotonic()
                 windows.append((t_sig, t_done))
@@ -552,7 +557,9 @@ def reload_bench(args, procs: Procs, tmp: Path, vers: list[Version]) -> None:
     print("\nstart = process start to its listening line (the load included); reload = SIGHUP to the "
           "'policy reloaded' line;\nRSS (MB): after start, after the first and the last reload, peak (VmHWM).")
     errors = {label: sum(r["errors"] for r in rs) for label, rs in rows.items()}
-    print(f"wrk errors: {errors}")
+    lost = {label: sum(r["lost"] for r in rs) for label, rs in rows.items()}
+    print(f"wrk errors: {errors}\nSIGHUPs lost (sent again after --resend {args.resend:g} s; the reload timed from "
+          f"the last): {lost}")
 
 
 def main() -> None:
@@ -567,6 +574,8 @@ def main() -> None:
     ap.add_argument("--quiet", type=float, default=3.0, help="--reload: seconds of load before and after each reload")
     ap.add_argument("--connections", type=int, default=4, help="--reload: wrk connections")
     ap.add_argument("--timeout", type=float, default=300, help="--reload: longest start-up or reload (s)")
+    ap.add_argument("--resend", type=float, default=60,
+                    help="--reload: SIGHUP again if no reload was reported this long after one (s)")
     ap.add_argument("--json", type=Path, help="--reload: write every round's figures (and wrk slices) here")
     ap.add_argument("--child", nargs=2, metavar=("FILE", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
