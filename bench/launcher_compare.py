@@ -3,8 +3,10 @@
 Run:  .venv/bin/python bench/launcher_compare.py [--ref 985ba3d] [--new HEAD] [--rounds 40]
 
 Both versions run from this interpreter through the same small entry point (the source
-tree first on sys.path, then `egress.cli.main`), so neither pays for a console script or
-an editable finder the other does not. Rounds are interleaved and the starting variant
+tree first on sys.path, then the `main` the console script calls: `egress.entry.main` where
+it exists, else `egress.cli.main`), so neither pays for a console script or an editable
+finder the other does not. A version with the warm proxy starts one in the temporary state
+folder (during the warm-up rounds); it is stopped by its pid at the end. Rounds are interleaved and the starting variant
 rotates each round; medians and the new/old ratio are printed. Each command gets the same
 clean environment (PATH, HOME, EGRESS_STATE_DIR, TMPDIR in a temporary folder, removed at
 the end) and runs `true`: what a command that opens no connection costs.
@@ -30,9 +32,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def entry(source: Path, *args: str) -> list[str]:
-    code = (f"import sys; sys.path.insert(0, {str(source)!r}); from egress.cli import main; "
+    """The console script's entry point of that version: egress.entry (no click for `run`) where it
+    exists, else egress.cli."""
+    module = "egress.entry" if (source / "egress" / "entry.py").exists() else "egress.cli"
+    code = (f"import sys; sys.path.insert(0, {str(source)!r}); from {module} import main; "
             f"sys.argv[0] = 'egress'; main()")
     return [sys.executable, "-c", code, *args]
+
+
+def stop_warm_servers(state: Path) -> None:
+    """Versions with a warm proxy start one per installation in the state folder: stop them by pid."""
+    import json
+    import signal
+
+    for record in (state / "warm").glob("*.json") if (state / "warm").is_dir() else []:
+        try:
+            os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+        except (OSError, ValueError, KeyError):
+            pass
 
 
 def unpack(ref: str, where: Path) -> Path:
@@ -57,7 +74,7 @@ def main() -> None:
         project.mkdir()
         scratch.mkdir()
         env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "EGRESS_STATE_DIR": str(tmp / "state"),
-               "TMPDIR": str(scratch)}
+               "TMPDIR": str(scratch), "EGRESS_WARM_IDLE": "600"}
         subprocess.run(entry(new, "ca", "path"), env=env, cwd=project, capture_output=True, check=True)
         variants = {
             f"{args.ref}: egress run -- true": entry(old, "run", "--", "true"),
@@ -84,6 +101,7 @@ def main() -> None:
             print(f"ratio {name} / {args.ref}, {mode}: {ratio:.3f}")
         print(f"{args.rounds} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     finally:
+        stop_warm_servers(tmp / "state")
         shutil.rmtree(tmp, ignore_errors=True)
 
 

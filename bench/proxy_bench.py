@@ -76,8 +76,12 @@ from pathlib import Path
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SMALL_BYTES = 100
 LARGE_BYTES = 256 * 1024 * 1024
-TARGET_SMALL_VS_MITM = 2.0
-TARGET_PASS_BULK_VS_DIRECT = 0.6
+# issue 11, item 4 (per core), and item 3 (no pauses)
+TARGET_SMALL_VS_MITM = 1.5
+TARGET_PASS_BULK_VS_DIRECT = 0.8
+TARGET_PASS_CPU_VS_SQUID = 3.0  # egress's CPU per passthrough tunnel at most this many times squid's
+TARGET_UPLOAD_VS_MITM = 0.6  # a scanned clean-text upload against mitmdump's unscanned one
+TARGET_P99_VS_P50 = 3.0
 TARGET_RSS_MB = 100.0
 
 EGRESS_MAIN = "import sys; from egress.cli import main; sys.argv[0] = 'egress'; sys.exit(main())"
@@ -286,8 +290,15 @@ class Bench:
         self.make_certs()
         self.make_content()
         self.start_nginx()
-        self.start_egress()
+        self.egress, self.egress_port, self.egress_ca, self.egress_src = self.start_egress(
+            "egress", self.args.egress_src)
+        self.base = None
+        if self.args.egress_base:
+            self.base, self.base_port, self.base_ca, self.base_src = self.start_egress("base", self.args.egress_base)
         self.start_mitmdump()
+        self.squid = None
+        if self.args.squid != "never":
+            self.start_squid()
         hp, sp = self.http_port, self.https_port
         e, m = self.egress_port, self.mitm_port
         resolve = ["--resolve", f"allowed.test:{sp}:127.0.0.1", "--resolve", f"allowed.test:{hp}:127.0.0.1"]
@@ -313,7 +324,27 @@ class Bench:
                                             f"pass.test:{sp}:127.0.0.1:{sp}", "--cacert", str(self.test_ca)],
                                            f"https://pass.test:{sp}")),
         }
+        if self.base:
+            b = self.base_port
+            self.targets["base"] = Target("base", "egress", self.base.pid,
+                                          http=(f"http://127.0.0.1:{b}", f"http://allowed.test:{hp}/small",
+                                                f"allowed.test:{hp}"),
+                                          https=(["-x", f"http://127.0.0.1:{b}", "--cacert", str(self.base_ca)],
+                                                 f"https://allowed.test:{sp}"))
+            self.targets["base-pass"] = Target("base-pass", "egress", self.base.pid,
+                                               https=(["-x", f"http://127.0.0.1:{b}", "--cacert", str(self.test_ca)],
+                                                      f"https://pass.test:{sp}"))
+        if self.squid:
+            q = self.squid_port
+            self.targets["squid-pass"] = Target("squid-pass", "squid", self.squid.pid,
+                                                https=(["-x", f"http://127.0.0.1:{q}", "--connect-to",
+                                                        f"pass.test:{sp}:127.0.0.1:{sp}", "--cacert", str(self.test_ca)],
+                                                       f"https://pass.test:{sp}"))
         self.sanity()
+
+    def names(self, *names: str) -> list[str]:
+        """The targets of a test that this run has (base and squid are optional)."""
+        return [n for n in names if n in self.targets]
 
     def make_certs(self) -> None:
         import trustme
@@ -336,6 +367,12 @@ class Bench:
             chunk = 8 * 1024 * 1024
             for _ in range(LARGE_BYTES // chunk):
                 f.write(os.urandom(chunk))
+        if "upload" in self.args.tests:
+            # Clean text (scanner_bench's mix: JSON, prose, logs, base64 images; no credentials)
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            import scanner_bench
+            self.upload_file = self.tmp / "upload.txt"
+            self.upload_file.write_bytes(scanner_bench.build(self.args.upload_mib * 2**20, scanner_bench.clean_piece, 7))
 
     def start_nginx(self) -> None:
         ngx = self.tmp / "nginx"
@@ -372,7 +409,9 @@ http {{
         ssl_certificate_key {self.cert_key};
         ssl_protocols TLSv1.2 TLSv1.3;
         root {self.tmp}/www;
+        client_max_body_size 0;
         location / {{ }}
+        location = /upload {{ client_body_buffer_size 1m; return 200 "ok\\n"; }}
     }}
 }}
 """)
@@ -394,57 +433,59 @@ http {{
             self.log(f"nginx did not start (attempt {attempt + 1}): {err.strip()}")
         raise BenchError("nginx could not be started")
 
-    def start_egress(self) -> None:
-        state = self.tmp / "egress-state"
+    def start_egress(self, name: str, src: str):
+        """egress serve from ``src`` ('tree' or a git revision); (process, port, CA file, source line)."""
+        state = self.tmp / f"{name}-state"
         policy = self.tmp / "bench-policy.toml"
         pad = "".join(f'    "host{i}.pad{i % 97}.bench.test",\n' for i in range(self.args.policy_pad))
         policy.write_text(f'allow = [\n{pad}    "allowed.test", "pass.test",\n]\n'
                           'allow_private = ["allowed.test", "pass.test"]\n'
                           'passthrough = ["pass.test"]\n')
-        self.egress_argv = ["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--audit-log", "off",
-                            "--resolve", "allowed.test:127.0.0.1", "--resolve", "pass.test:127.0.0.1",
-                            "--upstream-ca", str(self.test_ca), "--policy", str(policy),
-                            "--state-dir", str(state)]
-        env = self.egress_source()
-        logpath = self.tmp / "egress.log"
+        argv = ["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--audit-log", "off",
+                "--resolve", "allowed.test:127.0.0.1", "--resolve", "pass.test:127.0.0.1",
+                "--upstream-ca", str(self.test_ca), "--policy", str(policy),
+                "--state-dir", str(state)]
+        if name == "egress":
+            self.egress_argv = argv
+        env, described = self.egress_source(src, name)
+        logpath = self.tmp / f"{name}.log"
         log = open(logpath, "wb")
         t0 = time.monotonic()
-        proc = self.procs.start("egress", [sys.executable, "-c", EGRESS_MAIN, *self.egress_argv],
+        proc = self.procs.start(name, [sys.executable, "-c", EGRESS_MAIN, *argv],
                                 stdout=log, stderr=log, env=env, cwd=self.tmp)
         log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             text = logpath.read_text(errors="replace")
             if m := re.search(r"proxy listening on 127\.0\.0\.1:(\d+)", text):
-                self.egress, self.egress_port = proc, int(m.group(1))
-                self.egress_ca = state / "ca" / "mitmproxy-ca-cert.pem"
-                self.log(f"egress pid {proc.pid} on 127.0.0.1:{self.egress_port} "
+                self.log(f"{name} pid {proc.pid} on 127.0.0.1:{m.group(1)} "
                          f"(listening after {time.monotonic() - t0:.2f} s)")
-                return
+                return proc, int(m.group(1)), state / "ca" / "mitmproxy-ca-cert.pem", described
             if proc.poll() is not None:
                 raise BenchError(f"egress serve exited with {proc.returncode}:\n{text[-2000:]}")
             time.sleep(0.05)
         raise BenchError("egress serve did not print its listening address within 30 s")
 
-    def egress_source(self) -> dict:
-        """The environment that makes ``import egress`` load the code to measure; sets self.egress_src."""
+    def egress_source(self, src: str, name: str) -> tuple[dict, str]:
+        """The environment that makes ``import egress`` load the code to measure, and what it is.
+        EGRESS_DIR (for the profile) is the main egress's."""
         global EGRESS_DIR
         repo = Path(__file__).resolve().parent.parent
         git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True,
                                         timeout=30).stdout.strip()
         env = dict(os.environ)
-        if self.args.egress_src == "tree":
+        if src == "tree":
             _egress_dir()
             dirty = [ln for ln in git("status", "--porcelain", "--", "egress", "policies").splitlines() if ln]
             head = git("rev-parse", "--short", "HEAD") or "?"
-            self.egress_src = (f"working tree {EGRESS_DIR.rstrip('/')} (HEAD {head}"
-                               + (f" + {len(dirty)} uncommitted changes under egress/ and policies/)"
-                                  if dirty else ", clean)"))
-            return env
-        rev = git("rev-parse", "--verify", "--short", self.args.egress_src + "^{commit}")
+            return env, (f"working tree {EGRESS_DIR.rstrip('/')} (HEAD {head}"
+                         + (f" + {len(dirty)} uncommitted changes under egress/ and policies/)"
+                            if dirty else ", clean)"))
+        given = src
+        rev = git("rev-parse", "--verify", "--short", given + "^{commit}")
         if not rev:
-            raise BenchError(f"--egress-src {self.args.egress_src}: not a git revision in {repo}")
-        src = self.tmp / "egress-src"
+            raise BenchError(f"{given}: not a git revision in {repo}")
+        src = self.tmp / f"{name}-src"
         src.mkdir()
         archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "egress", "policies"],
                                  capture_output=True, timeout=60)
@@ -455,13 +496,13 @@ http {{
             shutil.rmtree(src / "egress" / "policies", ignore_errors=True)
             (src / "policies").rename(src / "egress" / "policies")
         env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        EGRESS_DIR = str(src / "egress") + "/"
         where = subprocess.run([sys.executable, "-c", "import egress; print(egress.__file__)"], env=env, cwd=self.tmp,
                                capture_output=True, text=True, timeout=30).stdout.strip()
-        if not where.startswith(EGRESS_DIR):
-            raise BenchError(f"--egress-src {rev}: the interpreter still imports egress from {where or '?'}")
-        self.egress_src = f"git {self.args.egress_src} = {rev} (exported with git archive, first on PYTHONPATH)"
-        return env
+        if not where.startswith(str(src / "egress") + "/"):
+            raise BenchError(f"{given} = {rev}: the interpreter still imports egress from {where or '?'}")
+        if name == "egress":
+            EGRESS_DIR = str(src / "egress") + "/"
+        return env, f"git {given} = {rev} (exported with git archive, first on PYTHONPATH)"
 
     def start_mitmdump(self) -> None:
         confdir = self.tmp / "mitmdump-conf"
@@ -490,6 +531,56 @@ http {{
                 return
             time.sleep(0.05)
         raise BenchError("mitmdump did not listen within 30 s")
+
+    def start_squid(self) -> None:
+        """squid as a CONNECT-only relay (no cache, no logs): the passthrough peer."""
+        squid = shutil.which("squid") or next((p for p in ("/usr/sbin/squid",) if os.path.exists(p)), None)
+        if not squid:
+            msg = "squid (not installed: apt-get install -y squid)"
+            if self.args.squid == "always":
+                raise BenchError(msg)
+            self.skipped.append("passthrough against " + msg)
+            return
+        d = self.tmp / "squid"
+        d.mkdir()
+        os.chmod(self.tmp, 0o755)
+        os.chmod(d, 0o777)  # squid drops to its own user (cache_effective_user)
+        for attempt in range(5):
+            port = free_port()
+            conf = d / "squid.conf"
+            conf.write_text(f"""
+http_port 127.0.0.1:{port}
+acl SSL_ports port 1-65535
+acl CONNECT method CONNECT
+http_access allow CONNECT localhost
+http_access allow localhost
+http_access deny all
+cache deny all
+cache_mem 8 MB
+access_log none
+cache_store_log none
+cache_log {d}/cache.log
+pid_filename {d}/squid.pid
+coredump_dir {d}
+workers 1
+shutdown_lifetime 0 seconds
+""")
+            log = open(d / "stderr.log", "wb")
+            proc = self.procs.start("squid", [squid, "-N", "-f", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                if port in listening_ports(proc.pid):
+                    self.squid, self.squid_port = proc, port
+                    self.log(f"squid pid {proc.pid} on 127.0.0.1:{port}")
+                    return
+                time.sleep(0.05)
+            self.procs.stop(proc)
+            err = (d / "cache.log").read_text(errors="replace")[-500:] if (d / "cache.log").exists() else ""
+            self.log(f"squid did not start (attempt {attempt + 1}): {err.strip()}")
+        raise BenchError("squid could not be started (--squid never skips it)")
 
     def sanity(self) -> None:
         """Every road answers 200 with the right body before anything is timed."""
@@ -660,18 +751,57 @@ http {{
             row["rss_growth_mb"] = row["peak_rss_mb"] - row["rss_before_mb"]
         return row
 
+    def run_upload(self, t: Target, https: bool) -> dict:
+        """POST the clean-text file (Content-Length known) and read nginx's short answer."""
+        size = self.upload_file.stat().st_size
+        if https:
+            opts, prefix = t.https
+            url = prefix + "/upload"
+        else:
+            url, path, host = t.http
+            if t.proxy:
+                opts, url = ["-x", url, "-H", f"Host: {host}"], path.replace("/small", "/upload")
+            else:
+                opts, url = ["--noproxy", "*", "-H", f"Host: {host}"], url + "/upload"
+        # the same upload --upload-repeat times over one connection: enough CPU ticks to count
+        repeat = self.args.upload_repeat
+        argv = [self.curl, "-sS", "--max-time", str(self.args.bulk_timeout), *opts,
+                "-H", "Content-Type: application/json", "-H", "Expect:", "--data-binary", f"@{self.upload_file}",
+                "-w", "%{http_code} %{size_upload} %{time_total}\\n"]
+        for _ in range(repeat):
+            argv += ["-o", "/dev/null", url]
+        with Meter(t.pid, self.nginx_proc.pid) as meter:
+            proc = self.procs.start("curl", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                out, err = proc.communicate(timeout=self.args.bulk_timeout + 10)
+            except subprocess.TimeoutExpired:
+                self.procs.stop(proc, signal.SIGKILL)
+                out, err = b"", b"timeout"
+            self.procs.forget(proc)
+        lines = [line.split() for line in out.decode().splitlines()]
+        if len(lines) != repeat or any(len(p) != 3 or p[0] != "200" or int(p[1]) != size for p in lines):
+            self.notes.append(f"upload {t.name} {url}: {out.decode()!r} {err.decode().strip()!r}")
+            return {"mbps": 0.0, "failed": 1, **meter.fields(bool(t.proxy))}
+        row = {"mbps": size * repeat / sum(float(p[2]) for p in lines) / 1e6, "failed": 0,
+               **meter.fields(bool(t.proxy))}
+        if t.pid:
+            row["proxy_s_per_gb"] = meter.proxy_cpu / (size * repeat / 1e9)
+        return row
+
     def rounds(self) -> None:
         a = self.args
-        small = ["direct", "egress", "mitmdump"]
-        tunnel = ["direct", "egress", "egress-pass", "mitmdump", "mitmdump-pass"]
-        bulk_tls = ["direct", "egress", "egress-pass", "mitmdump", "mitmdump-pass"]
-        bulk_http = ["direct", "egress", "mitmdump"]
+        small = self.names("direct", "egress", "base", "mitmdump")
+        tunnel = self.names("direct", "egress", "egress-pass", "base", "base-pass", "mitmdump", "mitmdump-pass",
+                            "squid-pass")
+        bulk_tls = tunnel
+        bulk_http = small
         self.idle_rss = {name: status_kb(pid, "VmRSS") / 1024
-                         for name, pid in (("egress", self.egress.pid), ("mitmdump", self.mitm.pid))}
+                         for name, pid in (("egress", self.egress.pid), ("mitmdump", self.mitm.pid),
+                                           ("base", self.base.pid if self.base else None)) if pid}
         if "bulk" in a.tests:
             # Memory of one transfer in a fresh process (only the sanity requests before it), as
             # opposed to the in-round figures, which come after thousands of tunnels.
-            for name in ("egress", "egress-pass", "mitmdump", "mitmdump-pass"):
+            for name in self.names("egress", "egress-pass", "base", "base-pass", "mitmdump", "mitmdump-pass"):
                 opts, prefix = self.targets[name].https
                 self.wait_quiet()
                 row = self.run_download(self.targets[name], prefix + "/large.bin", opts)
@@ -713,6 +843,13 @@ http {{
                 row = self.run_download(t, full, opts)
                 self.record("bulk_http", name, row)
                 self.log(f"  bulk http    {name:14s} {row['mbps']:9.0f} MB/s")
+            for https in (False, True) if "upload" in a.tests else ():
+                for name in _rotate(small, r):
+                    self.wait_quiet()
+                    row = self.run_upload(self.targets[name], https)
+                    key = "upload_https" if https else "upload_http"
+                    self.record(key, name, row)
+                    self.log(f"  {key:12s} {name:14s} {row['mbps']:9.0f} MB/s")
 
     # ---- profile
 
@@ -733,10 +870,17 @@ http {{
             loads.append(("bulk_https", "repeated 256 MiB intercepted HTTPS downloads"))
         if any(w.startswith("tunnels ") for w in worse) or self.args.profile == "always":
             loads.append(("tunnels", "repeated batches of new intercepted and passthrough TLS tunnels"))
+        if "upload" in self.args.tests and (any(w.startswith("upload") for w in worse)
+                                            or self.args.profile == "always"):
+            loads.append(("upload", f"repeated {self.args.upload_mib} MiB clean-text uploads, plain HTTP"))
+        if "small" not in self.args.tests:
+            loads = [load for load in loads if load[0] != "small"]
         lines = []
         for load, title in loads:
             out_file = self.tmp / f"pyspy-{load}.txt"
-            spy = self.procs.start("py-spy", [pyspy, "record", "--pid", str(self.egress.pid), "--rate", "250",
+            # --gil: only the thread holding the GIL, i.e. the event loop's work (idle threads
+            # blocked in select() were counted as busy without it)
+            spy = self.procs.start("py-spy", [pyspy, "record", "--pid", str(self.egress.pid), "--rate", "250", "--gil",
                                               "--full-filenames", "--nolineno", "--format", "raw",
                                               "--output", str(out_file)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -746,6 +890,12 @@ http {{
             if load == "small":
                 row = self.run_wrk(self.targets["egress"], self.args.connections, 2, secs)
                 rate = f"{row['rps']:.0f} req/s while sampled"
+            elif load == "upload":
+                mbps = []
+                while time.monotonic() - t0 < secs and n < 40:
+                    n += 1
+                    mbps.append(self.run_upload(self.targets["egress"], False)["mbps"])
+                rate = f"{statistics.median(mbps):.0f} MB/s while sampled, {n} uploads"
             elif load == "tunnels":
                 tps = []
                 while time.monotonic() - t0 < secs and n < 20:
@@ -792,8 +942,8 @@ def _egress_dir() -> str:
     if EGRESS_DIR is None:
         import importlib.util
         spec = importlib.util.find_spec("egress")
-        EGRESS_DIR = (list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations
-                      else "/nonexistent") + "/"
+        EGRESS_DIR = (os.path.realpath(list(spec.submodule_search_locations)[0])
+                      if spec and spec.submodule_search_locations else "/nonexistent") + "/"
     return EGRESS_DIR
 
 
@@ -897,6 +1047,11 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
     w(f"upstream: nginx {_version([b.nginx, '-v'])}, one process, /small = {SMALL_BYTES} B, "
       f"/large.bin = 256 MiB; HTTPS is TLS1.2/1.3, HTTP/1.1 only")
     w(f"egress source: {b.egress_src}")
+    if b.base:
+        w(f"base source:   {b.base_src} (the same command line; targets base, base-pass)")
+    if b.squid:
+        w(f"squid:    squid {_version([shutil.which('squid') or '/usr/sbin/squid', '-v'])} -N, one worker, "
+          "no cache, no logs; CONNECT only (curl --connect-to, like mitmdump); target squid-pass")
     w("egress:   egress " + " ".join(b.egress_argv).replace(str(b.tmp), "$TMP"))
     w(f"          policy: allow (+{a.policy_pad} padding entries) and allow_private allowed.test, pass.test; "
       "passthrough pass.test")
@@ -912,7 +1067,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         hdr = ("target", "req/s", "range", "p50 ms", "p99 ms", "proxy µs/req", "req/s per core", "proxy CPU%",
                "client CPU%", "nginx CPU%", "other CPU%", "×direct", "×mitmdump")
         rows = []
-        for name in ("direct", "egress", "mitmdump"):
+        for name in b.names("direct", "egress", "base", "mitmdump"):
             rs = s.get(name)
             v = med(rs, "rps")
             us = med(rs, "proxy_us_per_req")
@@ -931,7 +1086,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
                "×mitmdump p50")
         ml = med(lat.get("mitmdump"), "p50_ms")
         rows = []
-        for name in ("direct", "egress", "mitmdump"):
+        for name in b.names("direct", "egress", "base", "mitmdump"):
             rs = lat.get(name)
             p50 = med(rs, "p50_ms")
             rows.append((name, f(med(rs, "rps"), ".0f"), f(p50, ".3f"), f(med(rs, "p99_ms"), ".3f"),
@@ -949,7 +1104,10 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         rows = []
         d = med(t.get("direct"), "tps")
         for name, peer in (("direct", None), ("egress", "mitmdump"), ("egress-pass", "mitmdump-pass"),
-                           ("mitmdump", None), ("mitmdump-pass", None)):
+                           ("base", "mitmdump"), ("base-pass", "mitmdump-pass"),
+                           ("mitmdump", None), ("mitmdump-pass", None), ("squid-pass", None)):
+            if name not in b.targets:
+                continue
             rs = t.get(name)
             v = med(rs, "tps")
             rows.append((name, f(v, ".0f"), rng(rs, "tps", ".0f"), f(med(rs, "p50_ms"), ".1f"),
@@ -964,9 +1122,15 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
     for key, title, names in (
             ("bulk_https", "3. One 256 MiB download, HTTPS through CONNECT (curl -o /dev/null)",
              (("direct", None), ("egress", "mitmdump"), ("egress-pass", "mitmdump-pass"),
-              ("mitmdump", None), ("mitmdump-pass", None))),
+              ("base", "mitmdump"), ("base-pass", "mitmdump-pass"),
+              ("mitmdump", None), ("mitmdump-pass", None), ("squid-pass", None))),
             ("bulk_http", "   Same download, plain HTTP", (("direct", None), ("egress", "mitmdump"),
-                                                          ("mitmdump", None)))):
+                                                          ("base", "mitmdump"), ("mitmdump", None))),
+            ("upload_http", f"4. A {a.upload_mib} MiB clean-text upload (POST, Content-Length; {a.upload_repeat} in a "
+                            "row on one connection), plain HTTP; egress scans it for credentials, mitmdump does not",
+             (("direct", None), ("egress", "mitmdump"), ("base", "mitmdump"), ("mitmdump", None))),
+            ("upload_https", "   Same upload, HTTPS intercepted",
+             (("direct", None), ("egress", "mitmdump"), ("base", "mitmdump"), ("mitmdump", None)))):
         bk = R.get(key, {})
         if not bk:
             continue
@@ -977,6 +1141,8 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         rows = []
         d = med(bk.get("direct"), "mbps")
         for name, peer in names:
+            if name not in b.targets:
+                continue
             rs = bk.get(name)
             v = med(rs, "mbps")
             peak = max((r["peak_rss_mb"] for r in rs or [] if "peak_rss_mb" in r), default=None)
@@ -992,7 +1158,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
           "in this order, before the rounds)")
         hdr = ("target", "idle RSS after start MiB", "RSS before MiB", "peak RSS during MiB", "growth MiB", "MB/s")
         rows = []
-        for name in ("egress", "egress-pass", "mitmdump", "mitmdump-pass"):
+        for name in b.names("egress", "egress-pass", "base", "base-pass", "mitmdump", "mitmdump-pass"):
             r0 = (fr.get(name) or [{}])[0]
             rows.append((name, f(b.idle_rss.get(name.split("-")[0]), ".0f"), f(r0.get("rss_before_mb"), ".0f"),
                          f(r0.get("peak_rss_mb"), ".0f"), f(r0.get("rss_growth_mb"), ".1f"),
@@ -1015,6 +1181,10 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         if eu and mu:
             checks.append((f"  same, by CPU per request (mitmdump µs / egress µs)", f"{mu / eu:.2f}×",
                            mu / eu >= TARGET_SMALL_VS_MITM))
+        p50, p99 = med(s.get("egress"), "p50_ms"), med(s.get("egress"), "p99_ms")
+        if p50 and p99:
+            checks.append((f"small c{a.connections}: egress p99 ≤ {TARGET_P99_VS_P50:g}× p50", f"{p99 / p50:.2f}×",
+                           p99 / p50 <= TARGET_P99_VS_P50))
     else:
         checks.append((f"small req/s, egress ≥ {TARGET_SMALL_VS_MITM}× mitmdump", "not measured", None))
     bk = R.get("bulk_https", {})
@@ -1022,6 +1192,17 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         r_ = (med(bk.get("egress-pass"), "mbps") or 0) / (med(bk.get("direct"), "mbps") or float("inf"))
         checks.append((f"passthrough bulk ≥ {TARGET_PASS_BULK_VS_DIRECT}× direct", f"{r_:.2f}×",
                        r_ >= TARGET_PASS_BULK_VS_DIRECT))
+    tn = R.get("tunnels", {})
+    ec, sc = med(tn.get("egress-pass"), "proxy_ms_per_tunnel"), med(tn.get("squid-pass"), "proxy_ms_per_tunnel")
+    if ec and sc:
+        checks.append((f"passthrough tunnel CPU ≤ {TARGET_PASS_CPU_VS_SQUID:g}× squid's (egress ms / squid ms)",
+                       f"{ec / sc:.2f}×", ec / sc <= TARGET_PASS_CPU_VS_SQUID))
+    for key, what in (("upload_http", "plain HTTP"), ("upload_https", "HTTPS")):
+        up = R.get(key, {})
+        ev, mv = med(up.get("egress"), "mbps"), med(up.get("mitmdump"), "mbps")
+        if ev is not None and mv:
+            checks.append((f"scanned upload ≥ {TARGET_UPLOAD_VS_MITM}× mitmdump's unscanned, {what}",
+                           f"{ev / mv:.2f}×", ev / mv >= TARGET_UPLOAD_VS_MITM))
     for keys, what in ((("bulk_fresh",), "fresh process"), (("bulk_https", "bulk_http"), "in the rounds")):
         peaks = [r["peak_rss_mb"] for k in keys for n in ("egress", "egress-pass")
                  for r in R.get(k, {}).get(n, []) if "peak_rss_mb" in r]
@@ -1031,6 +1212,27 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
     for name, value, ok in checks:
         w(f"  {name:68s} {value:>10s}  {'PASS' if ok else ('FAIL' if ok is False else '-')}")
     w("")
+    if b.base:
+        w("Side by side: egress (this source) against base, same run (>1 is better for egress unless noted)")
+        side = []
+        for test, name, key, higher in (
+                ("small", "egress", "rps", True), ("small", "egress", "proxy_us_per_req", False),
+                ("small", "egress", "p99_ms", False), ("latency", "egress", "p50_ms", False),
+                ("tunnels", "egress", "proxy_ms_per_tunnel", False),
+                ("tunnels", "egress-pass", "tps", True), ("tunnels", "egress-pass", "proxy_ms_per_tunnel", False),
+                ("bulk_https", "egress", "mbps", True), ("bulk_https", "egress-pass", "mbps", True),
+                ("bulk_https", "egress-pass", "proxy_s_per_gb", False), ("bulk_http", "egress", "mbps", True),
+                ("bulk_http", "egress", "proxy_s_per_gb", False),
+                ("upload_http", "egress", "mbps", True), ("upload_http", "egress", "proxy_s_per_gb", False),
+                ("upload_https", "egress", "mbps", True), ("upload_https", "egress", "proxy_s_per_gb", False)):
+            base_name = name.replace("egress", "base")
+            ev, bv = med(R.get(test, {}).get(name), key), med(R.get(test, {}).get(base_name), key)
+            if ev is None or not bv:
+                continue
+            better = ev / bv if higher else bv / ev
+            side.append((f"{test} {name} {key}", f(bv, ".2f"), f(ev, ".2f"), f"{better:.2f}×"))
+        out.extend(_table(("figure", "base", "egress", "egress better by"), side))
+        w("")
     if b.waits:
         b.notes.append(f"other work kept the machine busy before {len(b.waits)} measurements; waited "
                        f"{sum(b.waits):.0f} s in all (see the other-CPU% columns for contention during them)")
@@ -1068,7 +1270,7 @@ def _cpu_model() -> str:
 def _version(argv) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        m = re.search(r"/(\S+)", out.stderr + out.stdout)
+        m = re.search(r"(?:/|Version )(\d\S*)", out.stderr + out.stdout)
         return m.group(1) if m else "?"
     except Exception:
         return "?"
@@ -1081,7 +1283,8 @@ def egress_worse(results: dict) -> list[str]:
              ("tunnels", "tps", "egress", "mitmdump", True), ("tunnels", "tps", "egress-pass", "mitmdump-pass", True),
              ("bulk_https", "mbps", "egress", "mitmdump", True),
              ("bulk_https", "mbps", "egress-pass", "mitmdump-pass", True),
-             ("bulk_http", "mbps", "egress", "mitmdump", True)]
+             ("bulk_http", "mbps", "egress", "mitmdump", True),
+             ("upload_http", "mbps", "egress", "mitmdump", True), ("upload_https", "mbps", "egress", "mitmdump", True)]
     for test, key, e, m, higher_better in pairs:
         ev, mv = med(results.get(test, {}).get(e), key), med(results.get(test, {}).get(m), key)
         if ev is None or not mv:
@@ -1106,8 +1309,14 @@ def main() -> int:
                    help="before each measurement wait while the machine is busier than this (%% of one CPU)")
     p.add_argument("--quiet-wait", type=float, default=5, help="longest wait before one measurement (s)")
     p.add_argument("--quiet-budget", type=float, default=30, help="longest total wait for a quiet machine (s)")
-    p.add_argument("--tests", default="small,tunnels,bulk",
-                   help="comma-separated subset of: small (with unloaded latency), tunnels, bulk")
+    p.add_argument("--tests", default="small,tunnels,bulk,upload",
+                   help="comma-separated subset of: small (with unloaded latency), tunnels, bulk, upload")
+    p.add_argument("--egress-base", metavar="REV",
+                   help="also run egress from this git revision (targets base, base-pass), side by side")
+    p.add_argument("--squid", choices=("auto", "always", "never"), default="auto",
+                   help="squid as the passthrough peer (target squid-pass): if installed (auto), required, or not")
+    p.add_argument("--upload-mib", type=int, default=8, help="size of the clean-text upload (MiB)")
+    p.add_argument("--upload-repeat", type=int, default=4, help="uploads per measurement, one connection")
     p.add_argument("--egress-src", default="tree",
                    help="'tree': the egress that the interpreter imports (the working tree, editable install); "
                         "or a git revision (e.g. HEAD) of this repository, exported to the temporary directory")
@@ -1123,8 +1332,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="1 round, short runs (a smoke test, not a measurement)")
     args = p.parse_args()
     args.tests = {t.strip() for t in args.tests.split(",") if t.strip()}
-    if not args.tests <= {"small", "tunnels", "bulk"}:
-        p.error("--tests: choose from small, tunnels, bulk")
+    if not args.tests <= {"small", "tunnels", "bulk", "upload"}:
+        p.error("--tests: choose from small, tunnels, bulk, upload")
     if args.quick:
         args.rounds, args.duration, args.latency_duration, args.tunnels = 1, 2, 1, 96
     started = time.monotonic()

@@ -25,7 +25,7 @@ import os
 import select
 import termios
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from . import terminal
 

@@ -16,6 +16,7 @@ import click
 
 from . import __version__
 from .contract import EXIT_LAUNCHER, EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
+from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
 
@@ -235,9 +236,6 @@ def ca_path(state_dir: Path | None) -> None:
 # ------------------------------------------- the proxy's options (serve and run)
 
 
-# The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
-DEFAULT_LIMITS = {"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
-                  "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536}
 
 
 def proxy_options(*, metrics: str, audit_log: str):
@@ -613,10 +611,14 @@ def redact(policies: tuple[str, ...]) -> None:
 @click.option("--ask", type=click.Choice(["tty", "never"]),
               help="Ask on the terminal to allow a refused host for this run (default: tty when there is one).")
 @click.option("--headless", is_flag=True, help="Never ask (same as --ask never).")
+@click.option("--proxy", "proxy_mode", type=click.Choice(["warm", "lazy"]), envvar="EGRESS_PROXY",
+              help="warm (default): the run's proxy is a child of your warm egress process (started on "
+                   "first use, gone after 10 idle minutes); lazy: it starts in this process when the "
+                   "command first connects. [env: EGRESS_PROXY]")
 @proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
-        proxy, command) -> None:
+        proxy_mode, proxy, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace).
 
     The exit status is the command's; 124 after --timeout; 125 when egress run itself
@@ -628,22 +630,21 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     if sys.platform != "linux":
         click.echo("egress: egress run is only available on Linux for now", err=True)
         sys.exit(EXIT_LAUNCHER)
-    from sandbox.launcher import LaunchError, RunOptions, run as launch
+    from sandbox.launcher import main as launch
 
-    options = RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
-                         deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
-                         fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
-                         ask="never" if headless else ask)
-    try:
-        status = launch(options)
-    except LaunchError as e:
-        click.echo(f"egress: {e}", err=True)
-        sys.exit(e.status)
-    # Everything the run made is gone (launch cleans up before returning); skip the
-    # interpreter's teardown, which took 20 ms, and 0.2-0.3 s once mitmproxy was loaded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
+                       headless, proxy_mode, proxy, command))
+
+
+def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
+                headless, proxy_mode, proxy, command):
+    """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
+    from sandbox.launcher import RunOptions
+
+    return RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
+                      deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
+                      fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
+                      ask="never" if headless else ask, proxy_mode=proxy_mode)
 
 
 if __name__ == "__main__":

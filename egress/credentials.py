@@ -186,6 +186,18 @@ class Credentials:
         """Variables whose value the command sees as a placeholder."""
         return {s.env: s.placeholder for s in self.secrets if s.placeholder and s.env}
 
+    def to_dict(self) -> dict:
+        """As JSON-able data, placeholders included (egress run hands them to its warm proxy)."""
+        return {"action": self.action, "ignore_kinds": sorted(self.ignore_kinds),
+                "secrets": [{"label": s.label, "value": s.value, "hosts": list(s.hosts),
+                             "placeholder": s.placeholder, "env": s.env, "file": s.file} for s in self.secrets]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Credentials:
+        secrets = [StoredSecret(s["label"], s["value"], tuple(s["hosts"]), s["placeholder"], s["env"], s["file"])
+                   for s in data["secrets"]]
+        return cls(data["action"], secrets, frozenset(data["ignore_kinds"]))
+
     def placeholder_files(self) -> dict[str, bytes]:
         """Files the command sees with the placeholder where the secret was (the rest kept as written)."""
         shown = {}

@@ -40,6 +40,9 @@ class Metrics:
         self.transferred = Counter(
             "egress_transferred_bytes", "HTTP body bytes relayed, by direction (upload/download).",
             ["direction"], registry=r)
+        self.passthrough = Counter(
+            "egress_passthrough_bytes", "Bytes relayed through passthrough tunnels, by direction "
+            "(upload: from the client).", ["direction"], registry=r)
         self.open_connections = Gauge(
             "egress_open_connections", "Client connections currently open.", registry=r)
         self.policy_rules = Gauge(
@@ -56,6 +59,8 @@ class Metrics:
             "(client-connections, head-timeout, head-size).", ["limit"], registry=r)
         self.upload = self.transferred.labels("upload")
         self.download = self.transferred.labels("download")
+        self.passthrough_upload = self.passthrough.labels("upload")
+        self.passthrough_download = self.passthrough.labels("download")
         self._domains: set[str] = set()
         self._lock = threading.Lock()
 

@@ -14,12 +14,18 @@ Imported only when a proxy starts: importing mitmproxy costs ~0.5 s.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
+import types
+import typing
+from pathlib import Path
 
 import wsproto.handshake
 from dataclasses import dataclass
 
-from mitmproxy import connection, ctx, http
+from mitmproxy import addonmanager as _addonmanager
+from mitmproxy import certs, connection, ctx, http
+from mitmproxy import exceptions as _exceptions
 from mitmproxy import master as _master
 from mitmproxy import options as _options
 from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
@@ -29,6 +35,7 @@ from mitmproxy.proxy.layers import DNSLayer, TCPLayer, UDPLayer
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.proxy.mode_servers import ServerInstance
 from mitmproxy.proxy.mode_specs import ProxyMode
+from mitmproxy.utils import typecheck
 
 
 class ListenError(Exception):
@@ -36,6 +43,54 @@ class ListenError(Exception):
 
 
 # ------------------------------------------------------------------ the master
+
+
+class _FieldTypecheck:
+    """mitmproxy.http's view of mitmproxy.utils.typecheck, with a fast path that gives the
+    same answers.
+
+    Every Request and Response mitmproxy builds type-checks its fields (MessageData's
+    __post_init__). typecheck.check_option_type formats a TypeError before it looks, and
+    for an Optional field holding None (content, trailers, timestamp_end of every message
+    under way) raises and catches it: measured under a wrk load, 3 exceptions per message
+    whose tracebacks hold their frames, i.e. 74% of the reference cycles the collector had
+    to find (~40 of ~58 objects per request), and most of check_option_type's 3-6% of the
+    CPU. Here a value that is an instance of a plain class the field allows (or an int for
+    a float, as mitmproxy allows) passes without either; everything else, every refusal
+    included, goes to mitmproxy's own function.
+    """
+
+    def __init__(self, original):
+        self._original = original
+        self._plain: dict = {}
+
+    def check_option_type(self, name: str, value, typeinfo) -> None:
+        plain = self._plain.get(typeinfo)
+        if plain is None:
+            plain = self._plain[typeinfo] = _plain_classes(typeinfo)
+        if plain and (isinstance(value, plain) or (float in plain and isinstance(value, int))):
+            return
+        self._original(name, value, typeinfo)
+
+    def __getattr__(self, name: str):
+        return getattr(typecheck, name)
+
+
+def _plain_classes(typeinfo) -> tuple:
+    """The classes a plain type or a Union of plain types (``bytes | None``) admits; () for
+    anything else (generics, Any, IO, ...), which the original checks."""
+    members = typing.get_args(typeinfo) if typing.get_origin(typeinfo) in (typing.Union, types.UnionType) \
+        else (typeinfo,)
+    if all(isinstance(t, type) and t is not typing.Any and typing.get_origin(t) is None
+           and t.__module__ != "typing" for t in members):
+        return tuple(members)
+    return ()
+
+
+def fast_message_typecheck() -> None:
+    """Install :class:`_FieldTypecheck` for mitmproxy.http (idempotent)."""
+    if not isinstance(http.typecheck, _FieldTypecheck):
+        http.typecheck = _FieldTypecheck(typecheck.check_option_type)
 
 
 @dataclass(frozen=True)
@@ -48,14 +103,133 @@ class OwnAddons:
     tls_config: tlsconfig.TlsConfig
 
 
+class _HookTable(_addonmanager.AddonManager):
+    """mitmproxy's AddonManager, dispatching a hook only to the addons that implement it.
+
+    mitmproxy's own trigger_event walks every addon (and its nested addons) for every hook,
+    each inside a context manager and a coroutine of its own, and calls ``event.args()``
+    per call; after every hook that carries a flow it does the same again for ``update``,
+    which no egress addon implements. Measured with py-spy on new passthrough tunnels and
+    on small requests, that dispatch was ~10-13% of egress's CPU. Here the functions
+    implementing each hook are looked up once per hook name (again after any addon is
+    added or removed), grouped by top-level addon as mitmproxy's walk groups them, and
+    called in the same order with the same error handling: an exception is logged as
+    mitmproxy logs it and skips the rest of that addon's group, AddonHalt ends the event,
+    OptionsError propagates. A hook attribute that is neither callable nor a module goes
+    to mitmproxy's own walk, which reports it.
+    """
+
+    _table: dict | None = None
+
+    def _reset(self) -> None:
+        self._table = None
+
+    def register(self, addon):
+        self._reset()
+        return super().register(addon)
+
+    def remove(self, addon):
+        self._reset()
+        return super().remove(addon)
+
+    def clear(self):
+        self._reset()
+        return super().clear()
+
+    def _groups(self, name: str):
+        table = self._table
+        if table is None:
+            table = self._table = {}
+        elif name in table:
+            return table[name]
+        groups = []
+        for top in self.chain:
+            funcs = []
+            for addon in _addonmanager.traverse([top]):
+                func = getattr(addon, name, None)
+                if not func or isinstance(func, types.ModuleType):
+                    continue
+                if not callable(func):
+                    table[name] = None  # mitmproxy's walk raises and logs it
+                    return None
+                funcs.append(func)
+            if funcs:
+                groups.append(tuple(funcs))
+        table[name] = groups = tuple(groups)
+        return groups
+
+    async def trigger_event(self, event) -> None:
+        groups = self._groups(event.name)
+        if groups is None:
+            return await super().trigger_event(event)
+        if not groups:
+            return
+        args = event.args()
+        for funcs in groups:
+            try:
+                for func in funcs:
+                    result = func(*args)
+                    if result is not None and inspect.isawaitable(result):
+                        await result
+            except _exceptions.AddonHalt:
+                return
+            except _exceptions.OptionsError:
+                raise
+            except Exception as e:
+                _addonmanager.logger.error(f"Addon error: {e}", exc_info=(type(e), e, e.__traceback__))
+
+
 def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
     """A master with no addons yet, and mitmproxy's own addons for the caller to place.
 
     Must run inside an event loop (the master binds to the running one).
     """
+    _load_ca_once()
+    fast_message_typecheck()
     master = _master.Master(_options.Options(**option_values))
+    master.addons.__class__ = _HookTable  # same state, faster dispatch
     return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),
                              tlsconfig.TlsConfig())
+
+
+# ------------------------------------------------------------------ the CA, once
+
+# TlsConfig loads the CA (CertStore.from_store) on configure and again on running: each load
+# parses the CA's RSA key, which cryptography checks at length (~50-110 ms a load here, two per
+# proxy start). The store is the CA's key and certificate plus a cache of leaf certificates,
+# the same for every proxy of one process, so it is loaded once per CA file version, and the
+# warm server (egress.warmserver) loads it before it forks. Only the CA files' store is shared:
+# egress never sets mitmproxy's `certs` option (which would add certificates to it).
+_stores: dict[tuple, certs.CertStore] = {}
+
+
+def _load_ca_once() -> None:
+    current = certs.CertStore.__dict__["from_store"]
+    if getattr(current, "egress_once", False):
+        return
+    load = current.__func__
+
+    def from_store(cls, path, basename, key_size, passphrase=None):
+        ca = Path(path) / f"{basename}-ca.pem"
+        try:
+            info = ca.stat()
+        except OSError:  # not made yet: mitmproxy makes it
+            return load(cls, path, basename, key_size, passphrase)
+        key = (str(ca), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, key_size, passphrase)
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = load(cls, path, basename, key_size, passphrase)
+        return store
+
+    from_store.egress_once = True
+    certs.CertStore.from_store = classmethod(from_store)
+
+
+def preload_ca(confdir: Path) -> None:
+    """Load the CA in ``confdir`` now (if it exists), as a proxy started later will ask for it."""
+    _load_ca_once()
+    if (confdir / "mitmproxy-ca.pem").exists():
+        certs.CertStore.from_store(confdir, "mitmproxy", _options.KEY_SIZE)
 
 
 async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list[tuple[str, int]]:
@@ -67,13 +241,19 @@ async def start(master: _master.Master, server: proxyserver.Proxyserver) -> list
     return [addr[:2] for addr in server.listen_addrs()]
 
 
-async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket) -> asyncio.Server:
-    """Serve connections from an already-listening socket (one made inside a sandbox) as a regular proxy."""
+async def serve_socket(server: proxyserver.Proxyserver, sock: socket.socket, on_accept=None) -> asyncio.Server:
+    """Serve connections from an already-listening socket (one made inside a sandbox) as a regular
+    proxy; ``on_accept()`` is called as each connection is taken."""
     instance = next(iter(server.servers), None)
     if instance is None:  # not listening anywhere itself: a regular-mode instance of our own
         instance = ServerInstance.make(ProxyMode.parse("regular"), server)
     sock.setblocking(False)
-    return await asyncio.start_server(instance.handle_stream, sock=sock)
+    handle = instance.handle_stream
+    if on_accept is not None:
+        async def handle(reader, writer):
+            on_accept()
+            await instance.handle_stream(reader, writer)
+    return await asyncio.start_server(handle, sock=sock)
 
 
 async def stop_serving(server: proxyserver.Proxyserver, timeout: float) -> int:
@@ -179,9 +359,100 @@ def verify_result(ssl_conn) -> int:
 # ------------------------------------------------------------- protocol layers
 
 
-def opaque_relay(context) -> layer.Layer:
-    """A layer that relays the tunnel's bytes untouched (no interception, no flow)."""
-    return TCPLayer(context, ignore=True)
+def opaque_relay(context, count=None) -> layer.Layer:
+    """A layer that relays the tunnel's bytes untouched (no interception, no flow).
+
+    ``count(from_client, n)`` is called for every chunk relayed. Once the server connection
+    is open (through mitmproxy's server_connect hooks, so every guard there has run) and a
+    first chunk has gone through mitmproxy's own path, the two sockets are spliced: their
+    asyncio transports hand each chunk straight to the other (:class:`_Splice`), without
+    mitmproxy's per-chunk event path through the layer stack; opening, half-closing and
+    closing still go through mitmproxy as before.
+    """
+    return _SplicedRelay(context, count)
+
+
+class _SplicedRelay(TCPLayer):
+    """TCPLayer(ignore=True), spliced after its first chunk when it safely can be (see
+    :func:`splice`); otherwise (a TLS transport, bytes still buffered) it relays chunk by
+    chunk as TCPLayer does, and tries again at the next chunk."""
+
+    def __init__(self, context, count=None):
+        super().__init__(context, ignore=True)
+        self._count = count
+        self.spliced = False
+
+    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if self._count is not None and isinstance(event, events.DataReceived):
+            self._count(event.connection is self.context.client, len(event.data))
+        yield from super().relay_messages(event)
+        if not self.spliced and isinstance(event, events.DataReceived):
+            self.spliced = splice(self.context.client, self.context.server, self._count)
+
+
+def splice(client: connection.Client, server: connection.Server, count=None) -> bool:
+    """Relay between ``client`` and ``server`` transport to transport from now on; False
+    (nothing changed) unless both are open plain asyncio socket transports with nothing
+    buffered in their readers (bytes mitmproxy has yet to read would be overtaken)."""
+    handler = client_handler(client)
+    if handler is None or client.state is not connection.ConnectionState.OPEN \
+            or server.state is not connection.ConnectionState.OPEN:
+        return False
+    ios = [handler.transports.get(client), handler.transports.get(server)]
+    transports = []
+    for io in ios:
+        reader, writer = getattr(io, "reader", None), getattr(io, "writer", None)
+        if not isinstance(reader, asyncio.StreamReader) or not isinstance(writer, asyncio.StreamWriter):
+            return False
+        if getattr(reader, "_buffer", b"x") or reader.at_eof():
+            return False
+        transport = writer.transport
+        if (transport.is_closing() or transport.get_extra_info("sslcontext") is not None
+                or not hasattr(transport, "set_protocol") or transport.get_protocol() is None):
+            return False
+        transports.append(transport)
+    watchdog = handler.timeout_watchdog
+    ends = [_Splice(t, t.get_protocol(), watchdog, count, from_client) for t, from_client in
+            zip(transports, (True, False))]
+    ends[0].peer, ends[1].peer = transports[1], transports[0]
+    for transport, end in zip(transports, ends):
+        transport.set_protocol(end)
+    return True
+
+
+class _Splice(asyncio.Protocol):
+    """One end of a spliced tunnel: what its transport reads is written to the peer
+    transport at once (reads are up to 256 KiB); when the peer cannot take more, reading
+    pauses. Everything but data goes to the protocol it replaced (mitmproxy's stream), so
+    EOF, half-close, errors and close reach mitmproxy as before. Counts as the layer did,
+    and keeps mitmproxy's idle watchdog fed."""
+
+    __slots__ = ("transport", "inner", "watchdog", "count", "from_client", "peer")
+
+    def __init__(self, transport, inner, watchdog, count, from_client: bool):
+        self.transport, self.inner, self.watchdog = transport, inner, watchdog
+        self.count, self.from_client = count, from_client
+        self.peer = None
+
+    def data_received(self, data: bytes) -> None:
+        self.peer.write(data)
+        self.watchdog.register_activity()
+        if self.count is not None:
+            self.count(self.from_client, len(data))
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:  # our transport's write buffer is full: stop reading the peer
+        self.peer.pause_reading()
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.peer.resume_reading()
+        self.inner.resume_writing()
 
 
 def is_opaque(chosen: layer.Layer | None) -> bool:

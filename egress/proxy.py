@@ -89,6 +89,8 @@ class EgressProxy:
         update.update(config.extra_options)
         self.master.options.update(**update)
         self._extra_servers: list[asyncio.Server] = []
+        self.accepted = False  # a connection came through a handed-over socket
+        self.on_first_accept = None  # called when it does, the first time (the warm proxy tells egress run)
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> list[tuple[str, int]]:
@@ -97,7 +99,13 @@ class EgressProxy:
 
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
-        self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock))
+        self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock, on_accept=self._accepted))
+
+    def _accepted(self) -> None:
+        if not self.accepted:
+            self.accepted = True
+            if self.on_first_accept is not None:
+                self.on_first_accept()
 
     async def run_until_stopped(self) -> None:
         """Returns once stop() was called and every client connection has ended (at most

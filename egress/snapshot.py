@@ -64,6 +64,20 @@ class PolicySnapshot:
             for resolved, text in self._texts.values():
                 pin_text(str(resolved), text)  # file:line in events names the text in force
 
+    def recorded(self) -> list[tuple[str, str, str]]:
+        """What a sealed snapshot serves: (path as given, where it resolved to, text) per file;
+        for another process to rebuild it (egress run's warm proxy, egress.warmserver)."""
+        return [(key, str(resolved), text) for key, (resolved, text) in self._texts.items()]
+
+    @classmethod
+    def sealed(cls, recorded, frozen: Callable[[str], bool]) -> PolicySnapshot:
+        """The snapshot another process sealed, from its :meth:`recorded` files, sealed with the
+        same predicate (so the same files are served from their text, and new ones refused)."""
+        snapshot = cls()
+        snapshot._texts = {key: (Path(resolved), text) for key, resolved, text in recorded}
+        snapshot.seal(frozen)
+        return snapshot
+
     def _can_write(self, path: str) -> bool:
         try:
             return bool(self._frozen(path))

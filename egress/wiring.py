@@ -27,6 +27,10 @@ from .contract import EXIT_LISTEN, EXIT_STATE
 
 _NOTHING = MappingProxyType({})  # an empty mapping no one can change, shared by every default
 
+# The limits addon's options (egress/addons/limits.py) and their defaults, as the CLI passes them.
+DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress_idle_timeout": 300.0,
+                                   "egress_head_timeout": 60.0, "egress_max_head_bytes": 65536})
+
 
 class ProxyConfig(namedtuple("ProxyConfig", (
         "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
@@ -52,6 +56,31 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     """
 
     __slots__ = ()
+
+    def to_dict(self) -> dict:
+        """As JSON-able data (egress run hands its proxy's configuration to the warm proxy)."""
+        return {"listen": self.listen, "metrics": self.metrics, "audit_log": self.audit_log,
+                "resolve": {name: [str(address) for address in addresses] for name, addresses in self.resolve.items()},
+                "dns_server": self.dns_server, "dns_timeout": self.dns_timeout,
+                "upstream_timeout": self.upstream_timeout,
+                "upstream_ca": str(self.upstream_ca) if self.upstream_ca is not None else None,
+                "state_dir": str(self.state_dir) if self.state_dir is not None else None,
+                "extra_options": dict(self.extra_options)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProxyConfig:
+        import ipaddress
+        from pathlib import Path
+
+        pair = lambda value: tuple(value) if value is not None else None  # noqa: E731
+        return cls(listen=pair(data["listen"]), metrics=pair(data["metrics"]), audit_log=data["audit_log"],
+                   resolve={name: [ipaddress.ip_address(a) for a in addresses]
+                            for name, addresses in data["resolve"].items()},
+                   dns_server=pair(data["dns_server"]), dns_timeout=data["dns_timeout"],
+                   upstream_timeout=data["upstream_timeout"],
+                   upstream_ca=Path(data["upstream_ca"]) if data["upstream_ca"] is not None else None,
+                   state_dir=Path(data["state_dir"]) if data["state_dir"] is not None else None,
+                   extra_options=data["extra_options"])
 
 
 class BuildError(Exception):
@@ -97,6 +126,19 @@ class ProxyBuilder:
             self.audit = open_audit(config.audit_log)
         if config.metrics is not None and self._metrics_socket is None:
             self._metrics_socket = _listening_socket(*config.metrics)
+
+    def adopt(self, audit=None, metrics_socket: socket.socket | None = None) -> None:
+        """Use an audit stream and a bound metrics socket someone else opened (egress run opens
+        them before its command starts and hands them to its warm proxy), as open() would."""
+        if audit is not None:
+            self.audit = audit
+        if metrics_socket is not None:
+            self._metrics_socket = metrics_socket
+
+    @property
+    def metrics_socket(self) -> socket.socket | None:
+        """The bound metrics socket (open() made it), for handing over; None without one."""
+        return self._metrics_socket
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:

@@ -232,6 +232,7 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
         checks.append(Check("control sockets", "ok", f"reachable: {names}"))
     else:
         checks.append(Check("control sockets", "not-applicable", "no egress run or serve in progress"))
+    checks.append(check_warm_proxy(state_dir))
     try:
         policy = settings.load(policies or ["dev"]).policy
     except PolicyError as e:
@@ -241,6 +242,30 @@ def check_proxy(policies: list[str], state_dir) -> list[Check]:
         checks.append(Check("policy", "ok", f"valid: {policy.size} from "
                                             f"{', '.join(policy.files)}"))
     return checks
+
+
+def check_warm_proxy(state_dir) -> Check:
+    """The per-user warm proxy egress run hands its sandbox's socket to (egress.warm)."""
+    import time
+
+    from egress import warm
+
+    name = "warm proxy"
+    if os.environ.get(warm.MODE_ENV) == "lazy":
+        return Check(name, "not-applicable", f"off (${warm.MODE_ENV}=lazy): each egress run starts its own "
+                                             f"proxy when its command first connects (~0.5 s)")
+    try:
+        paths = warm.Paths.for_state(state_dir)
+    except OSError as e:
+        return Check(name, "warning", f"cannot tell: {e}")
+    info = warm.read_info(paths)
+    idle = f"{info['idle']:g}" if info else f"{warm.idle_seconds():g}"
+    if info is None:
+        return Check(name, "not-applicable", f"not running; the next networked egress run starts it in the "
+                                             f"background (it exits after {idle} s without a run)")
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["started"]))
+    return Check(name, "ok", f"running: pid {info['pid']} since {since}, exits after {idle} s without a run; "
+                             f"each egress run's proxy is a child of it ({paths.socket})")
 
 
 def run_checks(policies: list[str], state_dir, fs_confinement: bool = True) -> tuple[list[Check], bool]:

@@ -232,6 +232,11 @@ def _cover(hidden: Iterable[str], replaced: Mapping[str, bytes], sockets: Iterab
     hidden = [os.path.realpath(p) for p in hidden if os.path.isdir(p)]
     replaced = {os.path.realpath(p): data for p, data in replaced.items() if os.path.isfile(p)}
     sockets = [os.path.realpath(p) for p in sockets if _is_socket(p)]
+    # What lies inside a hidden folder is hidden with it, and gone from the view once the
+    # folder is covered: a mount onto it would fail (ENOENT) and stop the run. (The warm
+    # proxy's socket lives in egress's state folder, which is hidden.)
+    replaced = {p: data for p, data in replaced.items() if not any(_within(p, h) for h in hidden)}
+    sockets = [p for p in sockets if not any(_within(p, h) for h in hidden)]
     if not (hidden or replaced or sockets):
         return
     staging = _tmpfs_detached()

@@ -106,11 +106,10 @@ def new_session_keyring() -> None:
     named keyring of the caller cannot be joined back: lookups by name stay within the
     sandbox's user namespace.
     """
-    import platform
-
-    number = _SYS_KEYCTL.get(platform.machine())
+    machine = os.uname().machine  # platform.machine()'s answer
+    number = _SYS_KEYCTL.get(machine)
     if number is None:
-        raise OSError(errno.ENOSYS, f"no keyctl number for {platform.machine()}")
+        raise OSError(errno.ENOSYS, f"no keyctl number for {machine}")
     _libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import platform
+import os
 import struct
 import sys
 
@@ -101,7 +101,7 @@ _ENOSYS = ("ret", _RET_ERRNO | errno.ENOSYS)
 
 
 def supported() -> bool:
-    return platform.machine() in _TABLES
+    return os.uname().machine in _TABLES
 
 
 def _program(machine: str, refuse_setid: bool = False) -> list[tuple[int, int, int, int]]:
@@ -184,7 +184,7 @@ def install(refuse_setid: bool) -> None:
     program on the host after the run (an unprivileged caller's setuid file is only itself).
     Raises OSError if the kernel refuses it or the machine's architecture is not known.
     """
-    machine = platform.machine()
+    machine = os.uname().machine  # platform.machine()'s answer, without importing platform (~2 ms)
     if machine not in _TABLES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for the {machine} architecture")
     program = _program(machine, refuse_setid)

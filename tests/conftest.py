@@ -29,11 +29,73 @@ TEST_NAMES = ["allowed.test", "api.allowed.test", "denied.allowed.test", "other.
               "blocked.test", "private.test", "passthrough.test"]
 
 
+# A warm proxy server (egress.warmserver) a test started and did not stop exits on its own after this.
+WARM_IDLE_FOR_TESTS = "30"
+
+
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """A minimal environment: no inherited proxy, CA or pip/npm settings."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+           "EGRESS_WARM_IDLE": WARM_IDLE_FOR_TESTS}
     env.update(extra)
     return env
+
+
+# ------------------------------------------------------- warm proxy servers
+
+
+def warm_server_pids(root: Path) -> list[int]:
+    """The warm proxy servers (egress.warmserver) running for a state folder under ``root``, by
+    their command line: a server a run just started is found even before it has written its
+    record."""
+    found = []
+    prefix = str(root).rstrip("/") + "/"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"egress.warmserver" not in args or b"--state-dir" not in args:
+            continue
+        state = args[args.index(b"--state-dir") + 1].decode(errors="replace") + "/"
+        if state.startswith(prefix):
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""  # a zombie's is empty
+    except OSError:
+        return False
+
+
+def stop_warm_servers(root: Path) -> list[int]:
+    """Stop (by pid: SIGTERM, then SIGKILL) every warm server whose state folder is under ``root``."""
+    pids = warm_server_pids(root)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_server_outlives_its_test(tmp_path):
+    yield
+    stop_warm_servers(tmp_path)
 
 
 # Folders egress run shows empty inside its sandbox (sandbox/mounts.py MASKED).
@@ -71,6 +133,7 @@ def host_dir():
     try:
         yield path
     finally:
+        stop_warm_servers(path)  # a state folder in it has one; starting, it would make the folder again
         shutil.rmtree(path, ignore_errors=True)
 
 

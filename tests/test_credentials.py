@@ -701,3 +701,13 @@ def test_an_unknown_kind_is_a_load_error(tmp_path):
                             text=True, timeout=60, env=clean_env(tmp_path))
     assert result.returncode == 1
     assert "'jwtt' is not a kind; did you mean 'jwt'?" in result.stderr
+
+
+def test_credentials_survive_the_trip_to_the_warm_proxy():
+    # egress run hands brokered secrets (value and placeholder) to its warm proxy as JSON.
+    from egress.credentials import Credentials, StoredSecret
+
+    credentials = Credentials("mask", [StoredSecret("GITHUB_TOKEN", GITHUB, ("github.com",), "ghp_" + "x" * 36,
+                                                    env="GITHUB_TOKEN"),
+                                       StoredSecret("file:/k", "s3cr3t-value", file="/k")], frozenset({"jwt"}))
+    assert Credentials.from_dict(json.loads(json.dumps(credentials.to_dict()))) == credentials

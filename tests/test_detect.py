@@ -20,6 +20,7 @@ import pytest
 
 import zstandard
 
+from egress import detect
 from egress.decode import ContentDecoder
 from egress.detect import (KINDS, MIN_SECRET_LENGTH, RULES, Detector, Finding, StreamRedactor, UndecodableBody,
                            decode_content, is_secret_name)
@@ -499,6 +500,55 @@ def test_findings_are_sorted_and_never_overlap():
         assert token.encode() not in repr(f).encode()
 
 
+# ------------------------------------------------------------- the prefilter
+
+
+def _url_password_reference(data: bytes) -> list[tuple[int, int]]:
+    """Where the url-password rule matches, found without the prefilter: its full pattern
+    tried at every "://" in turn, then its check."""
+    kind, _, pattern, _, group, check = next(row for row in detect._TABLE if row[0] == "url-password")
+    spans, pos = [], data.find(b"://")
+    while pos >= 0:
+        m = pattern.match(data, pos)
+        if m is not None and check(m):
+            spans.append(m.span(group))
+        pos = data.find(b"://", pos + 1)
+    return spans
+
+
+def _urls(r: random.Random) -> str:
+    user = rnd(r.randrange(0, 12), string.ascii_lowercase)
+    secret = rnd(r.randrange(1, 30), B62 + "-_.~!$&'()*+,;=%")
+    host = r.choice(["db.internal", "example.com", "10.0.0.1", "[::1]", "h", "registry.example.com:5000"])
+    return r.choice([
+        f"https://{user}:{secret}@{host}/path?q=1",  # userinfo with a password
+        f"https://{host}/path?next=http://{user}:{secret}@{host}",
+        f"https://{host}:8443/{user}@{secret}",  # '@' after the path: no userinfo
+        f"ftp://{user}@{host}/",  # no password
+        f"http://{user}:{secret}",  # no '@'
+        f"https://{user}:password@{host}/",  # a placeholder
+        f"ssh://{user}:{secret}@-not-a-host",
+        f'"url": "https://{host}/v1/items?page=2", "ok": true',
+        f"svn+ssh://{user}:{secret}@{host}:22@{host}",
+    ])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_url_password_prefilter_finds_exactly_what_its_pattern_finds(seed):
+    # The anchor for url-password carries the rule's whole pattern as a look-ahead, so the
+    # prefilter turns down "://" without userinfo in C: it must never drop a position
+    # where the full pattern (and its check) would have matched, nor add one.
+    r = random.Random(seed)
+    parts = [materialise(c)[1] for c in CASES if c[0] == "url-password"]
+    parts += [_urls(r) for _ in range(400)] + [rnd(r.randrange(0, 80), B62 + " :/@.") for _ in range(400)]
+    r.shuffle(parts)
+    data = " \n".join(parts).encode()
+    found = [(f.start, f.end) for f in detect.Detector(formats=True)._scan(data, detect._MAX_DEPTH)
+             if f.kind == "url-password"]
+    assert sorted(found) == _url_password_reference(data)
+    assert found  # the table and the generator do hold passwords
+
+
 # ------------------------------------------------------------------------ streams
 
 
@@ -532,6 +582,44 @@ def test_stream_scanner_agrees_with_one_shot(seed):
     # the same findings, spans included: one that reaches the end of what was scanned
     # waits for more data instead of being reported short
     assert found == DET.scan(data)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("batch", [0, 65536, 262144])
+def test_a_batched_stream_scanner_agrees_with_one_shot_and_scans_less(seed, batch):
+    # The credential guard's body scanner gathers 256 KiB before scanning (SCAN_BATCH):
+    # the same findings, each byte scanned 1 + overlap/batch times instead of ~1.25.
+    det = CountingDetector()
+    data = stream_text() * 40  # ~1 MiB
+    r = random.Random(seed)
+    found = stream_scan(det.stream(batch), chunked(data, [r.choice([100, 16384, 65536]) for _ in range(60)]))
+    assert found == DET.scan(data)
+    assert det.scanned <= len(data) * (1 + det.overlap / max(batch, det.overlap)) + det.overlap + 65536
+
+
+def test_a_batched_stream_scanner_settles_at_most_a_batch_behind():
+    scanner = DET.stream(262144)
+    fed = 0
+    for _ in range(20):
+        scanner.feed(b"plain words and digits 0123456789 " * 2000)  # 68 KB a chunk
+        fed += 68000
+        assert fed - scanner.settled <= 262144 + DET.overlap + 68000
+    scanner.finish()
+    assert scanner.settled == fed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_last_run_break_is_found_as_a_whole_translate_finds_it(seed):
+    # _last_break looks back 4 KiB at a time; runs longer than that, breaks at either end
+    # of a window and none at all must give what translating everything before gives.
+    from egress.decode import RUN_TABLE
+
+    r = random.Random(seed)
+    pieces = [rnd(r.choice([1, 50, 4095, 4096, 4097, 9000]), B62 + "+/") + r.choice([" ", "\n", '"', ""])
+              for _ in range(30)]
+    buf = "".join(pieces).encode()
+    for end in sorted({0, 1, len(buf)} | {r.randrange(len(buf) + 1) for _ in range(200)}):
+        assert detect._last_break(buf, end) == buf[:end].translate(RUN_TABLE).rfind(b" ")
 
 
 class CountingDetector(Detector):

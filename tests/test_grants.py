@@ -91,8 +91,14 @@ def curl_twice(url: str) -> list[str]:
     return ["sh", "-c", f"{fetch}; {fetch}"]
 
 
-def test_yes_lets_the_held_request_through_and_covers_the_run(tmp_path, http_upstream, curl_path):
-    terminal = Terminal(run_args(tmp_path, *curl_twice(http_upstream.url("other.test"))), tmp_path)
+# The run's proxy in the warm proxy (the default) or in the launcher: the person sees the same.
+PROXY_MODES = pytest.mark.parametrize("proxy_mode", ["warm", "lazy"])
+
+
+@PROXY_MODES
+def test_yes_lets_the_held_request_through_and_covers_the_run(tmp_path, http_upstream, curl_path, proxy_mode):
+    terminal = Terminal(run_args(tmp_path, *curl_twice(http_upstream.url("other.test")),
+                                 extra=["--proxy", proxy_mode]), tmp_path)
     terminal.read_until("wants to reach other.test")
     terminal.type("a\n")
     assert terminal.finish() == 0
@@ -149,10 +155,11 @@ def wait_for_run(tmp_path) -> dict:
     raise AssertionError("the run never showed up in `egress runs`")
 
 
-def test_egress_allow_from_another_process_grants_a_waiting_run(tmp_path, http_upstream, curl_path):
+@PROXY_MODES
+def test_egress_allow_from_another_process_grants_a_waiting_run(tmp_path, http_upstream, curl_path, proxy_mode):
     url = http_upstream.url("other.test")
-    terminal = Terminal(run_args(tmp_path, "sh", "-c", f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}'),
-                        tmp_path)
+    terminal = Terminal(run_args(tmp_path, "sh", "-c", f'curl -s -o /dev/null -w "code=%{{http_code}}\\n" {url}',
+                                 extra=["--proxy", proxy_mode]), tmp_path)
     terminal.read_until("wants to reach other.test")  # the request is now held
     info = wait_for_run(tmp_path)
     assert info["command"][0] == "sh"
@@ -164,13 +171,14 @@ def test_egress_allow_from_another_process_grants_a_waiting_run(tmp_path, http_u
     assert runs(tmp_path) == []  # the run is over: its socket is gone
 
 
-def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_path):
+@PROXY_MODES
+def test_events_follow_streams_a_runs_decisions(tmp_path, http_upstream, curl_path, proxy_mode):
     project = tmp_path / "project"
     project.mkdir()
     url = http_upstream.url("blocked.test")
     script = f'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null {url}'
-    run = subprocess.Popen(run_args(tmp_path, "sh", "-c", script, extra=["--headless"]), cwd=project,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_for(tmp_path),
+    run = subprocess.Popen(run_args(tmp_path, "sh", "-c", script, extra=["--headless", "--proxy", proxy_mode]),
+                           cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_for(tmp_path),
                            stdin=subprocess.DEVNULL)
     follower = None
     try:
@@ -307,7 +315,7 @@ def fetch():
 
 print("before", fetch(), flush=True)
 answers = []
-for path in glob.glob(sys.argv[2] + "/runs/*.sock"):
+for path in glob.glob(sys.argv[2] + "/runs/*.sock") + glob.glob(sys.argv[2] + "/warm/*.sock"):
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(path)

@@ -9,11 +9,14 @@ internal it relies on fails here, by name.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import socket
 import time
+import typing
 
 import pytest
-from mitmproxy import connection, http
+from mitmproxy import connection, exceptions, http
 from mitmproxy.options import Options
 from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.context import Context
@@ -110,9 +113,11 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
     handed.listen()
     port = handed.getsockname()[1]
 
+    accepted = []
+
     async def body(master, own, addresses):
         assert addresses == []
-        server = await mitm.serve_socket(own.proxyserver, handed)
+        server = await mitm.serve_socket(own.proxyserver, handed, on_accept=lambda: accepted.append(1))
         try:
             return await asyncio.to_thread(exchange, port, get("http://a.test/"))
         finally:
@@ -122,6 +127,34 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
         assert b"answered by the addon" in run_master(confdir, body, Answer(), listen=False)
     finally:
         handed.close()
+    assert accepted == [1]
+
+
+def test_the_ca_is_loaded_once_per_file_version(tmp_path):
+    # TlsConfig loads the CA on configure and again on running; egress.mitm makes both (and every
+    # later master's) the same store, until the CA file changes.
+    state = tmp_path / "state"
+    ensure_ca(state)
+
+    async def store():
+        master, own = mitm.new_master(listen_host="127.0.0.1", listen_port=0, mode=["regular"], server=False)
+        master.addons.add(own.core, own.proxyserver, own.next_layer, own.tls_config)
+        master.options.update(confdir=str(ca_dir(state)))
+        configured = own.tls_config.certstore
+        await mitm.start(master, own.proxyserver)  # the running hook configures it again
+        try:
+            assert own.tls_config.certstore is configured
+            return configured
+        finally:
+            mitm.stop(master)
+            await mitm.done(master)
+
+    first = asyncio.run(store())
+    assert asyncio.run(store()) is first
+    key = ca_dir(state) / "mitmproxy-ca.pem"
+    key.write_bytes(key.read_bytes())  # a new version of the file (mtime): loaded anew
+    later = asyncio.run(store())
+    assert later is not first and later.default_ca.serial == first.default_ca.serial
 
 
 def test_stop_serving_ends_every_connection_and_stops_listening(confdir, http_upstream):
@@ -272,6 +305,63 @@ def test_opaque_relay_is_an_untracked_tcp_relay(context):
     assert isinstance(relay, TCPLayer) and relay.flow is None
 
 
+def test_a_passthrough_relay_is_spliced_after_its_first_chunk_and_counts_every_byte(confdir):
+    # The internals splice() relies on (ConnectionHandler.transports, asyncio's StreamReader
+    # buffer, transport.set_protocol) are pinned here: if they change, the relay stays on
+    # mitmproxy's own path (spliced stays False) and this fails by name.
+    relays, counts = [], {True: 0, False: 0}
+
+    def count(from_client: bool, n: int) -> None:
+        counts[from_client] += n
+
+    class Relay:
+        def next_layer(self, nextlayer) -> None:
+            if nextlayer.context.server.address is not None and not nextlayer.context.client.tls:
+                nextlayer.layer = mitm.opaque_relay(nextlayer.context, count)
+                relays.append(nextlayer.layer)
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    port = upstream.getsockname()[1]
+    sent = bytes(range(256)) * 4096  # 1 MiB
+    reply = b"pong" * 100_000
+
+    def serve() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            got = b""
+            while len(got) < len(sent):
+                got += conn.recv(1 << 20)
+            conn.sendall(reply if got == sent else b"corrupted")
+
+    def client(proxy_port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", proxy_port), timeout=20) as sock:
+            sock.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += sock.recv(1)
+            sock.sendall(sent[:100])  # the first chunk takes mitmproxy's path, then the splice
+            time.sleep(0.2)
+            sock.sendall(sent[100:])
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            return data
+
+    async def body(master, own, addresses):
+        server = asyncio.create_task(asyncio.to_thread(serve))
+        answer = await asyncio.to_thread(client, addresses[0][1])
+        await server
+        return answer
+
+    try:
+        answer = run_master(confdir, body, Relay())
+    finally:
+        upstream.close()
+    assert answer == reply
+    assert [r.spliced for r in relays] == [True]
+    assert counts == {True: len(sent), False: len(reply)}
+
+
 @pytest.mark.parametrize(("make", "opaque"), [
     (lambda c: TCPLayer(c), True),  # what NextLayer picks for non-HTTP bytes: it has a flow
     (lambda c: TCPLayer(c, ignore=True), False),  # a passthrough relay is not refused
@@ -289,3 +379,140 @@ def test_closing_layer_closes_the_client_and_nothing_else(context):
     [command] = layer.handle_event(events.Start())
     assert type(command) is commands.CloseConnection and command.connection is context.client
     assert list(layer.handle_event(events.DataReceived(context.client, b"more"))) == []
+
+
+# ------------------------------------------------------- message type checks
+
+_CHECKS = [  # (value, type) as mitmproxy's MessageData fields take them, fitting and not
+    (b"x", bytes), ("x", bytes), (None, bytes), (b"x", bytes | None), (None, bytes | None), ("x", bytes | None),
+    (1.5, float), (3, float), (True, float), ("1", float), (None, float | None), (2, float | None),
+    (b"1", float | None), (80, int), (80.0, int), ("x", str), (b"x", str),
+    (http.Headers(), http.Headers), ({}, http.Headers), (None, http.Headers | None),
+    (http.Headers(), http.Headers | None), ([], http.Headers | None),
+    # what the fast path leaves to mitmproxy's own function
+    ((1, "a"), tuple[int, str]), ((1, 2), tuple[int, str]), (["a"], typing.Sequence[str]),
+    ([1], typing.Sequence[str]), ("anything", typing.Any), (None, typing.Optional[typing.Sequence[str]]),
+]
+
+
+@pytest.mark.parametrize(("value", "typeinfo"), _CHECKS, ids=[f"{v!r}-{t}" for v, t in _CHECKS])
+def test_the_message_typecheck_answers_as_mitmproxys_own(value, typeinfo):
+    from mitmproxy.utils import typecheck
+
+    def outcome(check):
+        try:
+            check("field", value, typeinfo)
+        except TypeError as e:
+            return str(e)
+        return None
+
+    assert outcome(mitm._FieldTypecheck(typecheck.check_option_type).check_option_type) == \
+        outcome(typecheck.check_option_type)
+
+
+def test_messages_are_built_without_exception_cycles_once_a_master_exists(confdir):
+    import gc
+
+    async def make() -> None:
+        mitm.new_master()
+
+    asyncio.run(make())
+    assert isinstance(http.typecheck, mitm._FieldTypecheck)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(20):
+            http.Request.make("GET", "http://a.test/", b"")
+            http.Response.make(200, b"ok")
+        with pytest.raises(TypeError, match="timestamp_start"):  # a wrong type is still refused
+            http.Request("a.test", 80, b"GET", b"http", b"a.test", b"/", b"HTTP/1.1", http.Headers(), None, None,
+                         "not a float", None)
+        gc.collect()
+        leftovers = [type(o).__name__ for o in gc.garbage if isinstance(o, TypeError)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert leftovers.count("TypeError") <= 1  # only the refusal above
+
+
+# ------------------------------------------------------------- hook dispatch
+
+
+class _Probe:
+    def __init__(self, name: str, calls: list, nested=(), fail: bool = False, halt: bool = False,
+                 asynchronous: bool = False):
+        self.name, self.calls, self.fail, self.halt = name, calls, fail, halt
+        if nested:
+            self.addons = list(nested)
+        if asynchronous:
+            self.requestheaders = self._later
+
+    def requestheaders(self, flow) -> None:
+        self.calls.append((self.name, flow.request.path))
+        if self.fail:
+            raise ValueError(f"{self.name} failed")
+        if self.halt:
+            raise exceptions.AddonHalt()
+
+    async def _later(self, flow) -> None:
+        await asyncio.sleep(0)
+        self.calls.append((self.name + " (async)", flow.request.path))
+
+
+def _dispatch(table: bool) -> tuple[list, list]:
+    """The same addons and events through mitmproxy's AddonManager or egress's table."""
+    from mitmproxy import master as mitmproxy_master
+    from mitmproxy.proxy.layers.http import HttpRequestHeadersHook
+
+    calls, errors = [], []
+
+    class Errors(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Addon error"):
+                errors.append(re.sub(r" at 0x[0-9a-f]+", "", record.getMessage()))
+
+    def flow(path: str) -> http.HTTPFlow:
+        f = http.HTTPFlow(connection.Client(peername=("127.0.0.1", 1), sockname=("127.0.0.1", 2),
+                                            timestamp_start=0), connection.Server(address=None))
+        f.request = http.Request.make("GET", f"http://a.test{path}")
+        return f
+
+    async def main():
+        if table:
+            master, _ = mitm.new_master()
+        else:
+            master = mitmproxy_master.Master(Options())
+        master.addons.add(_Probe("a", calls), _Probe("b", calls, nested=[_Probe("b1", calls, fail=True),
+                                                                        _Probe("b2", calls)]),
+                          _Probe("c", calls, asynchronous=True), _Probe("d", calls, fail=True), _Probe("e", calls))
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/1")))
+        master.addons.add(_Probe("f", calls, halt=True), _Probe("g", calls))  # the table must see them
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/2")))
+        master.addons.remove(master.addons.get("f"))
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/3")))
+        odd = _Probe("h", calls)
+        odd.requestheaders = 5  # not callable: mitmproxy's walk reports it
+        master.addons.add(odd)
+        await master.addons.trigger_event(HttpRequestHeadersHook(flow("/4")))
+        await mitm.done(master)  # takes mitmproxy's log handler off this loop
+
+    handler = Errors()
+    logging.getLogger().addHandler(handler)
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return calls, errors
+
+
+def test_the_hook_table_dispatches_as_mitmproxys_own_walk():
+    mitmproxy_calls, mitmproxy_errors = _dispatch(table=False)
+    calls, errors = _dispatch(table=True)
+    assert calls == mitmproxy_calls
+    assert errors == mitmproxy_errors
+    # and what that is: nested addons after their parent, a failure ends its addon's group
+    # (b1 failed: b2 skipped) but not the event, AddonHalt ends the event
+    assert [c for c in calls if c[1] == "/2"] == [("a", "/2"), ("b", "/2"), ("b1", "/2"), ("c (async)", "/2"),
+                                                  ("d", "/2"), ("e", "/2"), ("f", "/2")]
+    assert ("g", "/3") in calls and ("h", "/4") not in calls
+    assert len(errors) == 4 * 2 + 1  # b1 and d each time, and h's handler that is not callable

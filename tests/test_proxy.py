@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import socket
 import ssl
+import threading
 
 import pytest
 
@@ -255,6 +258,51 @@ def test_passthrough_host_is_tunnelled_untouched(proxy, https_upstream, test_ca_
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello from upstream\n")
     assert "mitmproxy" not in json.dumps(issuer)
     assert https_upstream.connections == 1
+
+
+class _RawServer:
+    """A raw TCP server on 127.0.0.1:0 (not HTTP): reads ``expect`` bytes, then answers the
+    sha256 of what it read and ``reply`` bytes, and closes."""
+
+    def __init__(self, expect: int, reply: bytes):
+        self.expect, self.reply = expect, reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            digest, left = hashlib.sha256(), self.expect
+            while left and (chunk := conn.recv(min(left, 1 << 20))):
+                digest.update(chunk)
+                left -= len(chunk)
+            conn.sendall(digest.digest() + self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)
+
+
+def test_passthrough_relays_bulk_both_ways_and_counts_the_bytes(proxy):
+    # A passthrough tunnel is relayed socket to socket once it runs (egress.mitm.splice):
+    # every byte still arrives, in order, the server's close still reaches the client, and
+    # the bytes are counted both ways.
+    sent, reply = os.urandom(6 * 2**20), os.urandom(3 * 2**20 + 17)
+    server = _RawServer(len(sent), reply)
+    try:
+        sock, answer = connect_raw(proxy, f"passthrough.test:{server.port}")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        sock.settimeout(20)
+        sock.sendall(sent)
+        received = _read_all(sock)
+        sock.close()
+    finally:
+        server.close()
+    assert received == hashlib.sha256(sent).digest() + reply
+    counted = dict(re.findall(r'^egress_passthrough_bytes_total\{direction="(\w+)"\} (\S+)$', proxy.metrics(), re.M))
+    assert {k: float(v) for k, v in counted.items()} == {"upload": len(sent), "download": len(received)}
 
 
 # ------------------------------------------------------ upstream failures

@@ -19,10 +19,11 @@ import tempfile
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir
+from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir, stop_warm_servers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -467,6 +468,7 @@ def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
         assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream", "cannot-write-etc"]
         assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
     finally:
+        stop_warm_servers(Path(home))  # the run's warm proxy, started as nobody
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -518,4 +520,5 @@ def test_escapes_fail_as_an_unprivileged_user(user_venv, http_upstream, curl_pat
         assert http_upstream.connections == 0
         assert os.stat(victim).st_mode & 0o7777 == 0o644
     finally:
+        stop_warm_servers(Path(home))  # the run's warm proxy, started as nobody
         shutil.rmtree(home, ignore_errors=True)

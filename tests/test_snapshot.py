@@ -109,3 +109,24 @@ def test_a_predicate_that_cannot_answer_freezes(dirs):
     reader.seal(broken)
     with pytest.raises(PolicyError, match="inside a folder the command can write"):
         load_policy([str(policy)], read=reader)
+
+
+def test_a_snapshot_rebuilt_elsewhere_serves_the_same_texts_and_refuses_the_same_files(dirs):
+    # The warm proxy's child rebuilds the launcher's sealed snapshot from what it recorded.
+    project, outside = dirs
+    frozen, live = project / "egress.toml", outside / "policy.toml"
+    frozen.write_text('allow = ["mine.example.com"]\n')
+    live.write_text('allow = ["one.example.com"]\n')
+    reader = PolicySnapshot()
+    load_policy([str(frozen), str(live)], read=reader)
+    sealed(reader, project)
+    frozen.write_text('allow = ["evil.example.com"]\n')
+    live.write_text('allow = ["two.example.com"]\n')
+    (project / "new.toml").write_text('allow = ["new.example.com"]\n')
+    copy = PolicySnapshot.sealed(reader.recorded(), lambda path: command_writable(path, [project]))
+    assert copy.frozen_files == reader.frozen_files
+    later = load_policy([str(frozen), str(live)], read=copy)
+    assert [later.decide(h, 443).allowed for h in ("mine.example.com", "evil.example.com", "two.example.com")] == \
+        [True, False, True]
+    with pytest.raises(PolicyError):
+        load_policy([str(project / "new.toml")], read=copy)

@@ -8,10 +8,12 @@ configuration from the same options.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import requests
@@ -208,3 +210,16 @@ def test_importing_the_wiring_imports_nothing_heavy():
             "print(sorted(m for m in ('mitmproxy', 'prometheus_client', 'dns', 'tldextract') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("config", [
+    ProxyConfig(),
+    ProxyConfig(metrics=("127.0.0.1", 0), audit_log="-", resolve={"a.test": [ipaddress.ip_address("127.0.0.1"),
+                                                                           ipaddress.ip_address("::1")]},
+                dns_server=("127.0.0.1", 5353), dns_timeout=1.5, upstream_timeout=0.0,
+                upstream_ca=Path("/etc/ca.pem"), state_dir=Path("/srv/state"),
+                extra_options={"egress_max_client_connections": 7}),
+])
+def test_a_config_survives_the_trip_to_the_warm_proxy(config):
+    # egress run sends its proxy's configuration to the warm proxy as JSON.
+    assert ProxyConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

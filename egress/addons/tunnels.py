@@ -32,6 +32,11 @@ from ..policy import Decision
 class Passthrough:
     def __init__(self, engine: Engine):
         self.engine = engine
+        metrics = engine.recorder.metrics
+        self._sent, self._received = metrics.passthrough_upload, metrics.passthrough_download
+
+    def _count(self, from_client: bool, n: int) -> None:
+        (self._sent if from_client else self._received).inc(n)
 
     @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
@@ -44,7 +49,7 @@ class Passthrough:
         except InvalidHost:
             return
         if self.engine.policy.passthrough(host, port) is not None:
-            nextlayer.layer = mitm.opaque_relay(context)
+            nextlayer.layer = mitm.opaque_relay(context, self._count)
 
 
 class ProtocolGuard:

@@ -183,7 +183,9 @@ def scene(runner):
         replaced.write_text("the real secret\n")
         for path in (base, project, hidden, victim, replaced):
             os.chown(path, uid, gid)  # ordinary permissions allow every change: only the sandbox refuses
-        for path in (str(base / "relay.sock"), tmp_socket):
+        # A socket inside the hidden state folder (the warm proxy's): hidden with it, and the
+        # view must still be made (covering it as a host socket failed once it was gone).
+        for path in (str(base / "relay.sock"), tmp_socket, str(hidden / "warm.sock")):
             server = socket.socket(socket.AF_UNIX)
             server.bind(path)
             os.chmod(path, 0o777)

@@ -1,0 +1,330 @@
+"""The warm proxy: where `egress run` finds it, how it is started, and how the two talk.
+
+A per-user process (egress/warmserver.py) that has imported mitmproxy and loaded the CA
+once, and forks one child per run. `egress run` connects to it and hands over, through
+SCM_RIGHTS, its stdout and stderr, the audit log and metrics socket it opened, and the
+listening socket made inside the command's network namespace; the child builds that run's
+proxy from the run's configuration and policy texts, and the connection stays the run's
+channel (events and grant questions back, answers, grants and reload requests forth).
+This module is the launcher's side and what both sides share; it imports nothing heavy,
+because every `egress run` reads it.
+
+Files, in ``<state dir>/warm/`` (0700; the state folder is hidden from sandboxed commands):
+
+    <key>.sock   the server's socket (0600)
+    <key>.lock   flock()ed by the running server: at most one per key
+    <key>.json   {"pid", "started", "idle", "python", "egress"} of the running server
+    <key>.log    the server's own stderr
+
+``<key>`` names the installation (interpreter and the folders egress and sandbox are
+imported from), so two installations sharing a state folder never use each other's code.
+
+The protocol is JSON lines; a line with ``"fds": [names]`` carries that many descriptors,
+sent with its first byte (descriptors are queued as they arrive and taken in order, so a
+read that spans two lines cannot mismatch them).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+import zlib
+from pathlib import Path
+
+PROTOCOL = 1
+DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
+IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
+MODE_ENV = "EGRESS_PROXY"  # warm | lazy: egress run's --proxy default
+MODES = ("warm", "lazy")
+MAX_FDS = 8
+SUN_PATH_MAX = 108  # sockaddr_un.sun_path, with its terminating NUL
+
+
+class WarmError(Exception):
+    """The warm proxy could not take the run (the launcher then serves it in-process)."""
+
+
+def installation() -> dict:
+    """What makes a server's code ours: the interpreter as invoked (a venv's python names the venv,
+    so its mitmproxy; resolving the link would name only the base interpreter), its prefix, and
+    where egress and sandbox come from."""
+    import egress
+    import sandbox
+
+    return {"python": os.path.abspath(sys.executable), "prefix": sys.prefix,
+            "egress": os.path.dirname(os.path.realpath(egress.__file__)),
+            "sandbox": os.path.dirname(os.path.realpath(sandbox.__file__))}
+
+
+def installation_key(identity: dict) -> str:
+    text = "\0".join(identity[k] for k in ("python", "prefix", "egress", "sandbox"))
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+class Paths:
+    """The warm server's files for one state folder and installation."""
+
+    def __init__(self, state_dir: Path, key: str):
+        self.folder = Path(state_dir) / "warm"
+        self.socket = self.folder / f"{key}.sock"
+        self.lock = self.folder / f"{key}.lock"
+        self.info = self.folder / f"{key}.json"
+        self.log = self.folder / f"{key}.log"
+
+    @classmethod
+    def for_state(cls, state_dir: Path | None) -> Paths:
+        from .state import state_dir as default_state_dir
+
+        return cls(Path(state_dir or default_state_dir()).absolute(), installation_key(installation()))
+
+    def make_folder(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.folder, 0o700)
+
+
+def idle_seconds(environ=os.environ) -> float:
+    try:
+        return max(0.1, float(environ.get(IDLE_ENV, DEFAULT_IDLE)))
+    except ValueError:
+        return DEFAULT_IDLE
+
+
+# ------------------------------------------------------------------ framing
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    """One line; with ``fds``, the descriptors go with its first byte."""
+    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    if fds:
+        import array
+
+        sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        data = data[sent:]
+    if data:
+        sock.sendall(data)
+
+
+class Reader:
+    """Lines and the descriptors that came with them, from a stream socket."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buffer = b""
+        self._fds: list[int] = []
+        self.closed = False
+
+    def _fill(self, flags: int = 0) -> None:
+        import array
+
+        fds = array.array("i")
+        data, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(MAX_FDS * fds.itemsize),
+                                                  flags | socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        self._fds.extend(fds)
+        if not data:
+            self.closed = True
+        self._buffer += data
+
+    def read(self) -> tuple[dict, list[int]] | None:
+        """The next message and its descriptors (blocking as the socket does); None at EOF."""
+        while b"\n" not in self._buffer:
+            if self.closed:
+                return None
+            self._fill()
+        return self._pop()
+
+    def read_ready(self) -> list[tuple[dict, list[int]]]:
+        """Whatever can be read without blocking: one recv, then every complete message.
+        (The socket itself stays blocking, for the writers.)"""
+        if not self.closed:
+            try:
+                self._fill(socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                pass
+        messages = []
+        while b"\n" in self._buffer:
+            messages.append(self._pop())
+        return messages
+
+    def _pop(self) -> tuple[dict, list[int]]:
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message = json.loads(line)
+        count = len(message.get("fds", ()))
+        if count > len(self._fds):
+            raise WarmError(f"a message announced {count} descriptors and brought {len(self._fds)}")
+        fds, self._fds = self._fds[:count], self._fds[count:]
+        return message, fds
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+
+# ------------------------------------------------------------ the launcher's side
+
+
+def connect(paths: Paths) -> socket.socket | None:
+    """A connection to the running server, or None if none is listening now (never waits)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        sock.connect(str(paths.socket))
+    except OSError:  # no socket (ENOENT), a dead server's (ECONNREFUSED), a full backlog (EAGAIN)
+        sock.close()
+        return None
+    sock.setblocking(True)
+    return sock
+
+
+def server_running(paths: Paths) -> bool:
+    """True if a server holds the lock (it may still be starting)."""
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
+def spawn(paths: Paths, idle: float) -> int | None:
+    """Start a server in the background (its own session, stderr to its log); its pid, or None.
+
+    Its environment is the bare minimum to import the same code: no variable of the
+    caller's (a long-lived process must not keep the caller's secrets); each run's child
+    gets that run's environment from the launcher.
+    """
+    try:
+        paths.make_folder()
+        identity = installation()
+        pythonpath = [str(Path(identity["egress"]).parent), str(Path(identity["sandbox"]).parent)]
+        pythonpath += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
+               "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath)), "PYTHONSAFEPATH": "1"}
+        if "HOME" in os.environ:
+            env["HOME"] = os.environ["HOME"]
+        argv = [sys.executable, "-m", "egress.warmserver", "--state-dir", str(paths.folder.parent),
+                "--key", paths.socket.stem, "--idle", f"{idle:g}"]
+        actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                   (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                   (os.POSIX_SPAWN_OPEN, 2, str(paths.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)]
+        return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
+    except OSError:
+        return None
+
+
+def _exited(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done != 0
+
+
+def read_info(paths: Paths) -> dict | None:
+    """The running server's record, or None if no server runs (a stale record is ignored)."""
+    if not server_running(paths):
+        return None
+    try:
+        return json.loads(paths.info.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Handover:
+    """One run's link to the warm proxy: its request, and the connection it travels on.
+
+    Made on the launcher's main thread before the sandbox starts (no thread yet, as the
+    sandbox's fork wants): the request goes at once if a server listens, so the run's
+    child builds the proxy while the sandbox starts; if none listens, one is started and
+    the session thread sends the request once it does (:meth:`try_send`).
+    """
+
+    def __init__(self, paths: Paths, request: dict, fds: dict[str, int]):
+        self.paths = paths
+        self.request = dict(request, op="run", protocol=PROTOCOL, fds=list(fds))
+        self._fds = list(fds.values())
+        self.sock: socket.socket | None = None
+        self.reader: Reader | None = None
+        self.sent = False
+        self.failed = False  # no server will come: the one started for this run died
+        self.note: str | None = None  # why the run was not served warm, if a person should know
+        self.pid: int | None = None  # the run's child, once it serves
+        self._spawned: int | None = None
+        import threading
+
+        self._lock = threading.Lock()
+
+    @classmethod
+    def offer(cls, state_dir: Path | None, request: dict, fds: dict[str, int]) -> Handover | None:
+        """Send the run's request to the warm server now, or start one; None if the state
+        folder cannot hold one (the run is then served in-process)."""
+        try:
+            paths = Paths.for_state(state_dir)
+            if len(os.fsencode(paths.socket)) >= SUN_PATH_MAX:
+                return None  # no Unix socket can be bound there
+            paths.make_folder()
+        except OSError:
+            return None
+        handover = cls(paths, request, fds)
+        handover.try_send()
+        return handover
+
+    def try_send(self) -> bool:
+        """Connect and send the request if a server listens now, else make sure one is starting
+        (started by this run at most once); True once the request is sent."""
+        if self.sent:
+            return True
+        sock = connect(self.paths)
+        if sock is None:
+            if self._spawned is None and not server_running(self.paths):
+                self._spawned = spawn(self.paths, idle_seconds()) or -1
+            if self._spawned == -1 or (self._spawned is not None and _exited(self._spawned)):
+                self.failed = True  # the server this run started could not start, or died
+                self.note = f"the warm proxy could not start (its log: {self.paths.log})"
+            return False
+        try:
+            sock.settimeout(5.0)  # a large request to a server still importing: not forever
+            send(sock, self.request, self._fds)
+            sock.settimeout(None)
+        except OSError:
+            sock.close()
+            return False
+        self.sock, self.reader, self.sent = sock, Reader(sock), True
+        return True
+
+    def again(self) -> None:
+        """The server refused the run because it is stopping (stale code, a signal): drop this
+        connection; the next :meth:`try_send` goes to (or starts) its successor."""
+        self.close()
+        self.sock = self.reader = None
+        self.sent = False
+
+    def send(self, message: dict, fds: list[int] = ()) -> None:
+        with self._lock:
+            send(self.sock, message, fds)
+
+    def send_quietly(self, message: dict) -> None:
+        """Send if the link is still up (an answer or a stop to a proxy that is gone is moot)."""
+        try:
+            self.send(message)
+        except (OSError, AttributeError):
+            pass
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        if self.sock is not None:
+            self.sock.close()

@@ -1,0 +1,338 @@
+"""The warm proxy: `egress run` hands its sandbox's socket to a per-user process that is already warm.
+
+Real runs through the real launcher, a real warm server (egress.warmserver) and its real
+children, real namespaces; upstreams on 127.0.0.1 reached through --resolve. Each test's
+state folder is its own, so each starts its own server; the autouse fixture in conftest.py
+stops it (by pid) when the test ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_NAMES, clean_env, egress_command, warm_server_pids
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+
+POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test", "other.test", "blocked.test"]\n'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces_available():
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user+network namespaces are not available here: {probe.stderr.decode().strip()}")
+
+
+def run_args(tmp_path, *command: str, policy: str = POLICY, extra=(), name: str = "policy.toml") -> list[str]:
+    policy_file = tmp_path / name
+    policy_file.write_text(policy)
+    args = [*egress_command(), "run", "--policy", str(policy_file), "--state-dir", str(tmp_path / "state"),
+            "--headless"]
+    for host in TEST_NAMES:
+        args += ["--resolve", f"{host}:127.0.0.1"]
+    return [*args, *extra, "--", *command]
+
+
+def env_for(tmp_path, **extra) -> dict:
+    (tmp_path / "launcher-tmp").mkdir(exist_ok=True)
+    return clean_env(tmp_path, **{"PYTHONPATH": os.getcwd(), "TMPDIR": str(tmp_path / "launcher-tmp"), **extra})
+
+
+def egress_run(tmp_path, *command: str, project: Path | None = None, env=None, **kwargs) -> subprocess.CompletedProcess:
+    project = project or tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    return subprocess.run(run_args(tmp_path, *command, **kwargs), capture_output=True, text=True, timeout=120,
+                          cwd=project, env=env or env_for(tmp_path), stdin=subprocess.DEVNULL)
+
+
+def fetch(*urls: str) -> list[str]:
+    """A command that prints each URL's status as `host=code` (000: no answer at all)."""
+    lines = [f'curl -s -o /dev/null -w "{url.split("/")[2].split(":")[0]}=%{{http_code}}\\n" {url}' for url in urls]
+    return ["sh", "-c", "; ".join(lines)]
+
+
+def server(tmp_path) -> dict | None:
+    """The record of the warm server for this test's state folder (pid, started, idle...)."""
+    records = list((tmp_path / "state" / "warm").glob("*.json"))
+    return json.loads(records[0].read_text()) if records else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
+    except OSError:
+        return False
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0):
+    """Poll until ``predicate()`` is true (a generous deadline: this is not a speed check)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def runs(tmp_path) -> list[dict]:
+    result = subprocess.run([*egress_command(), "runs", "--json", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=30, env=env_for(tmp_path))
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+# ------------------------------------------------------------ started once, reused, gone when idle
+
+
+def test_the_first_run_starts_the_warm_proxy_and_the_next_run_reuses_it(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("allowed.test")
+    first = egress_run(tmp_path, *fetch(url))
+    assert first.stdout == "allowed.test=200\n", first.stderr
+    record = wait_until(lambda: server(tmp_path), "the warm server wrote its record")
+    assert alive(record["pid"])
+    second = egress_run(tmp_path, *fetch(url, http_upstream.url("blocked.test")))
+    assert second.stdout == "allowed.test=200\nblocked.test=403\n", second.stderr
+    assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in second.stderr
+    assert server(tmp_path)["pid"] == record["pid"]
+    doctor = subprocess.run([*egress_command(), "doctor", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=120, env=env_for(tmp_path))
+    assert f"warm proxy         running: pid {record['pid']} since" in doctor.stdout
+
+
+def test_a_run_that_never_connects_starts_the_warm_proxy_for_the_next(tmp_path, http_upstream, curl_path):
+    assert egress_run(tmp_path, "true").returncode == 0
+    record = wait_until(lambda: server(tmp_path), "the warm server wrote its record")
+    result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")))
+    assert result.stdout == "allowed.test=200\n", result.stderr
+    assert server(tmp_path)["pid"] == record["pid"]
+
+
+def test_the_warm_proxy_exits_when_idle(tmp_path, http_upstream, curl_path):
+    env = env_for(tmp_path, EGRESS_WARM_IDLE="1")
+    result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")), env=env)
+    assert result.stdout == "allowed.test=200\n", result.stderr
+    pid = wait_until(lambda: server(tmp_path), "the warm server wrote its record")["pid"]
+    wait_until(lambda: not alive(pid), "the idle warm server exited")
+    assert server(tmp_path) is None  # its record goes with it
+    doctor = subprocess.run([*egress_command(), "doctor", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert "warm proxy         not running; the next networked egress run starts it" in doctor.stdout
+
+
+def test_a_killed_warm_proxy_is_replaced_without_a_word(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("allowed.test")
+    egress_run(tmp_path, *fetch(url))
+    old = wait_until(lambda: server(tmp_path), "the warm server wrote its record")["pid"]
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: not alive(old), "the killed server is gone")
+    result = egress_run(tmp_path, *fetch(url))
+    assert result.stdout == "allowed.test=200\n" and result.stderr == "", result.stderr
+    new = wait_until(lambda: (server(tmp_path) or {}).get("pid") not in (None, old) and server(tmp_path),
+                     "a new warm server")["pid"]
+    assert alive(new)
+
+
+def test_code_changed_on_disk_restarts_the_warm_proxy(tmp_path, http_upstream, curl_path):
+    # egress imported from a copy of the source (its own installation, so its own server); then
+    # the copy changes, as an upgrade or an edit would change it.
+    lib = tmp_path / "lib"
+    for part in ("egress", "sandbox", "policies"):
+        shutil.copytree(os.path.join(os.getcwd(), part), lib / part, ignore=shutil.ignore_patterns("__pycache__"))
+    env = env_for(tmp_path, PYTHONPATH=str(lib))
+    url = http_upstream.url("allowed.test")
+    assert egress_run(tmp_path, *fetch(url), env=env).stdout == "allowed.test=200\n"
+    old = wait_until(lambda: server(tmp_path), "the warm server wrote its record")
+    assert old["egress"] == str(lib / "egress")
+    with open(lib / "egress" / "reasons.py", "a") as f:
+        f.write("\n# an upgrade\n")
+    result = egress_run(tmp_path, *fetch(url), env=env)
+    assert result.stdout == "allowed.test=200\n" and result.stderr == "", result.stderr
+    wait_until(lambda: not alive(old["pid"]), "the stale server exited")
+    new = wait_until(lambda: server(tmp_path), "a new warm server")
+    assert new["pid"] != old["pid"]
+
+
+def test_with_proxy_lazy_no_warm_proxy_is_started(tmp_path, http_upstream, curl_path):
+    for how in ({"extra": ["--proxy", "lazy"]}, {"env": env_for(tmp_path, EGRESS_PROXY="lazy")}):
+        result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")), **how)
+        assert result.stdout == "allowed.test=200\n", result.stderr
+    assert warm_server_pids(tmp_path) == [] and server(tmp_path) is None
+
+
+# ------------------------------------------------------------ warm and lazy: one behaviour
+
+
+SCENARIO = 'printf "%s\\n" "$(curl -s {ok})"; curl -s -o /dev/null -w "%{{http_code}}\\n" {blocked}; ' \
+           'curl -s -o /dev/null -w "%{{http_code}}\\n" {denied}; ' \
+           'curl -s -o /dev/null -w "%{{http_code}}\\n" {blocked}; exit 3'
+
+
+def test_warm_and_lazy_look_the_same_to_the_user(tmp_path, http_upstream, curl_path):
+    script = SCENARIO.format(ok=http_upstream.url("allowed.test"), blocked=http_upstream.url("blocked.test"),
+                             denied=http_upstream.url("other.test"))
+    seen = {}
+    for mode in ("warm", "lazy"):
+        audit = tmp_path / f"audit-{mode}.jsonl"
+        result = egress_run(tmp_path, "sh", "-c", script,
+                            extra=["--proxy", mode, "--deny", "other.test", "--audit-log", str(audit)])
+        events = [json.loads(line) for line in audit.read_text().splitlines()]
+        assert len({e["session"] for e in events}) == 1
+        stderr = re.sub(r"--run [0-9a-f]+", "--run ID", result.stderr)
+        seen[mode] = (result.returncode, result.stdout, stderr,
+                      [(e["method"], e["host"], e["port"], e["decision"], e["reason"], e["rule"]) for e in events])
+    assert seen["warm"] == seen["lazy"]
+    status, stdout, stderr, events = seen["warm"]
+    assert (status, stdout) == (3, "hello from upstream\n403\n403\n403\n")
+    assert stderr.splitlines() == [
+        "egress: no terminal to ask on (headless): hosts not on the allow list stay blocked; "
+        "grant one with `egress allow HOST --run ID`",
+        "EGRESS_BLOCKED blocked.test (not on the allow list)",
+        "EGRESS_BLOCKED other.test (on the deny list)"]
+    assert [(host, decision, reason) for _, host, _, decision, reason, _ in events] == [
+        ("allowed.test", "allow", "allowed"), ("blocked.test", "block", "not-allowed"),
+        ("other.test", "block", "denied"), ("blocked.test", "block", "not-allowed")]
+
+
+# ------------------------------------------------------------ runs do not see each other
+
+
+CONCURRENT = ('code() {{ curl -s -o /dev/null -w "$1=%{{http_code}}\\n" http://$1:{port}/small; }}; '
+              'code a.test; code b.test; while [ ! -e go ]; do sleep 0.05; done; code granted.test')
+
+
+def test_two_runs_at_once_see_only_their_own_policy_grants_and_events(tmp_path, http_upstream, curl_path):
+    names = ["a.test", "b.test", "granted.test"]
+    policy = f'allow_private = {json.dumps(names)}\n'
+    script = CONCURRENT.format(port=http_upstream.port)
+    processes = {}
+    for run, allowed in (("A", "a.test"), ("B", "b.test")):
+        project = tmp_path / f"project-{run}"
+        project.mkdir()
+        args = run_args(tmp_path, "sh", "-c", script, policy=policy, name=f"policy-{run}.toml",
+                        extra=["--allow", allowed, "--audit-log", str(tmp_path / f"audit-{run}.jsonl"),
+                               *[f"--resolve={name}:127.0.0.1" for name in names]])
+        processes[run] = subprocess.Popen(args, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=env_for(tmp_path), stdin=subprocess.DEVNULL)
+    try:
+        live = wait_until(lambda: (r := runs(tmp_path)) and len(r) == 2 and all(x.get("proxy") == "warm" for x in r)
+                          and r, "both runs served by the warm proxy")
+        ids = {run: info["run"] for info in live for run, process in processes.items() if process.pid == info["pid"]}
+        assert sorted(ids) == ["A", "B"] and len({info["proxy_pid"] for info in live}) == 2  # a child each
+        server_pid = server(tmp_path)["pid"]
+        assert all(info["proxy_pid"] in children_of(server_pid) for info in live)
+        granted = subprocess.run([*egress_command(), "allow", "granted.test", "--run", ids["A"],
+                                  "--state-dir", str(tmp_path / "state")],
+                                 capture_output=True, text=True, timeout=30, env=env_for(tmp_path))
+        assert granted.returncode == 0, granted.stderr
+        for run in processes:
+            (tmp_path / f"project-{run}" / "go").touch()
+        out = {run: process.communicate(timeout=120) for run, process in processes.items()}
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert out["A"][0].split() == ["a.test=200", "b.test=403", "granted.test=200"], out["A"][1]
+    assert out["B"][0].split() == ["a.test=403", "b.test=200", "granted.test=403"], out["B"][1]
+    assert [line for line in out["A"][1].splitlines() if "EGRESS_BLOCKED" in line] == \
+        ["EGRESS_BLOCKED b.test (not on the allow list)"]
+    assert [line for line in out["B"][1].splitlines() if "EGRESS_BLOCKED" in line] == \
+        ["EGRESS_BLOCKED a.test (not on the allow list)", "EGRESS_BLOCKED granted.test (not on the allow list)"]
+    for run in ("A", "B"):
+        events = [json.loads(line) for line in (tmp_path / f"audit-{run}.jsonl").read_text().splitlines()]
+        assert {e["session"] for e in events} == {ids[run]}
+        assert len(events) == 3
+
+
+# ------------------------------------------------------------ walls
+
+
+PROBE = """
+import glob, json, socket, sys
+answers = []
+for path in glob.glob(sys.argv[1] + "/warm/*.sock"):
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(path)
+            try:
+                sock.sendall(b'{"op": "run"}\\n')
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed before we wrote: its answer is still there to read
+            answers.append(sock.makefile().readline().strip())
+    except OSError as e:
+        answers.append(type(e).__name__)
+print(json.dumps(answers or "no socket"))
+"""
+
+
+def test_the_sandboxed_command_cannot_reach_the_warm_proxy(tmp_path, http_upstream, curl_path):
+    egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")))  # the server runs now
+    wait_until(lambda: server(tmp_path), "the warm server wrote its record")
+    socket_path = next((tmp_path / "state" / "warm").glob("*.sock"))
+    result = egress_run(tmp_path, sys.executable, "-c", PROBE, str(tmp_path / "state"))
+    assert json.loads(result.stdout) == "no socket", result.stderr  # the state folder is hidden
+    # Even given the path, a process in a user namespace of its own (as every sandboxed command
+    # is) is refused by the server itself ("peer"), before any child reads what it sent (a
+    # child would have answered that this is no launcher: "protocol").
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", PROBE,
+                            str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
+    answers = json.loads(probe.stdout)
+    assert len(answers) == 1 and json.loads(answers[0])["reason"] == "peer", probe.stdout
+    assert socket_path.stat().st_mode & 0o777 == 0o600
+
+
+CRASH = ('curl -s -o /dev/null -w "first=%{{http_code}}\\n" {url}; touch ready; '
+         'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null -w "after=%{{http_code}}\\n" {url}; exit 5')
+
+
+def test_a_crashed_warm_child_fails_its_runs_connections_and_the_run_says_so(tmp_path, http_upstream, curl_path):
+    url = http_upstream.url("allowed.test")
+    egress_run(tmp_path, *fetch(url))  # start the server, so this run is served warm from its start
+    server_pid = wait_until(lambda: server(tmp_path), "the warm server wrote its record")["pid"]
+    project = tmp_path / "project"
+    process = subprocess.Popen(run_args(tmp_path, "sh", "-c", CRASH.format(url=url)), cwd=project,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path),
+                               stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (project / "ready").exists(), "the first request went through")
+        child = wait_until(lambda: [i["proxy_pid"] for i in runs(tmp_path) if i.get("proxy") == "warm"],
+                           "the run's warm child")[0]
+        assert child in children_of(server_pid)
+        os.kill(child, signal.SIGKILL)
+        wait_until(lambda: not alive(child), "the child is gone")
+        (project / "go").touch()
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 5  # the command's own status
+    assert out.split() == ["first=200", "after=000"], err  # refused: nobody serves the socket
+    assert f"egress: the proxy failed: the warm proxy's process for this run ({child}) ended unexpectedly" in err
+    assert alive(server_pid)  # the server and other runs carry on
+    assert egress_run(tmp_path, *fetch(url)).stdout == "allowed.test=200\n"
