@@ -12,10 +12,27 @@ marker, alone, under its key at the top level, so an array the scanner saw insid
 multi-line string or a table is read by tomllib after all; and if it finds an error, it
 reads the whole file again to say where (a broken file costs the old time, once).
 
-The scanner takes only what tomllib would read the same way: one-line basic and literal
-strings (escapes decoded by tomllib itself), commas, comments, blank lines. An array with
-anything else (a multi-line string, a number) is tomllib's; its string entries' lines are
-then found by searching the text for each entry, in order, from its key on.
+The scanner is a strict subset of tomllib: it takes an array only in the shapes it reads
+exactly as tomllib does, and leaves every other array to tomllib. Taken: one-line basic
+strings without a backslash and one-line literal strings (a string's value is then the
+text between its quotes, as in tomllib), a comma right after each value (blanks aside),
+blanks, blank lines, and comments where TOML allows them, with the same characters refused
+in strings and comments as tomllib refuses (controls but tab). After the last value only
+blanks, comments, newlines and the ``]`` may follow. Anything else (an escape, a multi-line
+string, a number, a nested array, an inline table, a comma on the line after its value)
+leaves the whole array to tomllib; its string entries' lines are then found by searching
+the text for each entry, in order, from its key on. A bare carriage return anywhere, a key
+taken twice, or a list key in a table leaves the whole file to tomllib.
+
+Why the arrays taken read as tomllib reads them (tests/test_policy_text.py compares both
+on tables of tricky cases and on thousands of generated texts): tomllib parses the text
+with each taken array's body replaced by a random marker, ``key = ["marker"]``. The prefix
+up to the first ``key = [`` is the same text in both, so tomllib is in the same state
+there; it reports ``key = ["marker"]`` at the top level only if that ``key = [`` opened
+an array value of the top-level table (inside a multi-line string, a table or another
+array it does not, and the whole file goes to tomllib). From that state tomllib's array
+grammar reads the body token by token exactly as the scanner does, to the same ``]``,
+after which the text is the same again.
 
 Every regular-expression call covers at most :data:`CHUNK` characters: a reload reads
 its policy in a thread, and a longer call into C would hold the GIL away from the
@@ -46,7 +63,8 @@ _LINE = rf"[ \t]*(?:({_BASIC}|{_LITERAL})[ \t]*,[ \t]*)?(?:{_COMMENT})?\n"
 _LINES = re.compile(f"(?:{_LINE})+")
 _ONE_LINE = re.compile(f"^{_LINE}", re.M)  # anchored: a line of another shape yields nothing
 # Anything else, one token at a time: blanks and comments (no group), a newline, a string, a comma, the end.
-_TOKEN = re.compile(rf"""[ \t]+|{_COMMENT}|(\n)|("(?:[^"\\{_CTRL}]|\\[^\n])*"|{_LITERAL})|(,)|(\])""")
+# Strings as above: one with an escape (or anything else) matches no token, and tomllib reads the array.
+_TOKEN = re.compile(rf"""[ \t]+|{_COMMENT}|(\n)|({_BASIC}|{_LITERAL})|(,)|(\])""")
 
 Lines = array  # array("I"): the line of each entry of a list, in order; 0 where it is not known
 
@@ -55,7 +73,9 @@ def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict
     """The file's values (as ``tomllib.loads``, which raises the same errors) and, for each
     list key whose value is a list, the line of each of its entries. ``pause()`` is called
     between chunks (egress.policy_loader.PACE)."""
-    src = text.replace("\r\n", "\n") if "\r" in text else text  # as tomllib does
+    src = text.replace("\r\n", "\n") if "\r" in text else text  # as tomllib does, once
+    if "\r" in src:  # a bare carriage return, which tomllib refuses wherever it is; and tomllib
+        return _tomllib_alone(text)  # given src would replace again: "\r\r\n" read as "\n" (found by the differential test)
     marker = f"egress-list-{os.urandom(8).hex()}"  # not `secrets`: it imports hashlib and random
     taken: dict[str, tuple[list, Lines]] = {}
     rest: list[str] = []  # the text with each array taken replaced by the marker
@@ -96,7 +116,8 @@ def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict
 
 
 def _tomllib_alone(src: str) -> tuple[dict, dict[str, Lines]]:
-    data = tomllib.loads(src)
+    data = tomllib.loads(src)  # src has no "\r" left but in "\r\n", which tomllib replaces once, as read_toml
+    src = src.replace("\r\n", "\n")
     return data, {key: _search_lines(src, key, data[key]) for key in _LIST_KEYS
                   if isinstance(data.get(key), list)}
 
@@ -119,10 +140,10 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
     position after its ``]`` and the line there; None if it holds anything but one-line strings."""
     values: list[str] = []
     lines = array("I")
-    want_value = True  # after '[' or ',': a value or the end
+    state = _VALUE
     size = len(src)
     while True:
-        if want_value and src[pos - 1] == "\n":  # whole lines of one entry each, a chunk at a time
+        if state is _VALUE and src[pos - 1] == "\n":  # whole lines of one entry each, a chunk at a time
             end = src.rfind("\n", pos, min(size, pos + CHUNK)) + 1
             found = _ONE_LINE.findall(src, pos, end)  # per line: its quoted entry, or "" (blank, comment)
             if len(found) != src.count("\n", pos, end):  # a line of another shape: up to it
@@ -145,25 +166,25 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
             continue
         if kind == 1:
             line += 1
+            if state is _AFTER:
+                state = _CLOSING
         elif kind == 2:
-            if not want_value:
+            if state is not _VALUE:
                 return None
-            quoted = token.group(2)
-            value = quoted[1:-1]
-            if quoted[0] == '"' and "\\" in value:
-                try:
-                    value = tomllib.loads(f"v = {quoted}")["v"]
-                except tomllib.TOMLDecodeError:
-                    return None
-            values.append(value)
+            values.append(token.group(2)[1:-1])
             lines.append(line)
-            want_value = False
+            state = _AFTER
         elif kind == 3:
-            if want_value:
+            if state is not _AFTER:  # `[,`, `,,`, or a comma on a line after its value (valid TOML, not taken)
                 return None
-            want_value = True
+            state = _VALUE
         else:
             return values, lines, pos, line
+
+
+# _read_array's states: a value or the end may come (after `[` or a comma); a comma or the end
+# (right after a value, on its line); only the end (a line after the last value).
+_VALUE, _AFTER, _CLOSING = "value", "after", "closing"
 
 
 def _search_lines(src: str, key: str, values: list) -> Lines:

@@ -52,7 +52,7 @@ LAYOUTS = [
           "caf\u00e9.example",
           "tab\tin.example",
         ]
-     """, {"allow": [2, 3]}),  # the old search found neither as written: the key's line, 1
+     """, {"allow": [1, 1]}),  # an escape leaves the list to tomllib; neither is found as written: the key's line
     ("unicode", """
         # 日本語のコメント
         allow = [
@@ -287,3 +287,224 @@ def test_a_large_file_that_is_not_utf8_is_refused_as_read_text_refuses_it(tmp_pa
     with pytest.raises(UnicodeDecodeError) as got:
         read_file(path)
     assert str(got.value) == str(expected.value)
+
+
+# --- read_toml against tomllib: a second reader of the policy must never read it another way ---
+#
+# read_toml reads plain lists itself (egress/policy_text.py says which shapes and why that is
+# exact); anything else goes to tomllib. These cases pin, for each tricky shape, who reads it
+# and that the values (or the error) are tomllib's. "scanner": at least one list read by
+# read_toml itself; "tomllib": the whole file read by tomllib; "error": tomllib refuses it.
+
+TRICKY = [
+    ("one-per-line", 'allow = [\n  "a.example",\n  "b.example",\n]\n', "scanner"),
+    ("one-line", "allow = [\"a.example\", 'b.example']  # c\n", "scanner"),
+    ("no-spaces-no-newline-at-end", 'allow=["a.example"]', "scanner"),
+    ("indented-key", '  allow = [ "a.example" ]\n', "scanner"),
+    ("quoted-keys", '"allow" = ["a"]\n\'deny\' = ["b"]\n', "scanner"),
+    ("last-value-then-newline-then-bracket", 'allow = [\n  "a",\n  "b"\n]\n', "scanner"),
+    ("last-value-then-comment", 'allow = [\n  "a" # why\n  # more\n]\n', "scanner"),
+    ("trailing-comma", 'allow = ["a",]\n', "scanner"),
+    ("empty", 'allow = []\ndeny = [\n]\n', "scanner"),
+    ("empty-strings", "allow = [\"\", '']\n", "scanner"),
+    ("hash-and-brackets-in-strings", 'allow = ["a#b", "a]b", "[c", "d,e"]\n', "scanner"),
+    ("the-other-quote-inside", "allow = [\"it's\", 'say \"hi\"', \"a'''b\", 'a\"\"\"b']\n", "scanner"),
+    ("backslash-in-a-literal-string", "allow = ['a\\b', 'c\\u0061']\n", "scanner"),
+    ("tab-in-strings-and-comments", 'allow = [\t"a\tb",\t# c\td\n]\n', "scanner"),
+    ("comment-with-quotes-and-brackets", 'allow = [ # ] "x", [ \'\n  "a", # """ \'\'\' ]\n]\n', "scanner"),
+    ("unicode", 'allow = ["bücher.de", "日本.jp", "😀", "a\u2028b", "a\x85b"]  # ü\n', "scanner"),
+    ("crlf", 'allow = [\r\n  "a",\r\n]\r\n', "scanner"),
+    ("list-keys-not-lists-elsewhere", 'allowx = ["a"]\nallow_privatex = ["b"]\nallow = ["c"]\n', "scanner"),
+    ("after-the-list-a-table", 'allow = ["a"]\n[t]\nx = ["b"]\n', "scanner"),
+    # tomllib's, whole
+    ("basic-escape-quote", 'allow = ["a\\"b"]\n', "tomllib"),
+    ("basic-escape-unicode", 'allow = ["caf\\u00e9.example"]\n', "tomllib"),
+    ("basic-escaped-backslash-before-quote", 'allow = ["a\\\\", "b"]\n', "tomllib"),
+    ("comma-on-the-next-line", 'allow = [\n  "a"\n  , "b"\n]\n', "tomllib"),
+    ("comment-between-value-and-comma", 'allow = [\n  "a" # c\n  , "b"\n]\n', "tomllib"),
+    ("multi-line-basic-string", 'allow = ["""a"""]\n', "tomllib"),
+    ("multi-line-literal-string", "allow = ['''a\nb''']\n", "tomllib"),
+    ("four-quotes", 'allow = [""""a""""]\n', "tomllib"),
+    ("nested-array", 'allow = [["a"]]\n', "tomllib"),
+    ("inline-table", 'allow = [{ x = "a" }]\n', "tomllib"),
+    ("number", "allow = [1]\n", "tomllib"),
+    ("key-in-a-table", '[t]\nallow = ["a"]\n', "tomllib"),
+    # a list key in a table (no policy has one) sends the whole file to tomllib, the top-level list too
+    ("top-level-list-and-one-in-a-table", 'allow = ["a"]\n[t]\ndeny = ["b"]\n', "tomllib"),
+    ("key-in-an-array-of-tables", '[[t]]\nallow = ["a"]\n[[t]]\nallow = ["b"]\n', "tomllib"),
+    ("key-in-a-multi-line-string", 's = """\nallow = ["evil"]\n"""\n', "tomllib"),
+    ("key-in-a-multi-line-literal-string", "s = '''\nallow = [\"evil\"]\n'''\ndeny = [\"d\"]\n", "tomllib"),
+    ("key-in-a-multi-line-string-in-a-list", 'deny = ["""\nallow = ["evil"]\n"""]\n', "tomllib"),
+    ("allow-as-a-table", '[allow]\nx = ["a"]\n', "tomllib"),
+    ("dotted-key", 'allow.x = ["a"]\n', "tomllib"),
+    ("escaped-key", '"\\u0061llow" = ["a"]\n', "tomllib"),
+    # refused by tomllib, whatever read_toml would have made of it
+    ("duplicate-key", 'allow = ["a"]\nallow = ["b"]\n', "error"),
+    ("duplicate-key-quoted", 'allow = ["a"]\n"allow" = ["b"]\n', "error"),
+    ("duplicate-key-escaped", 'allow = ["a"]\n"\\u0061llow" = ["b"]\n', "error"),
+    ("duplicate-key-one-not-plain", 'allow = ["a"]\nallow = [1]\n', "error"),
+    ("list-then-table", 'allow = ["a"]\n[allow]\n', "error"),
+    ("list-then-array-of-tables", 'allow = ["a"]\n[[allow]]\n', "error"),
+    ("list-then-dotted", 'allow = ["a"]\nallow.x = 1\n', "error"),
+    ("key-in-another-list", 'x = [\nallow = ["a"]\n]\n', "error"),
+    ("string-closed-in-a-comment-of-the-list", 's = """\nallow = [ # """\n"x" ]\n', "error"),
+    ("string-closed-in-a-string-of-the-list", 's = """\nallow = [\'x"""\', "y"]\nz = """\n"""\n', "error"),
+    ("only-comma", "allow = [,]\n", "error"),
+    ("double-comma", 'allow = ["a",,]\n', "error"),
+    ("unclosed-at-the-end", 'allow = [\n  "a",', "error"),
+    ("unclosed-string", 'allow = ["a]\n', "error"),
+    ("text-after", 'allow = ["a"] x\n', "error"),
+    ("bracket-after", 'allow = ["a"]]\n', "error"),
+    ("bare-cr-in-the-list", 'allow = [\r  "a",\r\n]\n', "error"),
+    ("bare-cr-in-a-comment", 'allow = [ # c\r\n  "a", # d\re\n]\n', "error"),
+    ("control-in-a-string", 'allow = ["a\x01"]\n', "error"),
+    ("delete-in-a-string", 'allow = ["a\x7f"]\n', "error"),
+    ("nul-in-a-literal", "allow = ['a\x00']\n", "error"),
+    ("newline-in-a-string", 'allow = ["a\n"]\n', "error"),
+    ("bad-escape", 'allow = ["a\\q"]\n', "error"),
+    ("byte-order-mark", '\ufeffallow = ["a"]\n', "error"),
+]
+
+
+def read_noting_who(text: str) -> tuple[tuple[dict, dict], str]:
+    """read_toml's answer and who read it: "scanner" (some list read by read_toml) or "tomllib"."""
+    from egress import policy_text
+
+    took, alone = [], []
+    read_array, tomllib_alone = policy_text._read_array, policy_text._tomllib_alone
+
+    def noting_read_array(*args):
+        read = read_array(*args)
+        took.append(read is not None and read[1])
+        return read
+
+    def noting_alone(src):
+        alone.append(True)
+        return tomllib_alone(src)
+
+    policy_text._read_array, policy_text._tomllib_alone = noting_read_array, noting_alone
+    try:
+        got = read_toml(text)
+    finally:
+        policy_text._read_array, policy_text._tomllib_alone = read_array, tomllib_alone
+    if alone or not any(t is not False for t in took):
+        return got, "tomllib"
+    data, lines = got  # the scanner's lists only: tomllib's have lines searched for (_search_lines)
+    return (data, {key: found for key, found in lines.items() if any(found is t for t in took)}), "scanner"
+
+
+def tomllib_or_error(text: str):
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return ("error", str(e))
+
+
+def read_toml_or_error(text: str):
+    try:
+        (data, lines), who = read_noting_who(text)
+    except tomllib.TOMLDecodeError as e:
+        return ("error", str(e)), "error", {}
+    return data, who, lines
+
+
+def assert_lines_plausible(text: str, data: dict, lines: dict) -> None:
+    """Each entry of a list the scanner read is on its line, quoted, and the lines never go back."""
+    rows = text.replace("\r\n", "\n").split("\n")
+    assert lines
+    for key, found in lines.items():
+        assert len(found) == len(data[key]), key
+        assert list(found) == sorted(found), key
+        for value, line in zip(data[key], found):
+            assert f'"{value}"' in rows[line - 1] or f"'{value}'" in rows[line - 1], (key, value, line)
+
+
+@pytest.mark.parametrize(("text", "who"), [c[1:] for c in TRICKY], ids=[c[0] for c in TRICKY])
+def test_tricky_texts_read_as_tomllib_reads_them(text, who):
+    expected = tomllib_or_error(text)
+    got, got_who, lines = read_toml_or_error(text)
+    assert got == expected
+    assert got_who == who
+    if who == "scanner":
+        assert_lines_plausible(text, got, lines)
+
+
+# The pieces random policies are made of: values (valid, escaped, multi-line, broken), what goes
+# between them, keys in every spelling, and statements around the lists.
+_VALUES = [
+    '"a.example"', "'b.example'", '""', "''", '"a#b"', '"a]b"', '"[c"', '"d,e"', "'a\"b'", "\"a'b\"",
+    '"a\tb"', '"bücher.de"', "'日本'", '"😀"', '"a\u2028b"', '"a\x85b"', "'a\\b'", '"a\'\'\'b"',
+    '"a\\"b"', '"\\u00e9"', '"\\t"', '"a\\\\"', '"\\q"', '"\\"', '"""a"""', "'''a'''", '"""a\nb"""',
+    "'''\nx'''", '""""a""""', '"a\x01"', '"a\x7f"', '"a\r"', "1", "true", "{ x = 1 }", '["a"]', "[]",
+    '"abc', "'abc", "'a = [\"b\"]'", '"allow = ["',
+]
+_BETWEEN = [",", ", ", " ,", ",,", "", "\n", ",\n", ", # c \"q\" ] [ , '\n", ",  # \"\"\" '''\n", "\n\n",
+            "\t,", ",\r\n", "\r", " # c\n,", "\n, ", ",\n  # only a comment\n"]
+_KEYS = ["allow", "deny", "passthrough", "allow_private", '"allow"', "'deny'", "  allow", "allowx",
+         "allow.x", '"\\u0061llow"', "Allow", "allow ", "\tdeny"]
+_OTHER = ['network = "allowlist"', "x = 1", "# a comment with allow = [\"x\"]", "", "[t]", "[[t]]",
+          "[allow]", "[[allow]]", 's = """\n{list}\n"""', "s = '''\n{list}\n'''", "x = [\n{list}\n]",
+          'include = ["a.toml"]', "[credentials]\nignore_env = [\"X\"]", 's = """', "'''"]
+_NOISE = ['"', "'", "\\", "#", "[", "]", ",", "\n", "\r", "=", " ", "\x01", '"""', "\r\n"]
+
+
+def random_list(rng, key: str) -> str:
+    if rng.random() < 0.8:  # mostly what a policy looks like: plain values, one per line or a few on one
+        parts = [rng.choice(["\n", "", " # c\n"])]
+        for _ in range(rng.randrange(0, 8)):
+            value = rng.choice(_VALUES) if rng.random() < 0.1 else rng.choice(_VALUES[:18])
+            parts += [rng.choice(["  ", "", "\t"]), value, rng.choice([",\n", ", ", ",", ",  # x\n"])]
+        if parts[-1] in (", ", ",") and rng.random() < 0.5:
+            parts[-1] = ""
+        parts.append(rng.choice(["]", "\n]", " ] # end", "]"]))
+        return f"{key} = [" + "".join(parts)
+    parts = [rng.choice(_VALUES) if i % 2 == 0 else rng.choice(_BETWEEN) for i in range(rng.randrange(0, 9))]
+    return f"{key} = [" + "".join(parts) + rng.choice(["]", "", "]]", "] x", " ]  # c", "\n]"])
+
+
+def random_policy(rng) -> str:
+    statements, keys = [], rng.sample(_KEYS[:4], 4)  # mostly each key once (a duplicate is an error)
+
+    def key() -> str:
+        return rng.choice(_KEYS) if rng.random() < 0.2 or not keys else keys.pop()
+
+    for _ in range(rng.randrange(1, 5)):
+        if rng.random() < 0.7:
+            statements.append(random_list(rng, key()))
+        else:
+            statements.append(rng.choice(_OTHER).replace("{list}", random_list(rng, key())))
+    text = "\n".join(statements) + rng.choice(["\n", "", "\n\n"])
+    if rng.random() < 0.15:
+        text = text.replace("\n", "\r\n")
+    for _ in range(rng.choice([0, 0, 0, 0, 0, 1, 2])):  # a few texts broken at random
+        at = rng.randrange(len(text) + 1)
+        cut = rng.choice([0, 0, 1])
+        text = text[:at] + rng.choice(_NOISE + [""]) + text[at + cut:]
+    return text
+
+
+@pytest.mark.parametrize("chunk", [65536, 300], ids=["chunk-64k", "chunk-300"])
+def test_random_policies_read_as_tomllib_reads_them(monkeypatch, chunk):
+    """Thousands of generated policies: read_toml's values (or error) are tomllib's, every time.
+    A small chunk makes every scan cross chunk boundaries. EGRESS_DIFF_TEXTS=N runs N per chunk."""
+    import os
+    import random
+
+    from egress import policy_text
+
+    monkeypatch.setattr(policy_text, "CHUNK", chunk)
+    rng = random.Random(11_06 + chunk)
+    who = {"scanner": 0, "tomllib": 0, "error": 0}
+    for _ in range(int(os.environ.get("EGRESS_DIFF_TEXTS", "4000"))):
+        text = random_policy(rng)
+        if chunk < 1000 and rng.random() < 0.3:  # long enough to cross chunks
+            text = "allow = [\n" + '  "pad.example", # pad\n' * rng.randrange(10, 60) + "]\n" + text
+        expected = tomllib_or_error(text)
+        got, got_who, lines = read_toml_or_error(text)
+        assert got == expected, text
+        who[got_who] += 1
+        if got_who == "scanner":
+            assert_lines_plausible(text, got, lines)
+    # Not vacuous: each side read a good share.
+    total = sum(who.values())
+    assert all(n > total // 10 for n in who.values()), who
