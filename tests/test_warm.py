@@ -99,6 +99,16 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def why(result: subprocess.CompletedProcess, tmp_path, upstream=None) -> str:
+    """What to read when a run did not fetch: its stderr, what reached the upstream, the warm log."""
+    text = f"stderr: {result.stderr!r}"
+    if upstream is not None:
+        text += f"\nupstream: {upstream.connections} connections, requests {[r['path'] for r in upstream.requests]}"
+    for log in (tmp_path / "state" / "warm").glob("*.log"):
+        text += f"\n{log.name}: {log.read_text(errors='replace')[-3000:]}"
+    return text
+
+
 def runs(tmp_path) -> list[dict]:
     result = subprocess.run([*egress_command(), "runs", "--json", "--state-dir", str(tmp_path / "state")],
                             capture_output=True, text=True, timeout=30, env=env_for(tmp_path))
@@ -111,11 +121,11 @@ def runs(tmp_path) -> list[dict]:
 def test_the_first_run_starts_the_warm_proxy_and_the_next_run_reuses_it(tmp_path, http_upstream, curl_path):
     url = http_upstream.url("allowed.test")
     first = egress_run(tmp_path, *fetch(url))
-    assert first.stdout == "allowed.test=200\n", first.stderr
+    assert first.stdout == "allowed.test=200\n", why(first, tmp_path, http_upstream)
     record = wait_until(lambda: server(tmp_path), "the warm server wrote its record")
     assert alive(record["pid"])
     second = egress_run(tmp_path, *fetch(url, http_upstream.url("blocked.test")))
-    assert second.stdout == "allowed.test=200\nblocked.test=403\n", second.stderr
+    assert second.stdout == "allowed.test=200\nblocked.test=403\n", why(second, tmp_path, http_upstream)
     assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in second.stderr
     assert server(tmp_path)["pid"] == record["pid"]
     doctor = subprocess.run([*egress_command(), "doctor", "--state-dir", str(tmp_path / "state")],
@@ -127,14 +137,14 @@ def test_a_run_that_never_connects_starts_the_warm_proxy_for_the_next(tmp_path, 
     assert egress_run(tmp_path, "true").returncode == 0
     record = wait_until(lambda: server(tmp_path), "the warm server wrote its record")
     result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")))
-    assert result.stdout == "allowed.test=200\n", result.stderr
+    assert result.stdout == "allowed.test=200\n", why(result, tmp_path, http_upstream)
     assert server(tmp_path)["pid"] == record["pid"]
 
 
 def test_the_warm_proxy_exits_when_idle(tmp_path, http_upstream, curl_path):
     env = env_for(tmp_path, EGRESS_WARM_IDLE="1")
     result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")), env=env)
-    assert result.stdout == "allowed.test=200\n", result.stderr
+    assert result.stdout == "allowed.test=200\n", why(result, tmp_path, http_upstream)
     pid = wait_until(lambda: server(tmp_path), "the warm server wrote its record")["pid"]
     wait_until(lambda: not alive(pid), "the idle warm server exited")
     assert server(tmp_path) is None  # its record goes with it
@@ -179,7 +189,7 @@ def test_code_changed_on_disk_restarts_the_warm_proxy(tmp_path, http_upstream, c
 def test_with_proxy_lazy_no_warm_proxy_is_started(tmp_path, http_upstream, curl_path):
     for how in ({"extra": ["--proxy", "lazy"]}, {"env": env_for(tmp_path, EGRESS_PROXY="lazy")}):
         result = egress_run(tmp_path, *fetch(http_upstream.url("allowed.test")), **how)
-        assert result.stdout == "allowed.test=200\n", result.stderr
+        assert result.stdout == "allowed.test=200\n", why(result, tmp_path, http_upstream)
     assert warm_server_pids(tmp_path) == [] and server(tmp_path) is None
 
 
