@@ -148,10 +148,6 @@ class EntryError(ValueError):
 # two agree) in a fraction of the time. Anything else (upper case, IDN, IP, CIDR, spaces,
 # errors) takes the general path.
 _PLAIN = re.compile(r"(\*\.)?(" + _ASCII_NAME.pattern.strip("^$") + r")(?::([0-9]{1,5}))?")
-# The same match for a batch of entries joined by newlines, in one call: one row per line, its
-# groups those of _PLAIN.fullmatch, or all None for a line of another shape (`.*`). Per entry,
-# the regex call alone was 1.3 of a 1M-entry load's 3.6 s of CPU.
-_PLAIN_LINES = re.compile(r"^(?:" + _PLAIN.pattern + r"$|.*$)", re.M)
 _NUMERIC_ENDS = frozenset("0123456789abcdefx")
 
 
@@ -160,25 +156,22 @@ def parse_entry(text: str, key: str) -> Entry:
     return Entry._make(entry_parts(text, key))
 
 
-def entry_parts(text: str, key: str, plain: tuple | None = None) -> tuple[str, object, int | None]:
+def entry_parts(text: str, key: str) -> tuple[str, object, int | None]:
     """:func:`parse_entry`'s (kind, value, port) as a plain tuple: what a loader adds (an Entry
-    per entry cost ~0.9 s of a 1M-entry load). ``plain``: ``text``'s row of
-    :func:`plain_rows`, if the caller has it."""
+    per entry cost ~0.9 s of a 1M-entry load)."""
     if not isinstance(text, str):
         raise EntryError(f"{key}: entries must be strings, not {type(text).__name__} {text!r}")
-    if plain is None:
-        match = _PLAIN.fullmatch(text)
-        plain = match.groups() if match is not None else _NOT_PLAIN
-    wildcard, name, port_text = plain  # a group that took no part: None, or "" (a row of findall)
-    if name:
-        port = int(port_text) if port_text else None
+    plain = _PLAIN.fullmatch(text)
+    if plain is not None:
+        wildcard, name, port_text = plain.groups()
+        port = int(port_text) if port_text is not None else None
         # A last label that is a number makes an IPv4 address (general path); only a digit,
         # a-f or x can end one, and most names end otherwise: the cheap test first.
         if len(name) <= 253 and (name[-1] not in _NUMERIC_ENDS or not _NUMERIC_LABEL.match(
                 name.rpartition(".")[2])) and (port is None or 0 < port < 65536):
             if key != "deny" and ("." not in name or is_public_suffix(name)):
-                _refuse_public_suffix(name, text, key, port, bool(wildcard))  # raises (localhost aside)
-            return ("subdomains" if wildcard else "domain", name, port)
+                _refuse_public_suffix(name, text, key, port, wildcard is not None)  # raises (localhost aside)
+            return ("domain" if wildcard is None else "subdomains", name, port)
     raw = text.strip()
     if not raw:
         raise EntryError(f"{key}: empty entry")
@@ -236,23 +229,6 @@ def entry_parts(text: str, key: str, plain: tuple | None = None) -> tuple[str, o
     if key != "deny":
         _refuse_public_suffix(host.name, text, key, port, wildcard)
     return Entry("subdomains" if wildcard else "domain", host.name, port)
-
-
-_NOT_PLAIN = ("", "", "")  # as findall gives a line of another shape
-
-
-def plain_rows(entries: list) -> list[tuple] | list[None]:
-    """For each of ``entries``, its groups of the plain-entry match (all None if it is not a
-    plain entry), in one regular-expression call; or None each (match one by one) if the batch
-    cannot be matched as lines: an entry that is not a string or holds a newline."""
-    try:
-        joined = "\n".join(entries)
-    except TypeError:
-        return [None] * len(entries)
-    if joined.count("\n") != len(entries) - 1:  # a newline inside an entry: lines are not entries
-        return [None] * len(entries)
-    rows = _PLAIN_LINES.findall(joined)
-    return rows if len(rows) == len(entries) else [None] * len(entries)
 
 
 def _parse_cidr(text: str, port: int | None, original: str, key: str) -> Entry:
@@ -512,9 +488,9 @@ class _Loader:
     def _add_batch(self, key: str, add: Callable, entries: list, lines, problem: Callable) -> None:
         """Add ``entries`` (with their ``lines``) of ``key`` through ``add``; ``problem()`` the rest."""
         parts: list[tuple | None] = []
-        for entry_text, line, plain in zip(entries, lines, plain_rows(entries)):
+        for entry_text, line in zip(entries, lines):
             try:
-                entry = entry_parts(entry_text, key, plain)
+                entry = entry_parts(entry_text, key)
             except EntryError as e:
                 problem(str(e), entry_text if isinstance(entry_text, str) else None, key, line=line or None)
                 entry = None

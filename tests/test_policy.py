@@ -338,26 +338,6 @@ def test_fast_path_agrees_with_the_general_path(key):
         assert parse(entry) == parse(f" {entry} "), entry
 
 
-@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
-def test_a_batch_matched_at_once_parses_as_one_by_one(key):
-    """The loader matches a batch of entries in one regular-expression call (plain_rows); each
-    entry's result (parts or message) is the one it gets alone, also with lines that are not
-    entries (a newline inside one, an empty one, one that is not a string)."""
-    from egress.policy_loader import EntryError, entry_parts, plain_rows
-
-    def parse(text, plain=None):
-        try:
-            return entry_parts(text, key, plain)
-        except EntryError as e:
-            return str(e)
-
-    odd = ["", " ", "a.com\nb.com", "\n", "bücher.de", "A.COM", "a.com\r", "a.com ", "*.a.com:443"]
-    for batch in (FAST_PATH_ENTRIES, odd, FAST_PATH_ENTRIES + odd, ["x.com", 7, "y.com"], ["", "x.com", ""]):
-        rows = plain_rows(batch)
-        assert len(rows) == len(batch)
-        assert [parse(text, row) for text, row in zip(batch, rows)] == [parse(text) for text in batch], batch
-
-
 # ------------------------------------------------------------ refused at load
 
 REFUSED = [
