@@ -50,6 +50,12 @@ default) or with ``--profile always``, py-spy samples egress during a small-requ
 plus the bulk or tunnel loads where it lost (all of them with ``always``), and the top
 self-time functions (all code, and those in ``egress/``) and the inclusive time of egress's
 functions are printed. ``--policy-pad N`` puts N extra entries in egress's policy.
+
+``--workers 1,2`` (issue 11, item 2) also starts ``egress serve --workers 2`` (target
+``egress-w2``) beside the one-worker ``egress`` and runs it in the small-request tests, side by
+side; the proxy CPU of a target is that of its whole process tree (supervisor and workers).
+``--workers`` is passed to every egress (the first count is ``egress``'s), where the egress
+measured knows the option.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ TARGET_PASS_CPU_VS_SQUID = 3.0  # egress's CPU per passthrough tunnel at most th
 TARGET_UPLOAD_VS_MITM = 0.6  # a scanned clean-text upload against mitmdump's unscanned one
 TARGET_P99_VS_P50 = 3.0
 TARGET_RSS_MB = 100.0
+TARGET_WORKERS_2 = 1.8  # egress serve --workers 2 against --workers 1, small requests, 2 cores
 
 EGRESS_MAIN = "import sys; from egress.cli import main; sys.argv[0] = 'egress'; sys.exit(main())"
 MITMDUMP_MAIN = "import sys; from mitmproxy.tools.main import mitmdump; sys.argv[0] = 'mitmdump'; mitmdump()"
@@ -176,6 +183,7 @@ def listening_ports(pid: int) -> list[int]:
 
 
 def cpu_seconds(pid: int | None) -> float:
+    """CPU of the process and of its children (egress serve --workers N: the supervisor's workers)."""
     if pid is None:
         return 0.0
     try:
@@ -183,7 +191,18 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     fields = data[data.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+    return own + sum(cpu_seconds(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        pass
+    return found
 
 
 def machine_busy() -> tuple[float, float]:
@@ -271,6 +290,8 @@ class Bench:
         self.rss_reset_ok = True
         self.quiet_budget = args.quiet_budget
         self.waits: list[float] = []
+        self.serving_after: dict[str, float] = {}  # egress targets: seconds from start to serving
+        self.workers: dict = {}
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -291,7 +312,8 @@ class Bench:
         self.make_content()
         self.start_nginx()
         self.egress, self.egress_port, self.egress_ca, self.egress_src = self.start_egress(
-            "egress", self.args.egress_src)
+            "egress", self.args.egress_src, self.args.workers[0])
+        self.workers = {n: self.start_egress(f"egress-w{n}", self.args.egress_src, n) for n in self.args.workers[1:]}
         self.base = None
         if self.args.egress_base:
             self.base, self.base_port, self.base_ca, self.base_src = self.start_egress("base", self.args.egress_base)
@@ -324,6 +346,10 @@ class Bench:
                                             f"pass.test:{sp}:127.0.0.1:{sp}", "--cacert", str(self.test_ca)],
                                            f"https://pass.test:{sp}")),
         }
+        for n, (proc, port, _, _) in self.workers.items():
+            self.targets[f"egress-w{n}"] = Target(f"egress-w{n}", "egress", proc.pid,
+                                                  http=(f"http://127.0.0.1:{port}", f"http://allowed.test:{hp}/small",
+                                                        f"allowed.test:{hp}"))
         if self.base:
             b = self.base_port
             self.targets["base"] = Target("base", "egress", self.base.pid,
@@ -433,8 +459,9 @@ http {{
             self.log(f"nginx did not start (attempt {attempt + 1}): {err.strip()}")
         raise BenchError("nginx could not be started")
 
-    def start_egress(self, name: str, src: str):
-        """egress serve from ``src`` ('tree' or a git revision); (process, port, CA file, source line)."""
+    def start_egress(self, name: str, src: str, workers: int = 1):
+        """egress serve from ``src`` ('tree' or a git revision) with ``workers`` workers (where it knows
+        --workers): (process, port, CA file, source line)."""
         state = self.tmp / f"{name}-state"
         policy = self.tmp / "bench-policy.toml"
         pad = "".join(f'    "host{i}.pad{i % 97}.bench.test",\n' for i in range(self.args.policy_pad))
@@ -443,11 +470,16 @@ http {{
                           'passthrough = ["pass.test"]\n')
         argv = ["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--audit-log", "off",
                 "--resolve", "allowed.test:127.0.0.1", "--resolve", "pass.test:127.0.0.1",
-                "--upstream-ca", str(self.test_ca), "--policy", str(policy),
-                "--state-dir", str(state)]
+                "--upstream-ca", str(self.test_ca), "--policy", str(policy), "--state-dir", str(state)]
+        env, described = self.egress_source(src, name)
+        knows = "--workers" in subprocess.run([sys.executable, "-c", EGRESS_MAIN, "serve", "--help"], env=env,
+                                              cwd=self.tmp, capture_output=True, text=True, timeout=60).stdout
+        if knows:
+            argv += ["--workers", str(workers)]
+        elif workers != 1:
+            raise BenchError(f"--workers {workers}: the egress measured ({described}) has no --workers")
         if name == "egress":
             self.egress_argv = argv
-        env, described = self.egress_source(src, name)
         logpath = self.tmp / f"{name}.log"
         log = open(logpath, "wb")
         t0 = time.monotonic()
@@ -457,9 +489,11 @@ http {{
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             text = logpath.read_text(errors="replace")
-            if m := re.search(r"proxy listening on 127\.0\.0\.1:(\d+)", text):
-                self.log(f"{name} pid {proc.pid} on 127.0.0.1:{m.group(1)} "
-                         f"(listening after {time.monotonic() - t0:.2f} s)")
+            if (m := re.search(r"proxy listening on 127\.0\.0\.1:(\d+)", text)) and (
+                    workers == 1 or not knows or "workers, pids" in text):
+                self.serving_after[name] = time.monotonic() - t0
+                self.log(f"{name} pid {proc.pid} on 127.0.0.1:{m.group(1)} ({workers} worker"
+                         f"{'s' if workers > 1 else ''}, serving after {self.serving_after[name]:.2f} s)")
                 return proc, int(m.group(1)), state / "ca" / "mitmproxy-ca-cert.pem", described
             if proc.poll() is not None:
                 raise BenchError(f"egress serve exited with {proc.returncode}:\n{text[-2000:]}")
@@ -790,14 +824,16 @@ shutdown_lifetime 0 seconds
 
     def rounds(self) -> None:
         a = self.args
-        small = self.names("direct", "egress", "base", "mitmdump")
+        small = self.names("direct", "egress", *(f"egress-w{n}" for n in self.workers), "base", "mitmdump")
         tunnel = self.names("direct", "egress", "egress-pass", "base", "base-pass", "mitmdump", "mitmdump-pass",
                             "squid-pass")
         bulk_tls = tunnel
-        bulk_http = small
+        bulk_http = self.names("direct", "egress", "base", "mitmdump")
         self.idle_rss = {name: status_kb(pid, "VmRSS") / 1024
                          for name, pid in (("egress", self.egress.pid), ("mitmdump", self.mitm.pid),
                                            ("base", self.base.pid if self.base else None)) if pid}
+        self.idle_rss.update({f"egress-w{n}": sum(status_kb(p, "VmRSS") for p in [proc.pid, *_children(proc.pid)]) / 1024
+                              for n, (proc, _, _, _) in self.workers.items()})
         if "bulk" in a.tests:
             # Memory of one transfer in a fresh process (only the sanity requests before it), as
             # opposed to the in-round figures, which come after thousands of tunnels.
@@ -1067,7 +1103,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         hdr = ("target", "req/s", "range", "p50 ms", "p99 ms", "proxy µs/req", "req/s per core", "proxy CPU%",
                "client CPU%", "nginx CPU%", "other CPU%", "×direct", "×mitmdump")
         rows = []
-        for name in b.names("direct", "egress", "base", "mitmdump"):
+        for name in b.names("direct", "egress", *(f"egress-w{n}" for n in b.workers), "base", "mitmdump"):
             rs = s.get(name)
             v = med(rs, "rps")
             us = med(rs, "proxy_us_per_req")
@@ -1079,6 +1115,12 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         out.extend(_table(hdr, rows))
         w("   (req/s per core = 1e6 / proxy µs per request: the rate at 100% of the one core a mitmproxy "
           "process can use; robust to contention)")
+        for n in b.workers:
+            name, first = f"egress-w{n}", b.args.workers[0]
+            w(f"   {name}: the same egress with --workers {n}: {ratio(med(s.get(name), 'rps'), e)}× egress's "
+              f"req/s (--workers {first}); proxy CPU is the supervisor's and its workers'; idle RSS "
+              f"{b.idle_rss[name]:.0f} MiB in all (egress {b.idle_rss['egress']:.0f}); serving "
+              f"{b.serving_after[name]:.2f} s after start (egress {b.serving_after['egress']:.2f} s)")
         lat = R["latency"]
         dl = med(lat.get("direct"), "p50_ms")
         w(f"   Unloaded: wrk -c1 -t1 -d{a.latency_duration:g}s")
@@ -1086,7 +1128,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
                "×mitmdump p50")
         ml = med(lat.get("mitmdump"), "p50_ms")
         rows = []
-        for name in b.names("direct", "egress", "base", "mitmdump"):
+        for name in b.names("direct", "egress", *(f"egress-w{n}" for n in b.workers), "base", "mitmdump"):
             rs = lat.get(name)
             p50 = med(rs, "p50_ms")
             rows.append((name, f(med(rs, "rps"), ".0f"), f(p50, ".3f"), f(med(rs, "p99_ms"), ".3f"),
@@ -1181,6 +1223,11 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
         if eu and mu:
             checks.append((f"  same, by CPU per request (mitmdump µs / egress µs)", f"{mu / eu:.2f}×",
                            mu / eu >= TARGET_SMALL_VS_MITM))
+        for n in b.workers:  # the same requests, N worker processes against one
+            r_ = (med(s.get(f"egress-w{n}"), "rps") or 0) / (med(s.get("egress"), "rps") or float("inf"))
+            target = TARGET_WORKERS_2 if n == 2 and b.args.workers[0] == 1 else None
+            checks.append((f"small req/s, egress --workers {n} vs --workers {b.args.workers[0]}"
+                           + (f" ≥ {target}×" if target else ""), f"{r_:.2f}×", r_ >= target if target else None))
         p50, p99 = med(s.get("egress"), "p50_ms"), med(s.get("egress"), "p99_ms")
         if p50 and p99:
             checks.append((f"small c{a.connections}: egress p99 ≤ {TARGET_P99_VS_P50:g}× p50", f"{p99 / p50:.2f}×",
@@ -1320,6 +1367,10 @@ def main() -> int:
     p.add_argument("--egress-src", default="tree",
                    help="'tree': the egress that the interpreter imports (the working tree, editable install); "
                         "or a git revision (e.g. HEAD) of this repository, exported to the temporary directory")
+    p.add_argument("--workers", default="1",
+                   help="egress serve --workers for the egress targets, comma-separated: the first is 'egress' "
+                        "(compared with mitmdump), each other N an extra target egress-wN in the small-request "
+                        "tests (e.g. 1,2)")
     p.add_argument("--policy-pad", type=int, default=0,
                    help="put N extra allow entries before allowed.test in egress's policy (a large policy)")
     p.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
@@ -1332,6 +1383,11 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="1 round, short runs (a smoke test, not a measurement)")
     args = p.parse_args()
     args.tests = {t.strip() for t in args.tests.split(",") if t.strip()}
+    try:
+        args.workers = [int(n) for n in args.workers.split(",")]
+        assert args.workers and min(args.workers) >= 1 and len(set(args.workers)) == len(args.workers)
+    except (ValueError, AssertionError):
+        p.error("--workers: distinct counts of 1 or more, comma-separated (e.g. 1,2)")
     if not args.tests <= {"small", "tunnels", "bulk", "upload"}:
         p.error("--tests: choose from small, tunnels, bulk, upload")
     if args.quick:

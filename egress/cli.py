@@ -353,30 +353,41 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @policy_option
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT",
               help="Proxy address; port 0 picks a free port (printed on start-up).")
+@click.option("--workers", type=click.IntRange(1, 1024), metavar="N",
+              help="Proxy processes sharing the address, the kernel spreading connections over them "
+                   "(SO_REUSEPORT; Linux). Default: the CPUs egress may run on. 1: a single process.")
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
-def serve(policies, listen, proxy) -> None:
+def serve(policies, listen, workers, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
+    from .workers import default_count
+
     config = proxy._replace(listen=_parse_address(listen, "--listen"))
+    count = workers or default_count()
+    if count > 1 and not sys.platform.startswith("linux"):
+        raise click.BadParameter("more than 1 needs Linux, whose SO_REUSEPORT spreads connections "
+                                 "over the workers", param_hint="--workers")
     try:
-        _serve(policies, config)
+        if count > 1:
+            _serve_workers(policies, config, count)
+        else:
+            _serve(policies, config)
     except Fatal as e:
         _fail(e)
 
 
 def _serve(policies, config) -> None:
+    """One process: the proxy, its policy watcher and its control socket (`--workers 1`)."""
     import asyncio
     import signal
 
-    from . import settings
-    from .control import ControlServer, RunState
-    from .live import PolicyWatcher
+    from .live import policy_marks
     from .proxy import configure_logging
-    from .state import ca_cert_path
     from .terminal import EventLines
-    from .wiring import BuildError, ProxyBuilder, format_address
+    from .wiring import BuildError, ProxyBuilder
 
     configure_logging()
     loaded, credentials = _load_for_proxy(policies)
+    since = policy_marks(list(policies), loaded)
     for warning in loaded.warnings:
         click.echo(f"egress: {warning.as_warning()}", err=True)
     builder = ProxyBuilder(config)
@@ -391,37 +402,16 @@ def _serve(policies, config) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, proxy.stop)
-        watcher = PolicyWatcher(engine, load=lambda: settings.load(list(policies) or [DEFAULT_POLICY]).policy,
-                                report=lambda line: click.echo(f"egress: {line}", err=True), paths=list(policies))
-        watcher.start()
+        watcher = _watch_policy(engine, policies, since, lambda line: click.echo(f"egress: {line}", err=True))
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        run_id = f"serve-{os.getpid()}"
-        road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
-                f"next request (at once with `egress policy reload --run {run_id}`)" if policies else
-                "it runs the built-in policy: restart it with --policy FILE allowing the host (edits to "
-                "that file then apply live)")
-        control_state = RunState(run_id, ["egress", "serve", *sys.argv[2:]], no_grants=(
-            f"{run_id} is an egress serve, shared by all its clients: it takes no grants (they are for "
-            f"one egress run); {road}"))
+        control_state = _serve_control_state(policies, builder.metrics_url)
         control_state.on_reload.append(watcher.reload_now)
         control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
         engine.recorder.subscribe(control_state.publish, name="control")
         # upstream failures on stderr, as egress run prints them (refusals are in the audit log)
         engine.recorder.subscribe(EventLines(blocked=False), name="log")
-        if builder.metrics_url:
-            control_state.extra["metrics"] = builder.metrics_url
-        try:
-            control = ControlServer(control_state, config.state_dir)
-        except OSError as e:
-            click.echo(f"egress: no control socket ({e}); egress events/reload will not reach this proxy", err=True)
-            control = None
-        for host, port in builder.bound:
-            click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
-        if builder.metrics_url:
-            click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
-        click.echo(f"egress: policy {', '.join(engine.policy.files)} ({engine.policy.size}); "
-                   f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
-        click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
+        control = _control_server(control_state, config.state_dir)
+        _say_serving(builder.bound, builder, engine.policy, config)
         try:
             await proxy.run_until_stopped()
         finally:
@@ -439,6 +429,124 @@ def _serve(policies, config) -> None:
         raise Fatal(e.status, str(e)) from None
     finally:
         builder.close()
+
+
+def _serve_workers(policies, config, count: int) -> None:
+    """`--workers N`, N > 1: a supervisor and N worker processes (egress.workers)."""
+    import shutil
+
+    from . import workers
+
+    directory = workers.private_dir()  # before anything imports prometheus_client
+    try:
+        status = _supervise(policies, config, count, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(workers.MULTIPROC_DIR, None)
+    if status:
+        sys.exit(status)
+
+
+def _supervise(policies, config, count: int, directory: str) -> int:
+    from .workers import Supervisor
+
+    supervisor = Supervisor(policies, config, count, directory)
+    supervisor.catch_signals()  # first: a SIGTERM from now on still removes the folder
+    try:
+        import json
+        import signal
+
+        from .events import Event
+        from .metrics import collected
+        from .terminal import EventLines
+        from .wiring import BuildError
+
+        loaded, _ = _load_for_proxy(policies)  # checked here (3); each worker loads its own
+        for warning in loaded.warnings:
+            click.echo(f"egress: {warning.as_warning()}", err=True)
+        try:
+            supervisor.open()  # the CAs, the audit log (5), the metrics port, the proxy's address (4)
+            supervisor.builder.serve_metrics(collected(directory))
+        except BuildError as e:
+            raise Fatal(e.status, str(e)) from None
+        control_state = _serve_control_state(policies, supervisor.builder.metrics_url)
+        control_state.on_reload.append(lambda: os.kill(os.getpid(), signal.SIGHUP))  # to every worker
+        control_state.on_drop = supervisor.metrics.events_dropped.labels("follower").inc
+        control_state.on_followers = supervisor.following
+        supervisor.on_spawn = lambda slot: control_state.extra.update(workers=supervisor.pids)
+        upstream_errors = EventLines(blocked=False)  # once per host and reason, across workers
+
+        def on_event_lines(data: bytes) -> None:
+            for line in data.decode().splitlines():
+                control_state.publish_line(line)
+                if '"decision":"error"' in line:
+                    upstream_errors(Event(**json.loads(line)))
+
+        if not supervisor.start(on_event_lines, sys.stdout.fileno() if config.audit_log == "-" else None):
+            return supervisor.status
+        control = _control_server(control_state, config.state_dir)
+        _say_serving(supervisor.addresses, supervisor.builder, loaded, config)
+        click.echo(f"egress: {count} workers, pids {', '.join(map(str, supervisor.pids))}", err=True)
+        try:
+            return supervisor.wait()
+        finally:
+            if control is not None:
+                control.close()
+    finally:
+        supervisor.close()
+
+
+def _watch_policy(engine, policies, since, report):
+    """The policy watcher of a serving proxy, started: the files as given (the built-in set without
+    any), reloaded when they change or on reload_now()."""
+    from . import settings
+    from .live import PolicyWatcher
+
+    watcher = PolicyWatcher(engine, load=lambda: settings.load(list(policies) or [DEFAULT_POLICY]).policy,
+                            report=report, paths=list(policies), since=since)
+    watcher.start()
+    return watcher
+
+
+def _serve_control_state(policies, metrics_url: str | None):
+    """What serve's control socket shows: ``serve-<pid>``, no grants (and the road instead)."""
+    from .control import RunState
+
+    run_id = f"serve-{os.getpid()}"
+    road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
+            f"next request (at once with `egress policy reload --run {run_id}`)" if policies else
+            "it runs the built-in policy: restart it with --policy FILE allowing the host (edits to "
+            "that file then apply live)")
+    state = RunState(run_id, ["egress", "serve", *sys.argv[2:]], no_grants=(
+        f"{run_id} is an egress serve, shared by all its clients: it takes no grants (they are for "
+        f"one egress run); {road}"))
+    if metrics_url:
+        state.extra["metrics"] = metrics_url
+    return state
+
+
+def _control_server(state, state_dir):
+    from .control import ControlServer
+
+    try:
+        return ControlServer(state, state_dir)
+    except OSError as e:
+        click.echo(f"egress: no control socket ({e}); egress events/reload will not reach this proxy", err=True)
+        return None
+
+
+def _say_serving(bound, builder, loaded, config) -> None:
+    """serve's start-up lines, once it serves."""
+    from .state import ca_cert_path
+    from .wiring import format_address
+
+    for host, port in bound:
+        click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
+    if builder.metrics_url:
+        click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
+    click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
+               f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
+    click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
 
 
 # ------------------------------------------------------- runs, allow, events

@@ -14,6 +14,7 @@ EXIT_USAGE = 2  # click's usage errors
 EXIT_POLICY = 3  # the policy (or its credential settings) cannot be loaded; nothing started
 EXIT_LISTEN = 4  # cannot listen: the proxy or metrics address is in use or not permitted
 EXIT_STATE = 5  # the state directory, the CA, --upstream-ca or the audit log is unusable
+EXIT_WORKERS = 6  # serve --workers: a worker could not be started or kept running; every worker stopped
 
 # `egress run`: otherwise the command's own status (shell conventions, as env and docker run)
 EXIT_TIMEOUT = 124  # --timeout expired; everything the command started was killed

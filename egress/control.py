@@ -80,6 +80,9 @@ class RunState:
         self._lock = threading.Lock()
         self.dropped = 0  # events a follower missed because its queue was full
         self.on_drop: Callable[[], None] = lambda: None  # e.g. the events-dropped metric's inc
+        # told how many follow now, whenever that changes (serve's supervisor: whether its
+        # workers send every event or only upstream failures)
+        self.on_followers: Callable[[int], None] = lambda count: None
 
     def grant(self, host: str) -> str:
         """Allow ``host`` (that exact name) for the rest of the run. Raises egress.hosts.InvalidHost,
@@ -104,9 +107,14 @@ class RunState:
         """
         if not self._followers:  # nobody follows: not even the JSON is made
             return
+        self.publish_line(event.to_json())
+
+    def publish_line(self, line: str) -> None:
+        """An event already made JSON (a serve worker's, relayed by its supervisor): as publish."""
+        if not self._followers:
+            return
         import queue
 
-        line = event.to_json()
         with self._lock:
             for follower in self._followers:
                 try:
@@ -121,11 +129,13 @@ class RunState:
         follower: queue.Queue = queue.Queue(maxsize=limit)
         with self._lock:
             self._followers.append(follower)
+            self.on_followers(len(self._followers))
         return follower
 
     def unfollow(self, follower: queue.Queue) -> None:
         with self._lock:
             self._followers.remove(follower)
+            self.on_followers(len(self._followers))
 
     def info(self) -> dict:
         return {"run": self.run_id, "command": self.command, "pid": os.getpid(),

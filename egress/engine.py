@@ -24,6 +24,9 @@ class Engine:
         self.connections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # egress run's person in the loop (egress.ask), or None: refusals are final
         self.asker = None
+        # ports served from handed-over sockets that are this proxy's public address (serve's
+        # workers), besides mitmproxy's own listeners: a loopback dial to one would come back here
+        self.own_ports: set[int] = set()
 
     def conn(self, client) -> ConnState:
         """The state of a client connection (created on first use)."""

@@ -41,9 +41,13 @@ class Event:
     bytes_received: int = 0  # response body bytes relayed to the client
     session: str | None = None
     time: float = 0.0
+    worker: int | None = None  # serve --workers N (N > 1): the pid of the worker that decided
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        data = asdict(self)
+        if data["worker"] is None:  # one process: the line is as it always was
+            del data["worker"]
+        return json.dumps(data, separators=(",", ":"))
 
 
 OBSERVER_QUEUE = 10000  # events an observer may fall behind by before they are dropped
@@ -111,6 +115,7 @@ class Recorder:
         self.metrics = metrics
         self.audit = audit
         self.session = session
+        self.worker: int | None = None  # set by a serve worker: its pid, in every event
         self._subscribers: list[Observer] = []
         self._lock = threading.Lock()
         # Replaces secrets in host names and details (set by the credential guard).
@@ -132,6 +137,7 @@ class Recorder:
     def record(self, event: Event) -> None:
         event.time = event.time or time.time()
         event.session = event.session or self.session
+        event.worker = event.worker or self.worker
         event.host, event.detail = self.clean(event.host), self.clean(event.detail)
         self.metrics.requests.labels(event.decision, event.reason).inc()
         if event.decision == "block":

@@ -92,16 +92,24 @@ def _fingerprint(files: list[str]) -> tuple:
     return tuple(marks)
 
 
+def policy_marks(paths: list[str], policy) -> tuple:
+    """What the watcher compares, for these user-given paths and the files ``policy`` read. Taken
+    just after the policy loaded and passed to the watcher as ``since``, an edit made while the
+    proxy was starting (a second or more) is seen at the first poll, not lost."""
+    return _fingerprint([p for p in paths if os.path.exists(p)] + policy.files)
+
+
 class PolicyWatcher:
     """Reloads the policy when its files change (or on :meth:`reload_now`)."""
 
     def __init__(self, engine, load: Callable, report: Callable[[str], None], paths: list[str] = (),
-                 frozen: Collection[str] = ()):
+                 frozen: Collection[str] = (), since: tuple | None = None):
         """``load()`` returns a new Policy or raises PolicyError; ``report`` gets one line per message.
 
         ``paths``: the policy paths as the user gave them. The policy itself records the
         files it read with symlinks resolved; a symlink swap changes only the given path.
         ``frozen``: absolute paths of files whose changes must not reload (the command can write them).
+        ``since``: :func:`policy_marks` when the policy in force was loaded (default: now).
         """
         self.engine = engine
         self.load = load
@@ -109,7 +117,7 @@ class PolicyWatcher:
         self.paths = [p for p in paths if os.path.exists(p)]
         self.frozen = frozenset(frozen)
         self._told: set[str] = set()
-        self._seen = self._marks()
+        self._seen = since if since is not None else self._marks()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -150,12 +150,14 @@ class ProxyBuilder:
         address = self.metrics_address
         return f"http://{format_address(*address)}/metrics" if address else None
 
-    def serve_metrics(self) -> None:
-        """Answer on the metrics port from now on (a thread), if one is configured. Raises BuildError."""
+    def serve_metrics(self, registry=None) -> None:
+        """Answer on the metrics port from now on (a thread), if one is configured: this proxy's
+        metrics, or ``registry``'s (serve's supervisor: the sum of its workers'). Raises BuildError."""
         self.open()
         if self._metrics_socket is None or self._metrics_server is not None:
             return
-        self._metrics_server = _serve_metrics(self._metrics_socket, self._metrics().registry)
+        self._metrics_server = _serve_metrics(self._metrics_socket,
+                                              registry if registry is not None else self._metrics().registry)
 
     # -- in the event loop
 

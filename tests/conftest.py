@@ -321,8 +321,15 @@ def egress_command() -> list[str]:
     return [sys.executable, "-m", "egress.cli"]
 
 
+# `egress serve` runs as many workers as CPUs unless told; the tests that are not about workers
+# run one process, as they were written for (tests/test_workers.py is about them).
+# EGRESS_TEST_WORKERS=N runs every serve of the suite with N workers instead.
+TEST_WORKERS = os.environ.get("EGRESS_TEST_WORKERS", "1")
+
+
 def start_proxy(tmp_path: Path, policy: str = DEFAULT_POLICY, *extra: str,
-                upstream_ca: Path | None = None, names=TEST_NAMES, env: dict | None = None) -> ProxyProcess:
+                upstream_ca: Path | None = None, names=TEST_NAMES, env: dict | None = None,
+                stdout=subprocess.DEVNULL) -> ProxyProcess:
     policy_path = tmp_path / "policy.toml"
     policy_path.write_text(policy)
     state_dir = tmp_path / "state"
@@ -334,7 +341,9 @@ def start_proxy(tmp_path: Path, policy: str = DEFAULT_POLICY, *extra: str,
     if upstream_ca:
         args += ["--upstream-ca", str(upstream_ca)]
     args += list(extra)
-    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    if "--workers" not in extra:
+        args += ["--workers", TEST_WORKERS]
+    process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout,
                                stderr=subprocess.PIPE, text=True, env=clean_env(tmp_path, **(env or {})))
     lines: list[str] = []
     port = metrics_url = None

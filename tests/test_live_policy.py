@@ -283,3 +283,33 @@ def test_a_reload_asked_for_is_never_lost(monkeypatch):
             await asyncio.sleep(0.0005)
 
     asyncio.run(scenario())
+
+
+def test_an_edit_made_while_the_proxy_starts_is_not_lost(tmp_path):
+    # The policy is loaded, then the proxy starts (a second or more), then the watcher: an edit
+    # in between used to become the watcher's starting point, and never applied.
+    import asyncio
+
+    from egress.engine import Engine
+    from egress.events import Recorder
+    from egress.hosts import parse_host
+    from egress.live import PolicyWatcher, policy_marks
+    from egress.metrics import Metrics
+    from egress.policy import load_policy
+    from egress.resolver import Resolver
+
+    path = tmp_path / "policy.toml"
+    path.write_text('allow = ["one.example.com"]\n')
+    loaded = load_policy([str(path)])
+    since = policy_marks([str(path)], loaded)
+    path.write_text('allow = ["one.example.com", "two.example.com"]\n')  # while the proxy starts
+    engine = Engine(loaded, Resolver(), Recorder(Metrics()))
+    lines: list[str] = []
+
+    async def scenario():
+        watcher = PolicyWatcher(engine, lambda: load_policy([str(path)]), lines.append, paths=[str(path)], since=since)
+        await watcher.check()
+
+    asyncio.run(scenario())
+    assert lines and lines[-1].startswith("policy reloaded")
+    assert engine.policy.decide(parse_host("two.example.com"), 443).allowed

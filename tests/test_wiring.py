@@ -187,6 +187,7 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
 
     made = []
     monkeypatch.setattr(cli, "_serve", lambda policies, config: made.append(config))
+    monkeypatch.setattr(cli, "_serve_workers", lambda policies, config, count: made.append(config))
     monkeypatch.setattr(sandbox.launcher, "run", lambda options: made.append(options.proxy) or 0)
     monkeypatch.setattr(cli.os, "_exit", lambda status: None)
     args = ["--metrics", "127.0.0.1:0", "--audit-log", str(tmp_path / "a.jsonl"), "--resolve", "a.test:127.0.0.1",

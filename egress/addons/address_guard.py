@@ -62,7 +62,7 @@ class AddressGuard:
                 return
             ip = result[0]
         if ip.is_loopback or ip.is_unspecified:
-            own = {addr[1] for addr in mitm.listen_addrs()}
+            own = {addr[1] for addr in mitm.listen_addrs()} | self.engine.own_ports
             if port in own:  # it would be served by this very proxy, again and again
                 data.server.error = f"EGRESS_BLOCKED {host.name}: {port} is this proxy's own port"
                 return
