@@ -21,11 +21,12 @@ peak RSS belongs to that size alone:
 * locate: the first ``str(decision.rule)`` (what the proxy writes in each event: the
   entry with its file:line) of 100 rules spread over the file, mean and longest.
 
-Reload (``--reload``): ``egress serve`` with an N-entry policy (and ``allowed.test``) in front
-of nginx, under ``wrk -c C`` plain-HTTP load run in back-to-back 1-second slices; SIGHUP makes
-it reload the same policy ``--reloads`` times, 3 s apart (a SIGHUP with no reload after
-``--resend`` seconds is counted and sent again: lost, or a reload slower than that). Reported: start-up (process start to
-its listening line), each reload's time (SIGHUP to the ``policy reloaded`` line), req/s of the
+Reload (``--reload``): ``egress serve`` (one process: ``--workers 1`` where it has workers)
+with an N-entry policy (and ``allowed.test``) in front of nginx, under ``wrk -c C`` plain-HTTP
+load run in back-to-back 1-second slices; SIGHUP makes it reload the same policy ``--reloads``
+times, 3 s apart (a SIGHUP with no reload after ``--resend`` seconds is counted and sent
+again: lost, or a reload slower than that). Reported: start-up (process start to its
+listening line), each reload's time (SIGHUP to the ``policy reloaded`` line), req/s of the
 slices during a reload against the quiet ones, p50/p99/max latency of every request in them
 (wrk's histograms pooled), and the proxy's RSS after start, after each reload and at its peak.
 Everything listens on 127.0.0.1, on ports bound as 0 (nginx on ports it was just given); every
@@ -420,6 +421,11 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
     argv = [sys.executable, "-c", EGRESS_MAIN, "serve", "--listen", "127.0.0.1:0", "--metrics", "off",
             "--audit-log", "off", "--resolve", "allowed.test:127.0.0.1", "--policy", str(policy),
             "--state-dir", str(state)]
+    # one process (serve runs a worker per CPU since --workers came): its RSS is the proxy's
+    help_text = subprocess.run(argv[:4] + ["--help"], env=v.env, cwd=tmp, capture_output=True, text=True,
+                               timeout=60).stdout
+    if "--workers" in help_text:
+        argv += ["--workers", "1"]
     with open(logpath, "wb") as out:
         t0 = time.monotonic()
         proc = procs.start("egress", argv, stdout=out, stderr=out, env=v.env, cwd=tmp)

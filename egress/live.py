@@ -63,10 +63,10 @@ def _let_go(box: list) -> None:
 
         policy.dismantle(PACE.get())
     del policy
-    _trim_heap()
+    trim_heap()
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Return freed heap memory to the system (glibc's malloc_trim; elsewhere nothing).
 
     glibc keeps what a reload frees in its heaps, and the next build does not fit in the
