@@ -9,17 +9,76 @@ SIGHUP reloads at once. A policy that fails to load is reported and counted in
 
 Under ``egress run``, files the command can write are frozen (egress.snapshot):
 their edits reload nothing and are reported once each.
+
+A reload builds the new policy in a thread and swaps it in whole, on the loop, between
+two requests. The thread paces itself (:class:`Pacer`): a build that never sleeps holds
+the GIL, and the loop then waits up to the switch interval (5 ms) for it after each of its
+own system calls; with a 1M-entry policy, throughput fell 92% and p99 rose from 10 to
+205 ms for the 4.4 s of the reload. The old policy is emptied in that thread too, paced:
+freed at once, its 1M entries took ~40 ms of the loop's time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Callable
 
 POLL_SECONDS = 1.0
+
+
+class Pacer:
+    """Called between pieces of work in a thread: once ``work`` seconds went by since it last
+    slept, it sleeps ``rest`` seconds, so that the event loop gets the GIL at once and keeps it
+    for a while. Waiting for the GIL counts as work: a busier loop gets more of its turns."""
+
+    def __init__(self, work: float = 0.002, rest: float = 0.002):
+        self.work, self.rest = work, rest
+        self.since = time.perf_counter()
+
+    def __call__(self) -> None:
+        if time.perf_counter() - self.since >= self.work:
+            time.sleep(self.rest)
+            self.since = time.perf_counter()
+
+
+def _paced(work: Callable, *args):
+    """``work(*args)`` with the policy loader pausing through a :class:`Pacer` (in a thread)."""
+    from .policy_loader import PACE
+
+    PACE.set(Pacer())  # this thread's copy of the context only (asyncio.to_thread)
+    return work(*args)
+
+
+def _let_go(box: list) -> None:
+    """Free the policy in ``box`` a piece at a time, if nothing else can reach it any more
+    (else just drop it: its last holder frees it), then give the memory back."""
+    policy = box.pop()
+    if sys.getrefcount(policy) <= 2:  # this name and getrefcount's argument
+        from .policy_loader import PACE
+
+        policy.dismantle(PACE.get())
+    del policy
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Return freed heap memory to the system (glibc's malloc_trim; elsewhere nothing).
+
+    glibc keeps what a reload frees in its heaps, and the next build does not fit in the
+    holes: with 1M entries RSS went 262 -> 315 -> 332 -> ... 441 MB over 8 reloads; trimmed,
+    264 -> 279 MB. The call releases the GIL (ctypes) and took 6-21 ms.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _fingerprint(files: list[str]) -> tuple:
@@ -83,11 +142,17 @@ class PolicyWatcher:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
-                forced = True
             except asyncio.TimeoutError:
-                forced = False
+                pass
+            # The event, not how the wait ended: a request that came while wait_for was timing
+            # out (it awaits the cancelled wait) ended as a timeout, and was then cleared unseen.
+            forced = self._wake.is_set()
             self._wake.clear()
-            await self.check(forced)
+            try:
+                await self.check(forced)
+            except Exception as e:  # the watcher must outlive any one reload; the policy in force stays
+                self.report(f"policy not reloaded: {type(e).__name__}: {e}")
+                self.report("the last good policy stays in force")
 
     async def check(self, forced: bool = False) -> None:
         """Reload if a file that is not frozen changed (or ``forced``); report frozen ones."""
@@ -113,13 +178,16 @@ class PolicyWatcher:
         from .policy import PolicyError
 
         try:
-            policy = await asyncio.to_thread(self.load)  # a big policy must not stall the proxy
+            policy = await asyncio.to_thread(_paced, self.load)  # a big policy must not stall the proxy
         except PolicyError as e:
             self.engine.recorder.metrics.policy_load_errors.inc()
             for problem in e.problems:
                 self.report(f"policy not reloaded: {problem}")
             self.report("the last good policy stays in force")
             return
+        old = [self.engine.policy]
         self.engine.replace_policy(policy)
         self._seen = self._marks()
         self.report(f"policy reloaded: {policy.size} from {', '.join(policy.files)}")
+        del policy
+        await asyncio.to_thread(_paced, _let_go, old)

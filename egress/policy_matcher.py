@@ -26,7 +26,10 @@ Policies are built by egress.policy_loader (files, includes, problems with file:
 from __future__ import annotations
 
 import ipaddress
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Sequence
 
 from . import reasons
 from .addresses import address_class, classify
@@ -41,18 +44,16 @@ LIST_KEYS = ("allow", "deny", "passthrough", "allow_private")
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """An entry of a policy list, as written, with the file it came from."""
+    """An entry of a policy list, as written, with the file and line it came from."""
 
     key: str  # allow | deny | passthrough | allow_private
     text: str  # the entry as written in the file
     path: str
+    line: int | None = None  # noted when the file was read (None: a mapping, or not found)
 
     def location(self) -> str:
-        """``path:line`` of the entry (found on demand: loading stays fast)."""
-        from .policy_loader import find_line  # where files are read; imported by then
-
-        line = find_line(self.path, self.text, self.key)
-        return f"{self.path}:{line}" if line else self.path
+        """``path:line`` of the entry (``path`` alone when the line is not known)."""
+        return f"{self.path}:{self.line}" if self.line else self.path
 
     def __str__(self) -> str:
         return f"{self.text} ({self.location()})"
@@ -86,8 +87,7 @@ class Decision:
 # ------------------------------------------------------------------- entries
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """A list entry, parsed (by egress.policy_loader.parse_entry): what the tables are keyed by."""
 
     kind: str  # "domain" (apex + subdomains) | "subdomains" | "exact" (that host only) | "net"
@@ -97,56 +97,103 @@ class Entry:
 
 # ---------------------------------------------------------------------- tables
 
+# A table maps a name (or a masked network) to its rules, each packed in one int,
+# ``rule index << 16 | port`` (port 0: any; entries never have port 0), or a list of
+# them for a name with several entries, in the order written. 1M entries used to cost a
+# list, a tuple and an Entry each (~450 MB and ~4,000 garbage collections to load); ints
+# and strings are not tracked by the collector, so a full collection no longer walks them.
+#
+# A table is SHARDS dicts, a key's chosen by hash(key) % SHARDS: a reload builds its tables
+# in a thread while the proxy's loop runs, and growing one 1M-key dict moves every key in one
+# call that holds the GIL (29 ms at 800k keys); a shard of ~8k keys grows in well under 1 ms.
+# A prime count spreads network keys too (their low bits are 0). Costs a hash per lookup.
+SHARDS = 127
+Table = list  # of SHARDS dicts: key -> int | list[int]
+
+
+def _table() -> Table:
+    return [{} for _ in range(SHARDS)]
+
+
+def _first(held: int | list[int], port: int | None) -> int | None:
+    """The first of a name's rules that covers ``port``."""
+    if type(held) is int:
+        return held >> 16 if not held & 0xFFFF or held & 0xFFFF == port else None
+    for packed in held:
+        if not packed & 0xFFFF or packed & 0xFFFF == port:
+            return packed >> 16
+    return None
+
+
+def _put(table: Table, key, rule: int, port: int | None) -> None:
+    """Add a rule to ``key``'s, unless an earlier one shadows it (any port, or the same
+    port: it would always be found first)."""
+    shard = table[hash(key) % SHARDS]
+    packed = rule << 16 | (port or 0)
+    held = shard.get(key)
+    if held is None:
+        shard[key] = packed
+        return
+    for earlier in ((held,) if type(held) is int else held):
+        if not earlier & 0xFFFF or earlier & 0xFFFF == packed & 0xFFFF:
+            return
+    if type(held) is int:
+        shard[key] = [held, packed]
+    else:
+        held.append(packed)
+
 
 class _DomainTable:
     """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
 
     def __init__(self) -> None:
-        # name -> list of (port or None, rule index); a map per kind of domain entry.
-        self.apex_and_subdomains: dict[str, list[tuple[int | None, int]]] = {}
-        self.subdomains_only: dict[str, list[tuple[int | None, int]]] = {}
-        self.exact: dict[str, list[tuple[int | None, int]]] = {}
-
-    def add(self, entry: Entry, rule: int) -> None:
-        table = {"subdomains": self.subdomains_only, "exact": self.exact}.get(entry.kind, self.apex_and_subdomains)
-        table.setdefault(entry.value, []).append((entry.port, rule))
+        # a table per kind of domain entry
+        self.apex_and_subdomains: Table = _table()
+        self.subdomains_only: Table = _table()
+        self.exact: Table = _table()
 
     def match(self, name: str, port: int | None) -> int | None:
         """The most specific rule covering ``name`` (and ``port``), or None."""
-        for rule_port, rule in self.exact.get(name, ()):  # only the host itself, never a parent
-            if rule_port is None or rule_port == port:
-                return rule
+        held = self.exact[hash(name) % SHARDS].get(name)  # only the host itself, never a parent
+        if held is not None and (rule := _first(held, port)) is not None:
+            return rule
+        apex, subdomains = self.apex_and_subdomains, self.subdomains_only
         for depth, candidate in enumerate(parent_domains(name)):
-            for table in (self.apex_and_subdomains, self.subdomains_only):
-                if depth == 0 and table is self.subdomains_only:
-                    continue
-                for rule_port, rule in table.get(candidate, ()):
-                    if rule_port is None or rule_port == port:
-                        return rule
+            shard = hash(candidate) % SHARDS
+            held = apex[shard].get(candidate)
+            if held is not None and (rule := _first(held, port)) is not None:
+                return rule
+            if depth:
+                held = subdomains[shard].get(candidate)
+                if held is not None and (rule := _first(held, port)) is not None:
+                    return rule
         return None
 
     def __len__(self) -> int:
-        return len(self.apex_and_subdomains) + len(self.subdomains_only) + len(self.exact)
+        return sum(len(shard) for table in (self.apex_and_subdomains, self.subdomains_only, self.exact)
+                   for shard in table)
 
 
 class _NetTable:
     """IP and CIDR entries keyed by masked network: O(distinct prefix lengths) per lookup."""
 
     def __init__(self) -> None:
-        # (version, prefixlen) -> {network int: [(port, rule)]}
-        self.by_prefix: dict[tuple[int, int], dict[int, list[tuple[int | None, int]]]] = {}
-        self._order: dict[int, list[tuple[int, dict]]] | None = None
+        # (version, prefixlen) -> table of network int -> packed rules
+        self.by_prefix: dict[tuple[int, int], Table] = {}
+        self._order: dict[int, list[tuple[int, Table]]] | None = None
 
-    def add(self, entry: Entry, rule: int) -> None:
-        net = entry.value
-        bucket = self.by_prefix.setdefault((net.version, net.prefixlen), {})
-        bucket.setdefault(int(net.network_address), []).append((entry.port, rule))
+    def add(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network, port: int | None, rule: int) -> None:
+        key = (net.version, net.prefixlen)
+        bucket = self.by_prefix.get(key)
+        if bucket is None:
+            bucket = self.by_prefix[key] = _table()
+        _put(bucket, int(net.network_address), rule, port)
         self._order = None
 
-    def _prefixes(self, version: int) -> list[tuple[int, dict]]:
+    def _prefixes(self, version: int) -> list[tuple[int, Table]]:
         if self._order is None:
             # Longest prefix first: the most specific rule is the one reported.
-            order: dict[int, list[tuple[int, dict]]] = {4: [], 6: []}
+            order: dict[int, list[tuple[int, Table]]] = {4: [], 6: []}
             for (ver, plen), bucket in sorted(self.by_prefix.items(), key=lambda kv: -kv[0][1]):
                 order[ver].append((plen, bucket))
             # Published only when complete: a concurrent first lookup must never
@@ -158,22 +205,19 @@ class _NetTable:
         value, bits = int(ip), ip.max_prefixlen
         for plen, bucket in self._prefixes(ip.version):
             masked = (value >> (bits - plen)) << (bits - plen) if plen else 0
-            for rule_port, rule in bucket.get(masked, ()):
-                if rule_port is None or rule_port == port:
-                    return rule
+            held = bucket[hash(masked) % SHARDS].get(masked)
+            if held is not None and (rule := _first(held, port)) is not None:
+                return rule
         return None
 
     def __len__(self) -> int:
-        return sum(len(b) for b in self.by_prefix.values())
+        return sum(len(shard) for bucket in self.by_prefix.values() for shard in bucket)
 
 
 @dataclass
 class _List:
     domains: _DomainTable = field(default_factory=_DomainTable)
     nets: _NetTable = field(default_factory=_NetTable)
-
-    def add(self, entry: Entry, rule: int) -> None:
-        (self.nets if entry.kind == "net" else self.domains).add(entry, rule)
 
     def match(self, host: Host, port: int | None) -> int | None:
         if host.ip is not None:
@@ -188,7 +232,12 @@ class Policy:
     """A loaded policy. Built by egress.policy_loader (load_policy, policy_from_mapping)."""
 
     def __init__(self) -> None:
-        self._rules: list[tuple[str, str, int]] = []  # (key, text, source index)
+        # Rules by index: the entry as written and its line (0: not known) side by side, and
+        # the (key, file) of each run of consecutive rules: a file's list is added in one run.
+        self._texts: list[str] = []
+        self._lines = array("I")
+        self._run_starts: list[int] = []
+        self._runs: list[tuple[str, int]] = []  # (key, source index)
         self._sources: list[str] = []
         self._lists = {key: _List() for key in LIST_KEYS}
         self.files: list[str] = []  # every file that went into this policy, in load order
@@ -215,19 +264,62 @@ class Policy:
         self._sources.append(path)
         return len(self._sources) - 1
 
-    def add(self, key: str, entry: Entry, text: str, source: int) -> None:
-        self._rules.append((key, text, source))
-        self._lists[key].add(entry, len(self._rules) - 1)
+    def adder(self, key: str, source: int) -> Callable[[list, list, Sequence[int]], None]:
+        """``add(entries, texts, lines)``: adds ``key`` rules from ``source`` (a list of one file:
+        one run of rules), a batch at a time: each entry's parts (an Entry, or None to leave that
+        one out), the entry as written, its line (0 if not known). A call per entry cost ~0.2 s
+        of a 1M-entry load."""
+        texts, lines = self._texts, self._lines
+        self._run_starts.append(len(texts))
+        self._runs.append((key, source))
+        domains, nets = self._lists[key].domains, self._lists[key].nets
+        tables = {"domain": domains.apex_and_subdomains, "subdomains": domains.subdomains_only,
+                  "exact": domains.exact}
+
+        def add(entries: list, written: list, at: Sequence[int]) -> None:
+            if None in entries:
+                kept = [i for i, entry in enumerate(entries) if entry is not None]
+                entries, written, at = [entries[i] for i in kept], [written[i] for i in kept], [at[i] for i in kept]
+            index = len(texts)
+            texts.extend(written)
+            lines.extend(at)
+            for index, (kind, value, port) in enumerate(entries, index):
+                if kind == "net":
+                    nets.add(value, port, index)
+                    continue
+                shard = tables[kind][hash(value) % SHARDS]
+                if value in shard:
+                    _put(tables[kind], value, index, port)
+                else:  # the common case, inline: a name's first entry
+                    shard[value] = index << 16 | (port or 0)
+
+        return add
+
+    def dismantle(self, pause: Callable[[], None]) -> None:
+        """Empty this policy a piece at a time, calling ``pause()`` between pieces: its last
+        reference dropped at once would free 1M entries in one call (~40 ms holding the GIL).
+        For a policy no one else can reach any more (egress.live, after a reload); even so, half
+        emptied it refuses more, never less: network mode "all" off first, then the allow lists."""
+        self.allow_all = False
+        tables = [table for rules in self._lists.values()
+                  for table in (rules.domains.apex_and_subdomains, rules.domains.subdomains_only,
+                                rules.domains.exact, *rules.nets.by_prefix.values())]
+        for shard in (shard for table in tables for shard in table if shard):
+            shard.clear()  # ~8k keys
+            pause()
+        while self._texts:
+            del self._texts[-65536:]
+            pause()
 
     def _rule(self, index: int | None) -> Rule | None:
         if index is None:
             return None
-        key, text, source = self._rules[index]
-        return Rule(key, text, self._sources[source])
+        key, source = self._runs[bisect_right(self._run_starts, index) - 1]
+        return Rule(key, self._texts[index], self._sources[source], self._lines[index] or None)
 
     @property
     def rule_count(self) -> int:
-        return len(self._rules)
+        return len(self._texts)
 
     @property
     def size(self) -> str:

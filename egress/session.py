@@ -194,6 +194,7 @@ class ProxySession:
             return
         proxy = await self.builder.start(policy, credentials, session=self.session_id, asker=self.asker,
                                          on_event=[self.on_event] if self.on_event is not None else [])
+        del policy  # the engine's from now on: a reload must leave nothing else holding the first
         engine = self.builder.engine
         try:
             if not isinstance(sock, socket.socket):

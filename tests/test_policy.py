@@ -1075,3 +1075,44 @@ def test_a_set_name_is_never_a_file_in_the_working_directory(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     assert load_policy(["dev"]).files == [str(builtin_path("dev"))]
     assert load_policy(["./dev"]).decide("only.example", 443).allowed  # a path is a path
+
+
+# Several entries for one name: the first written that covers the port decides (and is the
+# rule reported), whatever the file's size.
+SAME_NAME = """
+    allow = [
+        "a.example:443",
+        "a.example",
+        "a.example:443",
+        "a.example:80",
+        "=b.example:8443",
+        "=b.example:8443",
+        "b.example:8443",
+        "10.1.0.0/16:22",
+        "10.1.0.0/16",
+    ]
+    deny = ["x.a.example:443", "x.a.example:443", "x.a.example"]
+"""
+
+SAME_NAME_CASES = [
+    # (host, port, allowed, rule, its line)
+    ("a.example", 443, True, "a.example:443", 2),
+    ("a.example", 80, True, "a.example", 3),
+    ("www.a.example", 8080, True, "a.example", 3),
+    ("x.a.example", 443, False, "x.a.example:443", 12),
+    ("x.a.example", 80, False, "x.a.example", 12),
+    ("b.example", 8443, True, "=b.example:8443", 6),
+    ("www.b.example", 8443, True, "b.example:8443", 8),
+    ("b.example", 443, False, None, None),
+    ("10.1.2.3", 22, True, "10.1.0.0/16:22", 9),
+    ("10.1.2.3", 443, True, "10.1.0.0/16", 10),
+]
+
+
+@pytest.mark.parametrize(("host", "port", "allowed", "rule", "line"), SAME_NAME_CASES,
+                         ids=[f"{c[0]}:{c[1]}" for c in SAME_NAME_CASES])
+def test_the_first_entry_covering_the_port_decides(tmp_path, host, port, allowed, rule, line):
+    path = write(tmp_path, "p.toml", SAME_NAME)
+    decision = load_policy([str(path)]).decide(host, port)
+    assert decision.allowed is allowed
+    assert (str(decision.rule) if decision.rule else None) == (rule and f"{rule} ({path.resolve()}:{line})")
