@@ -835,10 +835,19 @@ class ByteSize(click.ParamType):
 @click.option("--guard-commands", is_flag=True,
               help="Refuse (status 125) a command on the deny list: built-in (sudo, rm -rf /, mkfs, ...) "
                    "and the policy's [guardrails] deny_commands, unless allow_commands lets it through.")
+@click.option("--provider", type=click.Choice(["namespace", "seatbelt", "podman", "docker", "local"]),
+              help="What holds the command: namespace (Linux default), seatbelt (macOS default), podman or "
+                   "docker (a hardened container in egress's network namespace; needs --image), local (NOT a "
+                   "sandbox: the proxy variables only).")
+@click.option("--image", metavar="IMAGE", help="podman/docker: the container image (else the policy's [container] image).")
+@click.option("--mount", "mounts", multiple=True, metavar="SRC:DST[:rw]",
+              help="podman/docker: also mount SRC at DST, read-only unless :rw; repeatable.")
+@click.option("--persist", multiple=True, metavar="NAME",
+              help="podman/docker: keep the named volume NAME at /persist/NAME across runs; repeatable.")
 @proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
 def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
-        proxy_mode, agent, max_output, guard_commands, proxy, command) -> None:
+        proxy_mode, agent, max_output, guard_commands, provider, image, mounts, persist, proxy, command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace; macOS: a
     Seatbelt profile; elsewhere it refuses with status 125).
 
@@ -851,11 +860,13 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
     from sandbox.launcher import main as launch  # the platform's sandbox, or status 125 where there is none
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
-                       headless, proxy_mode, proxy, command, agent, max_output, guard_commands))
+                       headless, proxy_mode, proxy, command, agent, max_output, guard_commands, provider, image,
+                       mounts, persist))
 
 
 def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
-                headless, proxy_mode, proxy, command, agent=False, max_output=None, guard_commands=False):
+                headless, proxy_mode, proxy, command, agent=False, max_output=None, guard_commands=False,
+                provider=None, image=None, mounts=(), persist=()):
     """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
     from sandbox.launcher import RunOptions
 
@@ -863,7 +874,8 @@ def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_f
                       deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,
                       fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
                       ask="never" if headless else ask, proxy_mode=proxy_mode, agent=agent,
-                      max_output=max_output, guard_commands=guard_commands)
+                      max_output=max_output, guard_commands=guard_commands, provider=provider, image=image,
+                      mounts=list(mounts), persist=list(persist))
 
 
 if __name__ == "__main__":

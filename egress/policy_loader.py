@@ -30,7 +30,8 @@ from .policy_matcher import LIST_KEYS, Entry, Policy
 from .policy_text import Lines, read_toml
 from .public_suffix import is_icann_suffix, is_public_suffix
 
-KNOWN_KEYS = ("include", "network", "credentials", "profile", "limits", "guardrails") + LIST_KEYS
+# "container": egress run --provider podman|docker's image and mounts (sandbox/launcher.py reads it)
+KNOWN_KEYS = ("include", "network", "credentials", "profile", "limits", "guardrails", "container") + LIST_KEYS
 PROFILES = ("default", "agent")  # `profile = "agent"`: as `egress run --agent`
 LIMIT_KEYS = ("max_output",)
 GUARDRAIL_KEYS = ("deny_commands", "allow_commands")

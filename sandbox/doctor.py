@@ -283,7 +283,60 @@ def macos_promises() -> list[Check]:
 
 def check_local() -> Check:
     return Check("local", "warning", "always available, and not a sandbox: a command run without "
-                                     "egress run can reach anything its user can")
+                                     "egress run, or with --provider local, can reach anything its user can "
+                                     "and write wherever its user may",
+                 "use a sandboxing provider (namespace, the default on Linux) for commands you do not trust")
+
+
+def check_providers(namespaces: Check | None = None, fs: Check | None = None) -> list[Check]:
+    """What each `egress run --provider` gives here, in words that do not overclaim
+    (sandbox/providers.py). ``namespaces``, ``fs``: the namespace and Landlock checks already run."""
+    checks = []
+    if namespaces is not None:
+        if namespaces.status == "ok":
+            writes = ("writes confined" if fs is not None and fs.status == "ok" else
+                      "writes NOT confined (no Landlock: only with --no-fs-confinement)")
+            checks.append(Check("provider namespace", "ok" if fs is not None and fs.status == "ok" else "warning",
+                                f"own network and {writes}; shares this kernel (the default)",
+                                "" if fs is not None and fs.status == "ok" else fs.fix if fs else ""))
+        else:
+            checks.append(Check("provider namespace", "unavailable", namespaces.detail, namespaces.fix))
+    checks.append(_container_provider("podman"))
+    checks.append(_container_provider("docker"))
+    return checks
+
+
+def _container_provider(engine: str) -> Check:
+    import shutil
+    import subprocess
+
+    name = f"provider {engine}"
+    if not _linux():
+        return Check(name, "not-applicable", "not Linux: the container joins a network namespace egress makes")
+    path = shutil.which(engine)
+    if path is None:
+        return Check(name, "not-applicable", f"{engine} is not installed",
+                     "apt-get install podman (rootless: run egress as an unprivileged user)" if engine == "podman"
+                     else "install docker, or prefer podman")
+    if engine == "docker":
+        try:
+            answer = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                                    text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            answer = subprocess.CompletedProcess([], 1, "", str(e))
+        if answer.returncode != 0 or not answer.stdout.strip():
+            return Check(name, "unavailable", "no docker daemon answers",
+                         "start the docker daemon, or use --provider podman (no daemon)")
+        return Check(name, "warning", "kernel isolation and egress's network namespace, through a root daemon: "
+                                      "whoever can use it is root here, and an escape lands on root",
+                     "prefer podman run by an unprivileged user (rootless)")
+    if os.geteuid() == 0:
+        return Check(name, "warning", "kernel isolation and egress's network namespace, but an escape lands "
+                                      "on root (podman run as root)",
+                     "run egress as an unprivileged user for rootless podman")
+    return Check(name, "warning", "rootless: kernel isolation, an escape lands on your own user; egress's tests "
+                                  "run podman as root, so joining egress's namespace rootless is untested here",
+                 "egress run --provider namespace gives the same network confinement without an engine")
 
 
 def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:
@@ -366,7 +419,8 @@ def run_checks(policies: list[str], state_dir, fs_confinement: bool = True,
         return checks, False
     namespaces, fs = check_namespaces(), check_landlock()
     walls = check_protections() if namespaces.status == "ok" and fs.status == "ok" else []
-    checks = [namespaces, fs, *walls, check_seatbelt(), check_local(), *check_proxy(policies, state_dir)]
+    checks = [namespaces, fs, *walls, check_seatbelt(), *check_providers(namespaces, fs), check_local(),
+              *check_proxy(policies, state_dir)]
     honoured = namespaces.status == "ok" and (fs.status == "ok" or not fs_confinement)
     honoured = honoured and all(c.status == "ok" for c in walls)
     return checks, honoured and policy_ok(checks)

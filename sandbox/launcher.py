@@ -48,14 +48,16 @@ class RunOptions:
     methods cost ~10 ms of a ~40 ms `egress run -- true`."""
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
-                 "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands")
+                 "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",
+                 "provider", "image", "mounts", "persist")
 
     def __init__(self, argv: list[str], network: str | None = None, policies: list[str] = (),
                  allow: list[str] = (), deny: list[str] = (), project: Path | None = None,
                  add_dirs: list[Path] = (), timeout: float | None = None, fs_confinement: bool = True,
                  proxy: ProxyConfig = ProxyConfig(), redact: bool = False, ask: str | None = None,
                  proxy_mode: str | None = None, agent: bool = False, max_output: int | None = None,
-                 guard_commands: bool = False):
+                 guard_commands: bool = False, provider: str | None = None, image: str | None = None,
+                 mounts: list[str] = (), persist: list[str] = ()):
         self.argv = list(argv)
         self.network = network  # None: the policy files' `network` key, else "allowlist"
         self.policies = list(policies)
@@ -73,6 +75,10 @@ class RunOptions:
         self.agent = agent  # the agent profile (AGENT_PROFILE), as a policy's `profile = "agent"`
         self.max_output = max_output  # bytes per stream (0: no cap); None: the policy's, else the profile's
         self.guard_commands = guard_commands  # refuse commands on the deny list (egress.command_guard)
+        self.provider = provider  # sandbox/providers.py; None: the system's (namespace, seatbelt)
+        self.image = image  # podman, docker: the image; None: the policy's [container] image
+        self.mounts = list(mounts)  # podman, docker: "SRC:DST[:rw]", read-only unless :rw
+        self.persist = list(persist)  # podman, docker: named volumes kept at /persist/NAME
 
     @property
     def state_dir(self) -> Path | None:
@@ -291,14 +297,65 @@ def _policy_failure(error) -> LaunchError:
     return LaunchError("the policy cannot be loaded:\n  " + "\n  ".join(map(str, error.problems)))
 
 
+def choose_provider(options: RunOptions):
+    """The platform object for --provider (sandbox/providers.py), with the container's image,
+    mounts and volumes (the flags, else the policy files' [container] table). Raises LaunchError."""
+    from sandbox.providers import CONTAINER_ENGINES, select
+
+    container = None
+    if options.provider in CONTAINER_ENGINES:
+        from sandbox.container import ContainerSpec
+
+        table = _container_table(options.policies)
+        try:
+            container = ContainerSpec(options.image or table.get("image"),
+                                      [*table.get("mounts", []), *options.mounts],
+                                      [*table.get("persist", []), *options.persist],
+                                      cpus=table.get("cpus"), memory=table.get("memory"))
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+    elif options.image or options.mounts or options.persist:
+        raise LaunchError("--image, --mount and --persist are for --provider podman or docker")
+    try:
+        return select(options.provider, container)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+
+
+def _container_table(policies: list[str]) -> dict:
+    """The [container] table of the policy files named on the command line (the last file that has
+    one wins): image, mounts, persist, cpus, memory. Raises LaunchError on a malformed one."""
+    import tomllib
+
+    found: dict = {}
+    for name in policies:
+        if not os.path.isfile(name):
+            continue  # a built-in policy name: they have no [container] table
+        try:
+            with open(name, "rb") as f:
+                table = tomllib.load(f).get("container")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue  # the policy loader says what is wrong with it
+        if table is None:
+            continue
+        known = {"image": str, "mounts": list, "persist": list, "cpus": (str, int, float), "memory": str}
+        for key, value in table.items():
+            if key not in known or not isinstance(value, known[key]):
+                raise LaunchError(f"{name}: [container] {key}: expected one of "
+                                  f"image (text), mounts (list), persist (list), cpus, memory (text)")
+        found = table
+    return found
+
+
 def run(options: RunOptions, platform=None) -> int:
     """Run the command; return its exit status (or a launcher status). Raises LaunchError.
 
-    ``platform``: the sandbox to use (sandbox/platforms.py); None: this system's."""
+    ``platform``: the sandbox to use (sandbox/platforms.py); None: --provider's, else this system's."""
     if platform is None:
-        from sandbox.platforms import current
-
-        platform = current()
+        platform = choose_provider(options)
+    warning = getattr(platform, "warning", None)
+    if warning:  # --provider local: said first, before anything else can scroll it away
+        say(warning)
     refusal = platform.refusal()
     if refusal is not None:
         raise LaunchError(refusal)

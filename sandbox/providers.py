@@ -1,0 +1,107 @@
+"""`egress run --provider NAME`: which sandbox holds the command (the launcher's interface is
+sandbox/platforms.py's; each provider here is one more implementation of it).
+
+    namespace  Linux's own launcher (sandbox/linux.py), the default on Linux
+    seatbelt   macOS's (sandbox/macos.py), the default on macOS
+    podman     a hardened container (sandbox/container.py) in a network namespace egress made
+    docker     the same, through the docker client (a root daemon)
+    local      no sandbox: the command runs as itself with the proxy variables; said first
+
+The container providers reuse the namespace launcher for the network: the namespace with only
+`lo`, the proxy's socket and the transparent capture are made exactly as for `namespace`, and the
+container joins it (podman's `--network ns:PATH`), so the proxy is its only road out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from sandbox import platforms
+
+PROVIDERS = ("namespace", "seatbelt", "podman", "docker", "local")
+CONTAINER_ENGINES = ("podman", "docker")
+
+# Said before anything runs, on stderr, for `egress run --provider local` (and by egress doctor).
+LOCAL_WARNING = ("egress: --provider local is NOT a sandbox: the command runs as you, with the proxy "
+                 "variables only; a program that ignores them reaches the network directly, and it can "
+                 "write wherever you can")
+
+
+def default_name(platform_name: str | None = None) -> str:
+    name = sys.platform if platform_name is None else platform_name
+    return "seatbelt" if name == "darwin" else "namespace"
+
+
+def select(name: str | None, container=None, platform_name: str | None = None):
+    """The platform object (sandbox/platforms.py's interface) for provider ``name``; None: this
+    system's default. ``container``: a sandbox.container.ContainerSpec for podman and docker.
+    Raises ValueError with a sentence for a person."""
+    system = sys.platform if platform_name is None else platform_name
+    if name is None:
+        return platforms.for_platform(system)
+    if name not in PROVIDERS:
+        raise ValueError(f"--provider must be one of {', '.join(PROVIDERS)}, not {name!r}")
+    if name == "local":
+        return Local()
+    if name == "namespace":
+        if not system.startswith("linux"):
+            return platforms.Unsupported(f"{system} (the namespace provider needs Linux)")
+        return platforms.Linux()
+    if name == "seatbelt":
+        if system != "darwin":
+            return platforms.Unsupported(f"{system} (the seatbelt provider needs macOS)")
+        return platforms.MacOS()
+    from sandbox.container import Container
+
+    if not system.startswith("linux"):
+        return platforms.Unsupported(f"{system} (the {name} provider joins a Linux network namespace egress "
+                                     f"makes; on macOS the engine's Linux VM is out of egress's reach)")
+    return Container(name, container)
+
+
+class Local:
+    """No sandbox: the command runs as the caller, with the proxy variables pointing at a proxy on
+    127.0.0.1 (a port and a secret made for the run, as on macOS). A client that ignores the
+    variables goes around it; nothing confines writes. For trusted commands and for trying a policy."""
+
+    name = "local"
+    warm = False  # the warm proxy takes sockets from sandboxes whose peers it can check
+    capture = False
+    warning = LOCAL_WARNING
+
+    def refusal(self) -> str | None:
+        return None
+
+    def listener(self, networked: bool):
+        return platforms.MacOS.listener(self, networked)
+
+    def environment(self, tmpdir) -> dict[str, str]:
+        return {}
+
+    def start(self, spec, listener):
+        import signal
+        import subprocess
+
+        from egress.contract import EXIT_LAUNCHER
+        from sandbox import macos
+        from sandbox.spec import SandboxError, find_program
+
+        program = find_program(spec.argv[0], spec.env, spec.cwd)
+        launch = macos.Launch([program, *spec.argv[1:]], dict(spec.env), spec.cwd, "", program)
+        terminal = macos._foreground_terminal()
+        previous = signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        try:
+            process = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=spec.stdin,
+                                       stdout=spec.stdout, stderr=spec.stderr, process_group=0,
+                                       close_fds=True, restore_signals=True)
+        except OSError as e:
+            raise SandboxError(EXIT_LAUNCHER, f"cannot start {program}: {e.strerror or e}", "exec") from None
+        finally:
+            signal.signal(signal.SIGTTOU, previous)
+        if terminal is not None:
+            try:
+                os.tcsetpgrp(terminal, process.pid)
+            except OSError:
+                pass
+        return macos.Sandbox(process, listener, launch)
