@@ -1,0 +1,250 @@
+"""`egress run --provider`: local (no sandbox, said first), podman and docker (a hardened container
+in the network namespace egress made), and egress doctor's words for each.
+
+The podman tests run a real rootful podman with an image imported from a tarball made here (a
+static busybox, and curl with its libraries copied from this machine: no registry). This
+machine's engine settings (runc, cgroupfs, no default ulimits: ../shared/research) go in a
+containers.conf named by CONTAINERS_CONF, the engine's own variable, never in egress's flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import clean_env, egress_command
+from sandbox import container as ct
+from sandbox.providers import PROVIDERS, select
+from test_run import egress_run, test_host  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
+
+IMAGE = "localhost/egress-provider-test:1"
+
+
+# ------------------------------------------------------------------ pure: flags and names
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("/etc:/host-etc", ("/etc", "/host-etc", False)),
+    ("/etc:/host-etc:ro", ("/etc", "/host-etc", False)),
+    ("/etc:/host-etc:rw", ("/etc", "/host-etc", True)),
+    ("/etc:/a/../b", ("/etc", "/b", False)),
+])
+def test_mounts_are_read_only_unless_rw_is_written(text, expected):
+    assert ct.parse_mount(text) == expected
+
+
+@pytest.mark.parametrize("text", ["/etc", "/etc:relative", "/etc:/x:rwx", "/no/such/dir:/x", "/etc:/x,y", ":/x"])
+def test_malformed_mounts_are_refused(text):
+    with pytest.raises(ValueError):
+        ct.parse_mount(text)
+
+
+def test_every_container_gets_the_whole_hardening_list_whatever_was_asked(tmp_path):
+    from sandbox.spec import SandboxSpec
+
+    spec = SandboxSpec(["id"], {"HTTPS_PROXY": "http://127.0.0.1:3128", "SSL_CERT_FILE": "/x/ca.pem",
+                                "AWS_SECRET_ACCESS_KEY": "from-the-caller"}, str(tmp_path))
+    for chosen in (ct.ContainerSpec("img"), ct.ContainerSpec("img", [f"{tmp_path}:/data:rw"], ["cache"], "1", "64m")):
+        argv = ct.engine_argv("podman", "egress-x", "/proc/1/ns/net", spec, chosen, "/x/ca.pem")
+        text = " ".join(argv)
+        assert " ".join(ct.HARDENING) in text
+        assert f"--memory {chosen.memory} --memory-swap {chosen.memory}" in text
+        assert "--user 1000:1000" in text and "--network ns:/proc/1/ns/net" in text
+        assert f"type=bind,src={tmp_path},dst=/work " in text + " "
+        assert f"src=/x/ca.pem,dst={ct.CA_PATH},ro" in text
+        assert "AWS_SECRET_ACCESS_KEY" not in text  # the caller's environment stays outside
+        assert argv[-2:] == ["img", "id"] and argv[-3] == "--"
+
+
+def test_unknown_provider_and_container_flags_without_a_container_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="--provider must be one of"):
+        select("vm")
+    assert set(PROVIDERS) == {"namespace", "seatbelt", "podman", "docker", "local"}
+    result = subprocess.run([*egress_command(), "run", "--image", "x", "--", "true"], capture_output=True,
+                            text=True, env=clean_env(tmp_path), cwd=tmp_path, timeout=60)
+    assert result.returncode == 125 and "for --provider podman or docker" in result.stderr
+    result = subprocess.run([*egress_command(), "run", "--provider", "podman", "--", "true"], capture_output=True,
+                            text=True, env=clean_env(tmp_path), cwd=tmp_path, timeout=60)
+    assert result.returncode == 125 and "needs an image" in result.stderr
+
+
+# ------------------------------------------------------------------ local
+
+
+def test_local_says_first_it_is_no_sandbox_and_still_reports_refusals(tmp_path, http_upstream):
+    script = "curl -sS -o /dev/null -w '%{http_code} ' " + http_upstream.url("allowed.test") + \
+             "; curl -sS -o /dev/null -w '%{http_code}' http://blocked.invalid/"
+    result = egress_run(tmp_path, "sh", "-c", script, extra=["--provider", "local"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "200 403"
+    assert result.stderr.splitlines()[0].startswith("egress: --provider local is NOT a sandbox")
+    assert "EGRESS_BLOCKED blocked.invalid (not on the allow list)" in result.stderr
+
+
+def test_local_keeps_exit_status_and_timeout(tmp_path):
+    assert egress_run(tmp_path, "sh", "-c", "exit 7", extra=["--provider", "local"]).returncode == 7
+    result = egress_run(tmp_path, "sleep", "60", extra=["--provider", "local", "--timeout", "1"])
+    assert result.returncode == 124 and "timed out after 1 s" in result.stderr
+
+
+def test_doctor_names_each_provider_without_overclaiming(tmp_path):
+    result = subprocess.run([*egress_command(), "doctor", "--json"], capture_output=True, text=True, timeout=120,
+                            env=clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state")))
+    rows = {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert "own network and writes confined; shares this kernel" in rows["provider namespace"]["detail"]
+    assert "not a sandbox" in rows["local"]["detail"] and rows["local"]["fix"]
+    podman = rows["provider podman"]
+    if shutil.which("podman") and os.geteuid() == 0:
+        assert podman["status"] == "warning" and "an escape lands on root" in podman["detail"]
+        assert "unprivileged user" in podman["fix"]
+    docker = rows["provider docker"]
+    assert docker["status"] != "ok" and docker["fix"]  # a root daemon, or none: never plainly ok
+    for row in rows.values():
+        if row["name"].startswith("provider") or row["name"] == "local":
+            assert "isolated" not in row["detail"]
+
+
+# ------------------------------------------------------------------ podman, for real
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    """(environment for egress run, image): a real rootful podman and an image made here."""
+    engine = shutil.which("podman")
+    runc = shutil.which("runc") or ("/usr/sbin/runc" if os.path.exists("/usr/sbin/runc") else None)
+    if engine is None or runc is None or not os.path.exists("/bin/busybox") or not shutil.which("curl"):
+        pytest.skip("podman, runc, busybox-static and curl are needed (scripts/test installs them as root)")
+    if os.geteuid() != 0:
+        pytest.skip("podman is tested rootful here (an unprivileged podman cannot join egress's namespace)")
+    work = tmp_path_factory.mktemp("podman")
+    conf = work / "containers.conf"  # this machine's engine settings: not egress's business
+    conf.write_text(f'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "{runc}"\ncgroup_manager = "cgroupfs"\n')
+    env = {"CONTAINERS_CONF": str(conf)}
+    root = work / "root"
+    for folder in ("bin", "etc", "tmp", "work", "persist"):
+        (root / folder).mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "ls", "echo", "cat", "id", "seq", "sleep", "head", "tail", "touch", "ping", "wc", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+    curl = shutil.which("curl")
+    shutil.copy(curl, root / "bin" / "curl")
+    libraries = subprocess.run(["ldd", curl], capture_output=True, text=True, check=True).stdout
+    for token in libraries.split():
+        if token.startswith("/"):
+            target = root / token.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(token, target)
+    (root / "etc" / "passwd").write_text("root:x:0:0::/:/bin/sh\n")
+    tarball = work / "root.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tarball), "."], check=True)
+    made = subprocess.run([engine, "import", str(tarball), IMAGE], capture_output=True, text=True,
+                          env={**os.environ, **env})
+    if made.returncode != 0:
+        pytest.skip(f"podman cannot import an image here: {made.stderr.strip()[:200]}")
+    probe = subprocess.run([engine, "run", "--rm", "--network", "none", IMAGE, "true"], capture_output=True,
+                           text=True, env={**os.environ, **env})
+    if probe.returncode != 0:
+        pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[:200]}")
+    yield env, IMAGE
+    subprocess.run([engine, "rmi", "--force", IMAGE], capture_output=True, env={**os.environ, **env})
+
+
+def in_podman(tmp_path, podman, *command, extra=(), policy=None, timeout=180):
+    env, image = podman
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    os.chmod(project, 0o777)  # the container's user is 1000; rootful podman maps no ids
+    kwargs = {"policy": policy} if policy else {}
+    return egress_run(tmp_path, *command, extra=["--provider", "podman", "--image", image, *extra],
+                      project=project, env=env, timeout=timeout, **kwargs)
+
+
+def test_container_runs_as_1000_on_a_read_only_root_with_the_project_at_work(tmp_path, podman):
+    result = in_podman(tmp_path, podman, "sh", "-c",
+                       "id -u; echo no > /x; echo yes > /work/made && cat /work/made; pwd; exit 3")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines() == ["1000", "yes", "/work"]
+    assert "Read-only file system" in result.stderr
+    assert (tmp_path / "project" / "made").read_text() == "yes\n"
+
+
+def test_allowed_request_works_and_a_refused_one_prints_the_line(tmp_path, podman, http_upstream):
+    script = ("curl -sS " + http_upstream.url("allowed.test") +
+              "; curl -sS -o /dev/null -w '%{http_code}\\n' http://blocked.invalid/")
+    result = in_podman(tmp_path, podman, "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "hello from upstream\n403\n"
+    assert "EGRESS_BLOCKED blocked.invalid (not on the allow list)" in result.stderr
+
+
+def test_direct_tcp_and_raw_sockets_do_not_leave_the_namespace(tmp_path, podman, test_host):
+    script = ("curl -fsS --noproxy '*' --max-time 20 http://198.51.100.2:8080/; echo tcp=$?; "
+              "ping -c 1 -W 2 198.51.100.2 >/dev/null 2>&1; echo ping=$?; ls /sys/class/net")
+    result = in_podman(tmp_path, podman, "sh", "-c", script)
+    lines = result.stdout.splitlines()
+    assert "tcp=0" not in lines and "ping=0" not in lines, result.stdout
+    assert lines[-1] == "lo"  # the namespace egress made: nothing but lo
+    # the direct connection is captured by egress (the namespace's redirect), refused and named
+    assert "EGRESS_BLOCKED 198.51.100.2" in result.stderr
+    time.sleep(0.5)
+    assert not os.path.exists(test_host), open(test_host).read()
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(tmp_path, podman):
+    script = "n=0; while [ $n -lt 700 ]; do sleep 60 & n=$((n+1)); done; echo started"
+    result = in_podman(tmp_path, podman, "sh", "-c", script, extra=["--timeout", "60"])
+    assert "can't fork" in result.stderr or "Resource temporarily unavailable" in result.stderr, result.stderr[-500:]
+
+
+def test_the_memory_cap_holds(tmp_path, podman):
+    policy = 'allow = ["allowed.test"]\n[container]\nmemory = "64m"\n'
+    # one 200 MB line held by tail: more than the cap, and swap is capped equally: killed (128+9)
+    result = in_podman(tmp_path, podman, "sh", "-c", "head -c 200000000 /dev/zero | tail -n 1 >/dev/null; echo $?",
+                       policy=policy)
+    assert result.stdout.strip() == "137", (result.returncode, result.stdout, result.stderr[-300:])
+
+
+def test_timeout_kills_the_container(tmp_path, podman):
+    result = in_podman(tmp_path, podman, "sleep", "120", extra=["--timeout", "2"])
+    assert result.returncode == 124 and "timed out after 2 s" in result.stderr
+    left = subprocess.run(["podman", "ps", "-q", "--filter", "name=egress-"], capture_output=True, text=True,
+                          env={**os.environ, **podman[0]})
+    assert left.stdout.strip() == ""
+
+
+def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, podman):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chmod(data, 0o777)
+    volume = f"egress-test-{os.urandom(4).hex()}"
+    try:
+        first = in_podman(tmp_path, podman, "sh", "-c", "echo a > /ro/x; echo b > /rw/x && echo kept > "
+                          f"/persist/{volume}/file", extra=["--mount", f"{data}:/ro", "--mount", f"{data}:/rw:rw",
+                                                            "--persist", volume])
+        assert "Read-only file system" in first.stderr, first.stderr
+        assert (data / "x").read_text() == "b\n"
+        second = in_podman(tmp_path, podman, "cat", f"/persist/{volume}/file", extra=["--persist", volume])
+        assert second.stdout == "kept\n", second.stderr
+    finally:
+        subprocess.run(["podman", "volume", "rm", "--force", volume], capture_output=True,
+                       env={**os.environ, **podman[0]})
+
+
+# ------------------------------------------------------------------ docker: the same code path
+
+
+def test_docker_runs_the_same_hardened_container(tmp_path):
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("docker: no docker daemon answers here")
+    result = egress_run(tmp_path, "id", "-u", extra=["--provider", "docker", "--image",
+                                                      os.environ.get("EGRESS_TEST_DOCKER_IMAGE", "busybox")])
+    assert result.stdout.strip() == "1000", result.stderr
