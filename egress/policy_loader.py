@@ -77,6 +77,13 @@ class PolicyError(Exception):
 # ------------------------------------------------------------- file:line
 
 
+def unknown_key(key: str, known, prefix: str = "") -> str:
+    """The problem for a key the policy does not know, with the closest known one or the list."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+    return f"{prefix}unknown key {key!r}{hint}"
+
+
 def find_line(path: str, text: str | None, key: str | None = None) -> int | None:
     """The line of the quoted ``text`` in ``key``'s list (else anywhere), else of ``key``.
 
@@ -431,9 +438,7 @@ class _Loader:
 
         for key in data:
             if key not in KNOWN_KEYS:
-                close = difflib.get_close_matches(key, KNOWN_KEYS, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(KNOWN_KEYS)}"
-                problem(f"unknown key {key!r}{hint}", key=key)
+                problem(unknown_key(key, KNOWN_KEYS), key=key)
 
         if "credentials" in data:
             policy.credential_tables.append((path, data["credentials"]))
@@ -536,9 +541,7 @@ class _Loader:
             return
         for key, value in table.items():
             if key not in LIMIT_KEYS:
-                close = difflib.get_close_matches(key, LIMIT_KEYS, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(LIMIT_KEYS)}"
-                problem(f"limits: unknown key {key!r}{hint}", key=key)
+                problem(unknown_key(key, LIMIT_KEYS, "limits: "), key=key)
                 continue
             try:
                 size = parse_size(value)
@@ -559,9 +562,7 @@ class _Loader:
             return
         for key, entries in table.items():
             if key not in GUARDRAIL_KEYS:
-                close = difflib.get_close_matches(key, GUARDRAIL_KEYS, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(GUARDRAIL_KEYS)}"
-                problem(f"guardrails: unknown key {key!r}{hint}", key=key)
+                problem(unknown_key(key, GUARDRAIL_KEYS, "guardrails: "), key=key)
                 continue
             if not isinstance(entries, list):
                 problem(f"guardrails: {key}: expected a list of strings, e.g. {key} = [\"git push --force\"]",

@@ -291,8 +291,12 @@ class Handover:
         if sock is None:
             if self._spawned is None and not server_running(self.paths):
                 self._spawned = spawn(self.paths, idle_seconds()) or -1
-            if self._spawned == -1 or (self._spawned is not None and _exited(self._spawned)):
-                self.failed = True  # the server this run started could not start, or died
+            if self._spawned == -1 or (self._spawned is not None and _exited(self._spawned)
+                                       and not server_running(self.paths)):
+                # The server this run started could not start, or died. (One that found the lock
+                # taken exits too: another run's server is starting, and this run waits for it;
+                # two first runs at once made the later one fall back to lazy.)
+                self.failed = True
                 self.note = f"the warm proxy could not start (its log: {self.paths.log})"
             return False
         try:

@@ -452,8 +452,9 @@ def user_venv():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
-    venv, nobody = user_venv
+def run_as_nobody(venv: str, nobody, policy_text: str, resolve: tuple[str, ...], script: str):
+    """`egress run --policy P --resolve H:127.0.0.1... -- sh -c SCRIPT` as nobody, from a project in
+    a home of its own (made for the run; removed after it, with the warm proxy the run started)."""
     home = tempfile.mkdtemp(prefix="egress-user-home-")
     try:
         os.chmod(home, 0o755)
@@ -463,20 +464,27 @@ def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
         policy = os.path.join(home, "policy.toml")
         with open(policy, "w") as f:
-            f.write(POLICY)
-        command = [f"{venv}/bin/egress", "run", "--policy", policy, "--resolve", "allowed.test:127.0.0.1",
-                   "--resolve", "blocked.test:127.0.0.1", "--", "sh", "-c",
-                   f"id -u; curl -sS {http_upstream.url('allowed.test')}; curl -s {http_upstream.url('blocked.test')}"
-                   f" >/dev/null; touch /etc/egress-nobody 2>/dev/null || echo cannot-write-etc"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=project,
-                                user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
-                                env={"PATH": "/usr/bin:/bin", "HOME": home})
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream", "cannot-write-etc"]
-        assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
+            f.write(policy_text)
+        command = [f"{venv}/bin/egress", "run", "--policy", policy]
+        for host in resolve:
+            command += ["--resolve", f"{host}:127.0.0.1"]
+        return subprocess.run([*command, "--", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                              cwd=project, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                              env={"PATH": "/usr/bin:/bin", "HOME": home})
     finally:
         stop_warm_servers(Path(home))  # the run's warm proxy, started as nobody
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
+    venv, nobody = user_venv
+    result = run_as_nobody(venv, nobody, POLICY, ("allowed.test", "blocked.test"),
+                           f"id -u; curl -sS {http_upstream.url('allowed.test')}; "
+                           f"curl -s {http_upstream.url('blocked.test')} >/dev/null; "
+                           f"touch /etc/egress-nobody 2>/dev/null || echo cannot-write-etc")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream", "cannot-write-etc"]
+    assert "EGRESS_BLOCKED blocked.test (not on the allow list)" in result.stderr
 
 
 def test_npm_uses_the_proxy_and_its_trust(tmp_path, https_upstream, test_ca_file):

@@ -8,18 +8,13 @@ answered by the run's DNS stub, which never forwards a query.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from conftest import stop_warm_servers
-from test_run import egress_run, namespaces_available, user_venv  # noqa: F401 (fixtures)
+from test_run import egress_run, namespaces_available, run_as_nobody, user_venv  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -156,28 +151,11 @@ def test_lazy_proxy_captures_too(tmp_path, http_upstream, curl_path):
 
 def test_unprivileged_user(user_venv, http_upstream, curl_path):
     venv, nobody = user_venv
-    home = tempfile.mkdtemp(prefix="egress-user-home-")
-    try:
-        os.chmod(home, 0o755)
-        project = os.path.join(home, "project")
-        os.mkdir(project)
-        for path in (home, project):
-            os.chown(path, nobody.pw_uid, nobody.pw_gid)
-        policy = os.path.join(home, "policy.toml")
-        with open(policy, "w") as f:
-            f.write(POLICY)
-        command = [f"{venv}/bin/egress", "run", "--policy", policy, "--resolve", "allowed.test:127.0.0.1",
-                   "--", "sh", "-c",
-                   f"id -u; curl -sS --noproxy '*' {http_upstream.url('allowed.test')}; "
-                   f"curl -sS --noproxy '*' http://other.test/ | head -1; "
-                   f"/usr/bin/python3.11 -c \"import socket; socket.create_connection(('github.com', 22)).recv(1)\""]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=project,
-                                user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
-                                env={"PATH": "/usr/bin:/bin", "HOME": home})
-        assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream",
-                                                 "EGRESS_BLOCKED other.test: not on the allow list"], result.stderr
-        assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
-        assert "EGRESS_BLOCKED github.com:22 (only HTTP(S) passes: ssh)" in result.stderr
-    finally:
-        stop_warm_servers(Path(home))
-        shutil.rmtree(home, ignore_errors=True)
+    result = run_as_nobody(venv, nobody, POLICY, ("allowed.test",),
+                           f"id -u; curl -sS --noproxy '*' {http_upstream.url('allowed.test')}; "
+                           f"curl -sS --noproxy '*' http://other.test/ | head -1; "
+                           f"/usr/bin/python3.11 -c \"import socket; socket.create_connection(('github.com', 22)).recv(1)\"")
+    assert result.stdout.split("\n")[:3] == [str(nobody.pw_uid), "hello from upstream",
+                                             "EGRESS_BLOCKED other.test: not on the allow list"], result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert "EGRESS_BLOCKED github.com:22 (only HTTP(S) passes: ssh)" in result.stderr

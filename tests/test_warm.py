@@ -278,6 +278,30 @@ def test_two_runs_at_once_see_only_their_own_policy_grants_and_events(tmp_path, 
         assert len(events) == 3
 
 
+def test_a_run_whose_server_found_another_starting_waits_for_that_one(tmp_path):
+    """Two first runs at once each start a server; the later server finds the lock taken and exits.
+    Its run must wait for the server that holds the lock, not give up on the warm proxy."""
+    import fcntl
+
+    from egress import warm
+
+    paths = warm.Paths(tmp_path / "state", "0badc0de")
+    paths.make_folder()
+    handover = warm.Handover(paths, {}, {})
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # reaped: as a server is once it has exited
+    handover._spawned = exited.pid
+    lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run's server: it holds the lock, not yet listening
+        assert handover.try_send() is False
+        assert not handover.failed  # it waits for that server
+    finally:
+        os.close(lock)  # that server is gone too, and none listens
+    assert handover.try_send() is False
+    assert handover.failed and "could not start" in handover.note
+
+
 # ------------------------------------------------------------ walls
 
 
