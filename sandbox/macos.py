@@ -128,15 +128,20 @@ class Sandbox:
 def start(spec: SandboxSpec, listener, sandbox_exec: str) -> Sandbox:
     """Start spec.argv under its Seatbelt profile; ``listener``'s socket becomes the box's.
     Raises SandboxError (nothing left running) if it cannot start."""
-    launch = plan(spec, sandbox_exec)
+    return start_in_group(plan(spec, sandbox_exec), spec, listener, sandbox_exec)
+
+
+def start_in_group(launch: Launch, spec: SandboxSpec, listener, executable: str) -> Sandbox:
+    """Start ``launch`` (as ``executable``) in a process group of its own, made the terminal's
+    foreground group as a shell's job is; the Seatbelt launcher's and --provider local's start."""
     terminal = _foreground_terminal()
     previous = signal.signal(signal.SIGTTOU, signal.SIG_DFL)  # not ignored in the command
     try:
-        process = subprocess.Popen(launch.argv, executable=sandbox_exec, env=launch.env, cwd=launch.cwd,
+        process = subprocess.Popen(launch.argv, executable=executable, env=launch.env, cwd=launch.cwd,
                                    stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr,
                                    process_group=0, close_fds=True, restore_signals=True)
     except OSError as e:
-        raise SandboxError(EXIT_LAUNCHER, f"cannot start {sandbox_exec}: {e.strerror or e}", "exec") from None
+        raise SandboxError(EXIT_LAUNCHER, f"cannot start {executable}: {e.strerror or e}", "exec") from None
     finally:
         signal.signal(signal.SIGTTOU, previous)
     if terminal is not None:

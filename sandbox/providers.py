@@ -14,7 +14,6 @@ container joins it (podman's `--network ns:PATH`), so the proxy is its only road
 
 from __future__ import annotations
 
-import os
 import sys
 
 from sandbox import platforms
@@ -80,28 +79,9 @@ class Local:
         return {}
 
     def start(self, spec, listener):
-        import signal
-        import subprocess
-
-        from egress.contract import EXIT_LAUNCHER
         from sandbox import macos
-        from sandbox.spec import SandboxError, find_program
+        from sandbox.spec import find_program
 
         program = find_program(spec.argv[0], spec.env, spec.cwd)
         launch = macos.Launch([program, *spec.argv[1:]], dict(spec.env), spec.cwd, "", program)
-        terminal = macos._foreground_terminal()
-        previous = signal.signal(signal.SIGTTOU, signal.SIG_DFL)
-        try:
-            process = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd, stdin=spec.stdin,
-                                       stdout=spec.stdout, stderr=spec.stderr, process_group=0,
-                                       close_fds=True, restore_signals=True)
-        except OSError as e:
-            raise SandboxError(EXIT_LAUNCHER, f"cannot start {program}: {e.strerror or e}", "exec") from None
-        finally:
-            signal.signal(signal.SIGTTOU, previous)
-        if terminal is not None:
-            try:
-                os.tcsetpgrp(terminal, process.pid)
-            except OSError:
-                pass
-        return macos.Sandbox(process, listener, launch)
+        return macos.start_in_group(launch, spec, listener, program)
