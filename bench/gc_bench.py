@@ -101,7 +101,8 @@ def measure(args, src: str, name: str, mode: str, tmp: Path, procs: pb.Procs) ->
     os.environ["GC_BENCH_MODE"], os.environ["GC_BENCH_OUT"] = mode, str(out)
     ns = argparse.Namespace(egress_src=src, egress_base=None, squid="never", tests={"small"}, policy_pad=0,
                             tunnels=400, parallel=16, tunnel_timeout=60, bulk_timeout=60, quiet_budget=10,
-                            quiet_threshold=30, quiet_wait=2, upload_mib=8, upload_repeat=4)
+                            quiet_threshold=30, quiet_wait=2, upload_mib=8, upload_repeat=4,
+                            workers=[1])  # one process: the collector it reports on is the proxy's
     pb.EGRESS_MAIN = WRAPPER
     bench = pb.Bench(ns, tmp / f"{name}-{mode}", procs)
     bench.tmp.mkdir()
