@@ -39,6 +39,7 @@ engine failed (nothing ran), 126 not executable, 127 not found; --timeout kills 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -274,7 +275,7 @@ class EngineNamespace:
         return None
 
     def __init__(self, engine: str, spec: SandboxSpec):
-        from sandbox import holder, linux, netcount
+        from sandbox import holder, linux
 
         self.engine = engine
         self.name = f"egress-{os.urandom(6).hex()}-holder"
@@ -293,19 +294,9 @@ class EngineNamespace:
                                        start_new_session=True)
             os.close(read)
             read = -1
-            pid = self._wait_running()
+            pid, ident = self._wait_running()
+            netns = self._open_namespace(pid, ident)
             try:
-                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as e:
-                raise SandboxError(EXIT_LAUNCHER, f"cannot open the holder container's network namespace: "
-                                   f"{e.strerror} (is the {engine} daemon on this machine?)", "network") from None
-            try:
-                if self._pid() != pid:  # it died, and the pid is another process's now
-                    raise SandboxError(EXIT_LAUNCHER, "the holder container ended while starting", "network")
-                if os.fstat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino:
-                    raise SandboxError(EXIT_LAUNCHER, "the holder container shares egress's own network "
-                                       "namespace: refusing to set it up", "network")
-                self._netcount = netcount.open_files(pid)
                 self.network = linux.enter_network(netns, spec)
             finally:
                 os.close(netns)
@@ -317,6 +308,45 @@ class EngineNamespace:
         self.flags = ["--network", f"container:{self.name}", "--pid", f"container:{self.name}"]
         self.listen_socket, self.capture = self.network.listen_socket, self.network.capture
         self.capture_error = self.network.capture_error
+
+    def _open_namespace(self, pid: int, ident: str) -> int:
+        """The holder's network namespace, opened through /proc/PID, once PID is known to be the
+        holder's: in the container's cgroup (a daemon on another machine, or egress in another PID
+        namespace, would name some other process here), and still alive after the open (a pidfd
+        held meanwhile: the pid cannot have passed to another process). Also its counters."""
+        from sandbox import netcount
+
+        def refuse(why: str) -> SandboxError:
+            return SandboxError(EXIT_LAUNCHER, f"cannot set up the holder container's network: {why}", "network")
+
+        try:
+            alive = os.pidfd_open(pid)
+        except OSError:
+            raise refuse(f"no process {pid} here: it ended, or the {self.engine} daemon is not on this machine "
+                         f"(or not in egress's PID namespace)") from None
+        try:
+            try:
+                with open(f"/proc/{pid}/cgroup") as f:
+                    ours = ident in f.read()
+                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                raise refuse(f"{e.strerror} (is the {self.engine} daemon on this machine?)") from None
+            if not ours:
+                os.close(netns)
+                raise refuse(f"process {pid} here is not the holder (is the {self.engine} daemon on this "
+                             f"machine, and egress in its PID namespace?)")
+            self._netcount = netcount.open_files(pid)
+            ended = select.poll()
+            ended.register(alive, select.POLLIN)
+            problem = ("it ended while starting" if ended.poll(0) else
+                       "it shares egress's own network namespace"
+                       if os.fstat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino else None)
+            if problem:
+                os.close(netns)
+                raise refuse(problem)
+            return netns
+        finally:
+            os.close(alive)
 
     def give_volumes(self, names) -> None:
         """Docker's stand-in for podman's :U: the volume (made now if new) is given to the container's
@@ -361,36 +391,43 @@ class EngineNamespace:
         self._netcount = []
 
     def _holder_image(self) -> str:
+        """The holder image's id, imported if missing. Its one layer must be exactly holder.py's
+        tarball (Docker names a layer by the sha256 of the tar it was given): an image of that
+        name with other content is replaced, and the run uses the id, not the name."""
+        import hashlib
+
         from sandbox import holder
 
-        tag = holder.image_tag()
-        if self._engine("image", "inspect", "--format", "{{.Id}}", tag).returncode == 0:
-            return tag
-        made = self._engine("import", "-", tag, input=holder.image_tarball())
-        if made.returncode != 0:
-            raise SandboxError(EXIT_LAUNCHER, f"{self.engine} cannot import the holder image: "
-                               f"{made.stderr.decode(errors='replace').strip()[:300]}", "exec")
-        return tag
+        tag, tarball = holder.image_tag(), holder.image_tarball()
+        layers = f'["sha256:{hashlib.sha256(tarball).hexdigest()}"]'
+        for attempt in range(2):
+            found = self._engine("image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", tag)
+            ident, _, content = found.stdout.strip().partition(" ")
+            if found.returncode == 0 and content == layers:
+                return ident
+            if attempt == 0:
+                made = self._engine("import", "-", tag, input=tarball)
+                if made.returncode != 0:
+                    raise SandboxError(EXIT_LAUNCHER, f"{self.engine} cannot import the holder image: "
+                                       f"{made.stderr.decode(errors='replace').strip()[:300]}", "exec")
+        raise SandboxError(EXIT_LAUNCHER, f"{self.engine} holds {tag} with other content than egress's holder",
+                           "exec")
 
-    def _wait_running(self) -> int:
-        """The holder's pid (as this machine sees it) once it runs; SandboxError if it ended."""
+    def _wait_running(self) -> tuple[int, str]:
+        """The holder's pid (as the engine's machine sees it) and id, once it runs; SandboxError if
+        it ended."""
         deadline = time.monotonic() + _ENGINE_TIMEOUT
         while time.monotonic() < deadline:
             if self._client.poll() is not None:
                 said = self._client.stderr.read().decode(errors="replace").strip()
                 raise SandboxError(EXIT_LAUNCHER, f"{self.engine} could not start the holder container: "
                                    f"{said[:300] or f'exit status {self._client.returncode}'}", "network")
-            pid = self._pid()
-            if pid > 0:
-                return pid
+            answer = self._engine("inspect", "--type", "container", "--format",
+                                  "{{.State.Running}} {{.State.Pid}} {{.Id}}", self.name).stdout.split()
+            if len(answer) == 3 and answer[0] == "true" and answer[1].isdigit() and int(answer[1]) > 0:
+                return int(answer[1]), answer[2]
             time.sleep(0.05)
         raise SandboxError(EXIT_LAUNCHER, f"the holder container did not start within {_ENGINE_TIMEOUT} s", "network")
-
-    def _pid(self) -> int:
-        answer = self._engine("inspect", "--type", "container", "--format", "{{.State.Running}} {{.State.Pid}}",
-                              self.name)
-        running, _, pid = answer.stdout.strip().partition(" ")
-        return int(pid) if answer.returncode == 0 and running == "true" and pid.isdigit() else 0
 
     def _engine(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
         text = input is None

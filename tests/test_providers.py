@@ -11,6 +11,7 @@ never in egress's.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -505,3 +506,14 @@ def test_doctor_says_what_docker_is_here(tmp_path, docker):
     version = docker.run("version", "--format", "{{.Server.Version}}").stdout.strip()
     assert row["status"] == "warning" and row["fix"], row
     assert f"version {version}, a root daemon" in row["detail"] and "not tried by egress doctor" in row["detail"]
+
+
+def test_an_image_posing_as_the_holder_is_replaced(tmp_path, docker):
+    """The holder's name is known: whatever holds it must be egress's program, byte for byte."""
+    from sandbox import holder
+
+    assert docker.run("tag", docker.image, holder.image_tag()).returncode == 0
+    result = in_container(tmp_path, docker, "cat", "/proc/1/comm")
+    assert result.stdout == "hold\n", result.stderr
+    layers = docker.run("image", "inspect", "--format", "{{json .RootFS.Layers}}", holder.image_tag()).stdout
+    assert json.loads(layers) == ["sha256:" + hashlib.sha256(holder.image_tarball()).hexdigest()]
