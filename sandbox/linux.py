@@ -5,6 +5,9 @@
     serve_proxy_on(box.listen_socket)  # 127.0.0.1:3128 inside the sandbox, accepted outside
     status = box.wait()
 
+enter_network(fd, spec) sets up a network namespace someone else made (a container engine's,
+for --provider docker: sandbox/container.py) the same way: `lo`, the listening socket, the capture.
+
 Process tree::
 
     caller --fork--> helper (caller's PID ns) --fork--> init (PID 1) --posix_spawn--> command (PID 2)
