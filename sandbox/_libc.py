@@ -1,4 +1,4 @@
-"""errno-checked calls into libc for what Python 3.11's os module lacks (unshare, mount, prctl, raw syscalls)."""
+"""errno-checked calls into libc for what Python 3.11's os module lacks (unshare, setns, mount, prctl, raw syscalls)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def syscall(number: int, *args: int | ctypes._Pointer | None) -> int:
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """setns(2) (os.setns arrives in Python 3.12)."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:

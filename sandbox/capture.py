@@ -227,7 +227,13 @@ def _exchange(sock: socket.socket, data: bytes, acks: int) -> None:
 
 
 def _has_ipv6() -> bool:
-    return os.path.exists("/proc/net/if_inet6")
+    """IPv6 on `lo` (::1 listed): Docker turns IPv6 off in a container's namespace (disable_ipv6),
+    which leaves the file but no ::1 to bind, and the command nothing to reach over IPv6."""
+    try:
+        with open("/proc/net/if_inet6") as f:
+            return any(line.split()[:1] == ["0" * 31 + "1"] for line in f)
+    except OSError:
+        return False
 
 
 def setup(backlog: int) -> list[tuple[bytes, socket.socket]]:

@@ -3,20 +3,33 @@ whose only road out is egress.
 
     box = Container("podman", ContainerSpec("localhost/tools:1")).start(spec, listener)
 
-How: the namespace launcher (sandbox/linux.py) makes its network namespace exactly as for
-`--provider namespace` (only `lo`, the proxy's listening socket made inside and handed out, the
-transparent capture's redirects), with a small holder process in it; the engine then runs the
-container with ``--network ns:/proc/HOLDER/ns/net``, so the container shares that namespace and
-nothing else: the proxy socket is its only road out, and a client that ignores the proxy
-variables is captured as in the namespace provider. The engine runs outside, as the caller.
+The container's network namespace holds only `lo`, the proxy's listening socket made inside and
+handed out, and the transparent capture's redirects, exactly as for `--provider namespace`: the
+proxy socket is its only road out, and a client that ignores the proxy variables is captured.
+There are two ways in, one per engine, both made of sandbox/linux.py's code:
+
+* podman (OwnNamespace): the namespace launcher makes its network namespace with a small holder
+  process in it, and podman joins it by path: ``--network ns:/proc/HOLDER/ns/net``.
+* docker (EngineNamespace): Docker Engine's --network takes no namespace path, so the engine
+  makes the namespace. A holder container (sandbox/holder.py: a 71-byte program that waits on its
+  stdin) runs with ``--network none``; egress, as root, enters its network namespace
+  (linux.enter_network: setns in a forked child, which refuses a namespace with an interface up
+  besides `lo`, or egress's own) and makes the same socket and capture there; the command's
+  container joins with ``--network container:HOLDER --pid container:HOLDER``. The holder is PID 1
+  of that PID namespace and exits when egress's pipe to it closes, so the command cannot outlive
+  egress, even a SIGKILLed one. If any step fails, nothing runs (125).
+
+The engine runs outside, as the caller.
 
 Every container gets HARDENING, whatever the caller passed (the only values a caller sets are
-the cpu and memory sizes, and the image). The project is mounted at /work read-write and is the
-working folder; --mount adds folders read-only unless `:rw` is written; --persist NAME keeps a
-named volume at /persist/NAME. The environment is made here, not inherited: the proxy variables,
-the CA bundle (mounted read-only at CA_PATH) under every name clients read, HOME and TMPDIR in
-/tmp. Machine-specific engine settings (a runtime, a cgroup manager, default ulimits) are the
-engine's own configuration (containers.conf, CONTAINERS_CONF), never egress's flags.
+the cpu and memory sizes, and the image); docker's holder too, with a user of its own. The project
+is mounted at /work read-write and is the working folder; --mount adds folders read-only unless
+`:rw` is written; --persist NAME keeps a named volume at /persist/NAME, given to the container's
+user (podman's `:U`; docker has none, so egress makes the volume and gives its folder to 1000).
+The environment is made here, not inherited: the proxy variables, the CA bundle (mounted
+read-only at CA_PATH) under every name clients read, HOME and TMPDIR in /tmp. Machine-specific
+engine settings (a runtime, a cgroup manager, default ulimits) are the engine's own
+configuration (containers.conf, CONTAINERS_CONF, daemon.json), never egress's flags.
 
 Exit statuses are the engine's, which are the shell's and egress's: the command's own, 125 the
 engine failed (nothing ran), 126 not executable, 127 not found; --timeout kills the container
@@ -26,10 +39,12 @@ engine failed (nothing ran), 126 not executable, 127 not found; --timeout kills 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from egress.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
 from sandbox.spec import SandboxError, SandboxSpec
@@ -38,7 +53,8 @@ WORKDIR = "/work"
 CA_PATH = "/etc/egress/ca-bundle.pem"
 PERSIST_ROOT = "/persist"
 USER = "1000:1000"  # whatever the image says: root in a container is root on a shared kernel
-DEFAULT_CPUS = "2"
+HOLDER_USER = "65534:65534"  # not the command's: the command can neither signal nor ptrace its holder
+DEFAULT_CPUS = str(min(2, os.cpu_count() or 1))  # docker refuses more than the machine has
 DEFAULT_MEMORY = "2048m"
 # Never conditional on what the caller passed (issue 14): a flag added here holds for every run.
 HARDENING = (
@@ -122,12 +138,12 @@ def container_environment(spec_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def engine_argv(engine: str, name: str, netns: str | None, spec: SandboxSpec, chosen: ContainerSpec,
+def engine_argv(engine: str, name: str, network: list[str], spec: SandboxSpec, chosen: ContainerSpec,
                 ca_bundle: str | None, interactive: bool = False) -> list[str]:
-    """The whole `ENGINE run ...` command line (tests read it)."""
+    """The whole `ENGINE run ...` command line (tests read it); ``network``: the way in's flags."""
     argv = [engine, "run", "--rm", "--name", name, *HARDENING,
             "--cpus", chosen.cpus, "--memory", chosen.memory, "--memory-swap", chosen.memory,
-            "--network", f"ns:{netns}" if netns else "none",
+            *network,
             "--mount", f"type=bind,src={spec.cwd},dst={WORKDIR}", "--workdir", WORKDIR]
     if interactive:
         argv += ["--interactive"]
@@ -137,6 +153,7 @@ def engine_argv(engine: str, name: str, netns: str | None, spec: SandboxSpec, ch
         argv += ["--mount", f"type=bind,src={source},dst={target}" + ("" if writable else ",ro")]
     for volume in chosen.persist:
         # podman's U: the volume belongs to the container's user (1000), who could not write it else
+        # (docker has no U: EngineNamespace.give_volumes does it)
         argv += ["--volume", f"{volume}:{PERSIST_ROOT}/{volume}" + (":U" if engine == "podman" else "")]
     for key, value in sorted(container_environment(spec.env).items()):
         argv += ["--env", f"{key}={value}"]
@@ -151,6 +168,7 @@ def _isatty(fd: int) -> bool:
 
 
 _HOLDER = "import os\nos.read(0, 1)\n"  # holds the namespace until its stdin closes (or it is killed)
+_ENGINE_TIMEOUT = 120  # seconds for one engine step (start, inspect, kill); a busy daemon is slow
 
 
 class Container:
@@ -170,6 +188,8 @@ class Container:
                     f"policy's [container] table")
         if shutil.which(self.engine) is None:
             return f"--provider {self.engine}: {self.engine} is not installed (not on PATH)"
+        if self.engine == "docker":
+            return EngineNamespace.refusal()
         return None
 
     def listener(self, networked: bool):
@@ -181,19 +201,13 @@ class Container:
         return {}
 
     def start(self, spec: SandboxSpec, listener) -> ContainerBox:
-        from sandbox import linux
-
-        read, write = os.pipe()
+        way = EngineNamespace if self.engine == "docker" else OwnNamespace
+        network = way(self.engine, spec)
         try:
-            holder = linux.start(SandboxSpec([sys.executable, "-I", "-S", "-c", _HOLDER], {"PATH": "/usr/bin:/bin"},
-                                             "/", network=spec.network, proxy_port=spec.proxy_port,
-                                             capture=spec.capture, fs_confinement=False, stdin=read))
-        finally:
-            os.close(read)
-        try:
+            network.give_volumes(self.chosen.persist)
             ca = spec.env.get("SSL_CERT_FILE") if spec.network else None
             name = f"egress-{os.urandom(6).hex()}"
-            argv = engine_argv(self.engine, name, f"/proc/{holder.pid}/ns/net", spec, self.chosen, ca,
+            argv = engine_argv(self.engine, name, network.flags, spec, self.chosen, ca,
                                interactive=not _isatty(spec.stdin if spec.stdin is not None else 0))
             try:
                 process = subprocess.Popen(argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr,
@@ -201,24 +215,253 @@ class Container:
             except OSError as e:
                 raise SandboxError(EXIT_LAUNCHER, f"cannot start {self.engine}: {e.strerror or e}", "exec") from None
         except BaseException:
-            os.close(write)
-            holder.close()
+            network.close()
             raise
-        return ContainerBox(self.engine, name, process, holder, write)
+        return ContainerBox(self.engine, name, process, network)
+
+
+class OwnNamespace:
+    """podman's way in: sandbox/linux.py's namespace, held by a Python reading its stdin; the
+    engine joins it by path."""
+
+    def __init__(self, engine: str, spec: SandboxSpec):
+        from sandbox import linux
+
+        read, write = os.pipe()
+        try:
+            self.holder = linux.start(SandboxSpec([sys.executable, "-I", "-S", "-c", _HOLDER], {"PATH": "/usr/bin:/bin"},
+                                                  "/", network=spec.network, proxy_port=spec.proxy_port,
+                                                  capture=spec.capture, fs_confinement=False, stdin=read))
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._pipe = write
+        self.flags = ["--network", f"ns:/proc/{self.holder.pid}/ns/net"]
+        self.listen_socket, self.capture = self.holder.listen_socket, self.holder.capture
+        self.capture_error = self.holder.capture_error
+
+    def give_volumes(self, names) -> None:
+        pass  # engine_argv's :U
+
+    def direct_attempts(self) -> int | None:
+        return self.holder.direct_attempts()  # the container shares the holder's namespace
+
+    def close(self) -> None:
+        if self._pipe >= 0:
+            os.close(self._pipe)
+            self._pipe = -1
+        self.holder.close()  # the namespace, its socket and the capture's go with it
+
+
+class EngineNamespace:
+    """docker's way in: a holder container (sandbox/holder.py) in a namespace the engine made with
+    --network none, set up from inside by linux.enter_network; the command's container joins the
+    holder's network and PID namespaces."""
+
+    @staticmethod
+    def refusal() -> str | None:
+        from sandbox import holder
+
+        if os.geteuid() != 0:
+            return ("--provider docker: egress must run as root: Docker makes the container's network namespace "
+                    "as root, and egress enters it to make its proxy socket and capture there (or use "
+                    "--provider podman)")
+        try:
+            holder.program()
+        except holder.Unsupported as e:
+            return f"--provider docker: {e}"
+        return None
+
+    def __init__(self, engine: str, spec: SandboxSpec):
+        from sandbox import holder, linux
+
+        self.engine = engine
+        self.name = f"egress-{os.urandom(6).hex()}-holder"
+        self._netcount: list[int] = []
+        self._client = None
+        self.network = None
+        read, write = os.pipe()
+        self._pipe = write
+        try:
+            image = self._holder_image()
+            argv = [engine, "run", "--rm", "--interactive", "--pull", "never", "--name", self.name,
+                    *holder_hardening(), "--network", "none", "--memory", "32m", "--memory-swap", "32m",
+                    "--log-driver", "none", "--", image, holder.PROGRAM]
+            # Its own session: a terminal's Ctrl-C is for the command, not for the holder's client.
+            self._client = self._popen(argv, stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+            os.close(read)
+            read = -1
+            pid, ident = self._wait_running()
+            netns = self._open_namespace(pid, ident)
+            try:
+                self.network = linux.enter_network(netns, spec)
+            finally:
+                os.close(netns)
+        except BaseException:
+            if read >= 0:
+                os.close(read)
+            self.close()
+            raise
+        self.flags = ["--network", f"container:{self.name}", "--pid", f"container:{self.name}"]
+        self.listen_socket, self.capture = self.network.listen_socket, self.network.capture
+        self.capture_error = self.network.capture_error
+
+    def _open_namespace(self, pid: int, ident: str) -> int:
+        """The holder's network namespace, opened through /proc/PID, once PID is known to be the
+        holder's: in the container's cgroup (a daemon on another machine, or egress in another PID
+        namespace, would name some other process here), and still alive after the open (a pidfd
+        held meanwhile: the pid cannot have passed to another process). Also its counters."""
+        from sandbox import netcount
+
+        def refuse(why: str) -> SandboxError:
+            return SandboxError(EXIT_LAUNCHER, f"cannot set up the holder container's network: {why}", "network")
+
+        try:
+            alive = os.pidfd_open(pid)
+        except OSError:
+            raise refuse(f"no process {pid} here: it ended, or the {self.engine} daemon is not on this machine "
+                         f"(or not in egress's PID namespace)") from None
+        try:
+            try:
+                with open(f"/proc/{pid}/cgroup") as f:
+                    ours = ident in f.read()
+                netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                raise refuse(f"{e.strerror} (is the {self.engine} daemon on this machine?)") from None
+            if not ours:
+                os.close(netns)
+                raise refuse(f"process {pid} here is not the holder (is the {self.engine} daemon on this "
+                             f"machine, and egress in its PID namespace?)")
+            self._netcount = netcount.open_files(pid)
+            ended = select.poll()
+            ended.register(alive, select.POLLIN)
+            problem = ("it ended while starting" if ended.poll(0) else
+                       "it shares egress's own network namespace"
+                       if os.fstat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino else None)
+            if problem:
+                os.close(netns)
+                raise refuse(problem)
+            return netns
+        finally:
+            os.close(alive)
+
+    def give_volumes(self, names) -> None:
+        """Docker's stand-in for podman's :U: the volume (made now if new) is given to the container's
+        user, who could not write its root-owned folder else."""
+        uid, gid = map(int, USER.split(":"))
+        for name in names:
+            made = self._engine("volume", "create", name)
+            where = self._engine("volume", "inspect", "--format", "{{.Mountpoint}}", name)
+            try:
+                if made.returncode != 0 or where.returncode != 0:
+                    raise OSError(0, (made.stderr or where.stderr).strip())
+                os.chown(where.stdout.strip(), uid, gid)
+            except OSError as e:
+                raise SandboxError(EXIT_LAUNCHER, f"--persist {name}: cannot give the volume to the container's "
+                                   f"user: {e.strerror or e}", "mounts") from None
+
+    def direct_attempts(self) -> int | None:
+        from sandbox import netcount
+
+        return netcount.read(self._netcount) if self._netcount else None
+
+    def close(self) -> None:
+        """The sockets, then the holder: its stdin closes, it exits, and the engine removes it."""
+        if self.network is not None:
+            self.network.close()
+            self.network = None
+        if self._pipe >= 0:
+            os.close(self._pipe)
+            self._pipe = -1
+        if self._client is not None:
+            try:
+                self._client.wait(_ENGINE_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._engine("rm", "--force", self.name)
+                self._client.kill()
+                self._client.wait()
+            if self._client.stderr is not None:
+                self._client.stderr.close()
+            self._client = None
+        for fd in self._netcount:
+            os.close(fd)
+        self._netcount = []
+
+    def _holder_image(self) -> str:
+        """The holder image's id, imported if missing. Its one layer must be exactly holder.py's
+        tarball (Docker names a layer by the sha256 of the tar it was given): an image of that
+        name with other content is replaced, and the run uses the id, not the name."""
+        import hashlib
+
+        from sandbox import holder
+
+        tag, tarball = holder.image_tag(), holder.image_tarball()
+        layers = f'["sha256:{hashlib.sha256(tarball).hexdigest()}"]'
+        for attempt in range(2):
+            found = self._engine("image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", tag)
+            ident, _, content = found.stdout.strip().partition(" ")
+            if found.returncode == 0 and content == layers:
+                return ident
+            if attempt == 0:
+                made = self._engine("import", "-", tag, input=tarball)
+                if made.returncode != 0:
+                    raise SandboxError(EXIT_LAUNCHER, f"{self.engine} cannot import the holder image: "
+                                       f"{made.stderr.decode(errors='replace').strip()[:300]}", "exec")
+        raise SandboxError(EXIT_LAUNCHER, f"{self.engine} holds {tag} with other content than egress's holder",
+                           "exec")
+
+    def _wait_running(self) -> tuple[int, str]:
+        """The holder's pid (as the engine's machine sees it) and id, once it runs; SandboxError if
+        it ended."""
+        deadline = time.monotonic() + _ENGINE_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._client.poll() is not None:
+                said = self._client.stderr.read().decode(errors="replace").strip()
+                raise SandboxError(EXIT_LAUNCHER, f"{self.engine} could not start the holder container: "
+                                   f"{said[:300] or f'exit status {self._client.returncode}'}", "network")
+            answer = self._engine("inspect", "--type", "container", "--format",
+                                  "{{.State.Running}} {{.State.Pid}} {{.Id}}", self.name).stdout.split()
+            if len(answer) == 3 and answer[0] == "true" and answer[1].isdigit() and int(answer[1]) > 0:
+                return int(answer[1]), answer[2]
+            time.sleep(0.05)
+        raise SandboxError(EXIT_LAUNCHER, f"the holder container did not start within {_ENGINE_TIMEOUT} s", "network")
+
+    def _engine(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+        text = input is None
+        try:
+            return subprocess.run([self.engine, *args], input=input, capture_output=True, text=text,
+                                  timeout=_ENGINE_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return subprocess.CompletedProcess(args, 1, "" if text else b"", str(e) if text else str(e).encode())
+
+    def _popen(self, argv, **kwargs) -> subprocess.Popen:
+        try:
+            return subprocess.Popen(argv, close_fds=True, restore_signals=True, **kwargs)
+        except OSError as e:
+            raise SandboxError(EXIT_LAUNCHER, f"cannot start {self.engine}: {e.strerror or e}", "exec") from None
+
+
+def holder_hardening() -> list[str]:
+    """HARDENING, with the holder's own user."""
+    flags = list(HARDENING)
+    flags[flags.index("--user") + 1] = HOLDER_USER
+    return flags
 
 
 class ContainerBox:
-    """A started container: the engine's client process, and the namespace's holder."""
+    """A started container: the engine's client process, and the way in (the namespace's holder)."""
 
-    def __init__(self, engine: str, name: str, process: subprocess.Popen, holder, holder_pipe: int):
+    def __init__(self, engine: str, name: str, process: subprocess.Popen, network):
         self.engine, self.name, self.process = engine, name, process
         self.pid = process.pid
-        self.holder = holder
-        self.listen_socket = holder.listen_socket
-        self.capture = holder.capture
-        self.capture_error = holder.capture_error
+        self.network = network
+        self.listen_socket = network.listen_socket
+        self.capture = network.capture
+        self.capture_error = network.capture_error
         self.returncode: int | None = None
-        self._pipe = holder_pipe
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
@@ -241,16 +484,13 @@ class ContainerBox:
                 pass
 
     def direct_attempts(self) -> int | None:
-        return self.holder.direct_attempts()  # the container shares the holder's namespace
+        return self.network.direct_attempts()
 
     def close(self) -> None:
         if self.returncode is None:
             self._kill()
             self.returncode = EXIT_LAUNCHER
-        if self._pipe >= 0:
-            os.close(self._pipe)
-            self._pipe = -1
-        self.holder.close()  # the namespace, its socket and the capture's go with it
+        self.network.close()  # the namespace, its socket and the capture's go with it
 
     def __enter__(self) -> ContainerBox:
         return self

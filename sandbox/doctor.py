@@ -319,17 +319,7 @@ def _container_provider(engine: str) -> Check:
                      "apt-get install podman (rootless: run egress as an unprivileged user)" if engine == "podman"
                      else "install docker, or prefer podman")
     if engine == "docker":
-        try:
-            answer = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                                    text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            answer = subprocess.CompletedProcess([], 1, "", str(e))
-        if answer.returncode != 0 or not answer.stdout.strip():
-            return Check(name, "unavailable", "no docker daemon answers",
-                         "start the docker daemon, or use --provider podman (no daemon)")
-        return Check(name, "warning", "kernel isolation and egress's network namespace, through a root daemon: "
-                                      "whoever can use it is root here, and an escape lands on root",
-                     "prefer podman run by an unprivileged user (rootless)")
+        return _docker(name, path)
     if os.geteuid() == 0:
         return Check(name, "warning", "kernel isolation and egress's network namespace, but an escape lands "
                                       "on root (podman run as root)",
@@ -337,6 +327,33 @@ def _container_provider(engine: str) -> Check:
     return Check(name, "warning", "rootless: kernel isolation, an escape lands on your own user; egress's tests "
                                   "run podman as root, so joining egress's namespace rootless is untested here",
                  "egress run --provider namespace gives the same network confinement without an engine")
+
+
+def _docker(name: str, path: str) -> Check:
+    """What is true of --provider docker here, from the daemon's own answer; doctor starts no container."""
+    import subprocess
+
+    from sandbox.container import EngineNamespace
+
+    try:
+        answer = subprocess.run([path, "info", "--format", "{{.ServerVersion}}|{{json .SecurityOptions}}"],
+                                capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        answer = subprocess.CompletedProcess([], 1, "", str(e))
+    version, _, options = answer.stdout.strip().partition("|")
+    if answer.returncode != 0 or not version:
+        return Check(name, "unavailable", "no docker daemon answers (DOCKER_HOST, else /var/run/docker.sock)",
+                     "start the docker daemon, or use --provider podman (no daemon)")
+    daemon = ("a rootless daemon: an escape lands on the user who runs it" if "rootless" in options else
+              "a root daemon: whoever can use it is root here, and an escape lands on root")
+    refusal = EngineNamespace.refusal()
+    if refusal is not None:
+        return Check(name, "unavailable", f"the daemon answers (version {version}, {daemon}), but {refusal}",
+                     "sudo egress run --provider docker ..., or --provider podman")
+    return Check(name, "warning", f"the daemon answers (version {version}, {daemon}); egress sets up the "
+                                  "network namespace of a holder container from inside and the command's container "
+                                  "joins it; not tried by egress doctor (it starts no container)",
+                 "prefer podman run by an unprivileged user (rootless)")
 
 
 def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:

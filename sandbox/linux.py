@@ -5,6 +5,9 @@
     serve_proxy_on(box.listen_socket)  # 127.0.0.1:3128 inside the sandbox, accepted outside
     status = box.wait()
 
+enter_network(fd, spec) sets up a network namespace someone else made (a container engine's,
+for --provider docker: sandbox/container.py) the same way: `lo`, the listening socket, the capture.
+
 Process tree::
 
     caller --fork--> helper (caller's PID ns) --fork--> init (PID 1) --posix_spawn--> command (PID 2)
@@ -86,7 +89,7 @@ from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing
 from sandbox import _libc, capture, landlock, mounts, namespaces, netcount, seccomp
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 
-__all__ = ["Sandbox", "SandboxError", "SandboxSpec", "start"]
+__all__ = ["Network", "Sandbox", "SandboxError", "SandboxSpec", "enter_network", "start"]
 
 _BACKLOG = 1024
 _HANDSHAKE_TIMEOUT = 30.0  # seconds; only a bug or a frozen machine makes the helper this slow
@@ -208,11 +211,69 @@ def start(spec: SandboxSpec) -> Sandbox:
         box = Sandbox(pid, os.pidfd_open(pid))
         try:
             _handshake(box, ours)
+            if box.pid is None:  # the helper died without a word (e.g. killed)
+                raise SandboxError(EXIT_SANDBOX, "the sandbox helper exited before running the command", "internal")
         except BaseException:
             box.close()
             raise
         return box
     finally:
+        ours.close()
+        theirs.close()
+
+
+class Network:
+    """A network namespace someone else made, set up by enter_network(): the sockets made inside."""
+
+    def __init__(self) -> None:
+        self.listen_socket: socket.socket | None = None
+        self.capture: list[tuple[str, socket.socket]] = []
+        self.capture_error: str | None = None
+
+    def close(self) -> None:
+        if self.listen_socket is not None:
+            self.listen_socket.close()
+        for _, sock in self.capture:
+            sock.close()
+
+
+def enter_network(netns: int, spec: SandboxSpec) -> Network:
+    """Set up the network namespace behind the descriptor ``netns`` (one a container engine made)
+    as start() sets up its own: `lo` up, the proxy's listening socket on 127.0.0.1:spec.proxy_port
+    and, with spec.capture, the transparent capture, all made inside by a forked child that entered
+    the namespace (setns needs CAP_SYS_ADMIN over it: root, for a namespace Docker made).
+
+    The namespace must have no interface up but `lo`: one that is would be a road out egress did not
+    make, and is refused. Raises SandboxError (nothing kept) if anything fails; the capture alone
+    failing is said in .capture_error, as by start() (the namespace then has no route out at all).
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    net = Network()
+    pid = 0
+    try:
+        caller = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _run_network(spec, theirs, caller, netns)  # never returns
+        theirs.close()
+        _handshake(net, ours)
+        if spec.network and net.listen_socket is None:
+            raise SandboxError(EXIT_SANDBOX, "the network helper exited before making the proxy's socket", "internal")
+        return net
+    except BaseException:
+        net.close()
+        if pid > 0:  # a child that timed out must not outlive us
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
+    finally:
+        if pid > 0:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:  # reaped elsewhere: nothing to wait for
+                pass
         ours.close()
         theirs.close()
 
@@ -223,7 +284,7 @@ def start(spec: SandboxSpec) -> Sandbox:
 # b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
 
 
-def _handshake(box: Sandbox, chan: socket.socket) -> None:
+def _handshake(box: Sandbox | Network, chan: socket.socket) -> None:
     chan.settimeout(_HANDSHAKE_TIMEOUT)
     error: SandboxError | None = None
     while True:
@@ -238,8 +299,9 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
         tag, payload = msg[:1], msg[1:]
         if tag == b"L" and fds:
             box.listen_socket = socket.socket(fileno=fds.pop())
-            # The helper is in the new network namespace now, waiting for init: its counters.
-            box._netcount = netcount.open_files(box._helper_pid)
+            if isinstance(box, Sandbox):
+                # The helper is in the new network namespace now, waiting for init: its counters.
+                box._netcount = netcount.open_files(box._helper_pid)
         elif tag == b"K" and fds:
             box.capture.append((payload.decode(), socket.socket(fileno=fds.pop())))
         elif tag == b"X":
@@ -256,8 +318,6 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             os.close(fd)
     if error is not None:
         raise error
-    if box.pid is None:  # the helper died without a word (e.g. killed)
-        raise SandboxError(EXIT_SANDBOX, "the sandbox helper exited before running the command", "internal")
 
 
 # --- the sandbox side: helper and init, forked copies of the caller -----------------------------
@@ -316,14 +376,7 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "namespaces", f"cannot make the sandbox: {namespaces.refusal_reason(e)}")
     try:
-        namespaces.loopback_up()
-        if spec.network:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as ls:
-                ls.bind(("127.0.0.1", spec.proxy_port))
-                ls.listen(_BACKLOG)
-                _send_fd(chan, b"L", ls.fileno())
-            if spec.capture:
-                _hand_over_capture(chan)
+        _set_up_network(spec, chan)
     except OSError as e:
         # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
         raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({e.strerror}): "
@@ -334,6 +387,43 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
     _send_pidfd(chan, b"B", init)
     chan.close()
     return _exit_code(os.waitpid(init, 0)[1])
+
+
+@_child
+def _run_network(spec: SandboxSpec, chan: socket.socket, caller: int, netns: int) -> int:
+    """enter_network's child: into the namespace, check it, set it up, exit (its sockets live on)."""
+    gc.disable()
+    _quiet_signals(ignore=_SUPERVISOR_IGNORES)
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != caller:
+        return EXIT_SANDBOX
+    _close_fds_except({0, 1, 2, chan.fileno(), netns})
+    try:
+        _libc.setns(netns, namespaces.CLONE_NEWNET)
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "network", f"cannot enter the container's network namespace ({e.strerror}): "
+                       "egress must run as root for this")
+    others = [name for name in namespaces.interfaces_up() if name != "lo"]
+    if others:
+        raise _Failure(EXIT_SANDBOX, "network", f"the container's network namespace has interfaces up besides lo "
+                       f"({', '.join(others)}): a road out around egress")
+    try:
+        _set_up_network(spec, chan)
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the container's network ({e.strerror})")
+    return 0
+
+
+def _set_up_network(spec: SandboxSpec, chan: socket.socket) -> None:
+    """In the namespace: `lo` up, the proxy's listening socket and the capture's, sent on ``chan``."""
+    namespaces.loopback_up()
+    if spec.network:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as ls:
+            ls.bind(("127.0.0.1", spec.proxy_port))
+            ls.listen(_BACKLOG)
+            _send_fd(chan, b"L", ls.fileno())
+        if spec.capture:
+            _hand_over_capture(chan)
 
 
 @_child

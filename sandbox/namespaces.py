@@ -62,6 +62,17 @@ def loopback_up() -> None:
         pass  # an older kernel without the knob: low ports stay privileged, nothing else changes
 
 
+def interfaces_up() -> list[str]:
+    """The names of the current network namespace's interfaces that are up (SIOCGIFFLAGS each)."""
+    up = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            ifreq = struct.pack("16sh", name.encode(), 0)
+            if struct.unpack("16sh", fcntl.ioctl(s, _SIOCGIFFLAGS, ifreq))[1] & _IFF_UP:
+                up.append(name)
+    return up
+
+
 def mount_proc() -> bool:
     """Mount a /proc that shows only the new PID namespace; False if the kernel refuses.
 

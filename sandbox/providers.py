@@ -4,12 +4,14 @@ sandbox/platforms.py's; each provider here is one more implementation of it).
     namespace  Linux's own launcher (sandbox/linux.py), the default on Linux
     seatbelt   macOS's (sandbox/macos.py), the default on macOS
     podman     a hardened container (sandbox/container.py) in a network namespace egress made
-    docker     the same, through the docker client (a root daemon)
+    docker     the same through Docker Engine (a root daemon): the namespace is a holder
+               container's, set up by egress (as root) from inside
     local      no sandbox: the command runs as itself with the proxy variables; said first
 
-The container providers reuse the namespace launcher for the network: the namespace with only
-`lo`, the proxy's socket and the transparent capture are made exactly as for `namespace`, and the
-container joins it (podman's `--network ns:PATH`), so the proxy is its only road out.
+The container providers reuse the namespace launcher's code for the network: the namespace with
+only `lo`, the proxy's socket and the transparent capture are made exactly as for `namespace`,
+and the container joins it (podman's `--network ns:PATH`; docker's `--network container:HOLDER`),
+so the proxy is its only road out.
 """
 
 from __future__ import annotations
