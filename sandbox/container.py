@@ -12,11 +12,14 @@ variables is captured as in the namespace provider. The engine runs outside, as 
 
 Every container gets HARDENING, whatever the caller passed (the only values a caller sets are
 the cpu and memory sizes, and the image). The project is mounted at /work read-write and is the
-working folder; --mount adds folders read-only unless `:rw` is written; --persist NAME keeps a
-named volume at /persist/NAME. The environment is made here, not inherited: the proxy variables,
-the CA bundle (mounted read-only at CA_PATH) under every name clients read, HOME and TMPDIR in
-/tmp. Machine-specific engine settings (a runtime, a cgroup manager, default ulimits) are the
-engine's own configuration (containers.conf, CONTAINERS_CONF), never egress's flags.
+working folder. --mount adds folders
+read-only unless `:rw` is written; --persist NAME keeps a named volume at /persist/NAME. The
+environment is made here, not inherited: the brokered secrets' placeholders (the launcher's,
+as for every sandbox), the proxy variables, the CA bundle (mounted read-only at CA_PATH) under
+every name clients read, HOME and TMPDIR in /tmp. What the namespace provider's mounts promise
+(a secret file shows its placeholder, egress's state is hidden, its code read-only) becomes
+mounts wherever the container sees those paths (covers()). Machine-specific engine settings (a runtime, a cgroup manager, default
+ulimits) are the engine's own configuration (containers.conf, CONTAINERS_CONF), never egress's flags.
 
 Exit statuses are the engine's, which are the shell's and egress's: the command's own, 125 the
 engine failed (nothing ran), 126 not executable, 127 not found; --timeout kills the container
@@ -30,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 from egress.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
 from sandbox.spec import SandboxError, SandboxSpec
@@ -102,12 +106,14 @@ def check_volume(name: str) -> str:
     return name
 
 
-def container_environment(spec_env: dict[str, str]) -> dict[str, str]:
-    """The container's environment: the run's proxy and CA variables (the bundle at CA_PATH) and
-    the fail-fast settings, nothing else of the caller's."""
+def container_environment(spec_env: dict[str, str], placeholders=()) -> dict[str, str]:
+    """The container's environment: the brokered secrets' placeholders (``placeholders`` names
+    them; the launcher put them in spec_env for every sandbox), the run's proxy and CA variables
+    (the bundle at CA_PATH) and the fail-fast settings, nothing else of the caller's."""
     from sandbox import environment
 
-    env = {"PATH": CONTAINER_PATH, "HOME": "/tmp", "TMPDIR": "/tmp"}
+    env = {name: spec_env[name] for name in placeholders if name in spec_env}
+    env.update({"PATH": CONTAINER_PATH, "HOME": "/tmp", "TMPDIR": "/tmp"})
     for name in environment.PROXY_VARIABLES + ("NO_PROXY", "no_proxy", "npm_config_noproxy", "NODE_USE_ENV_PROXY"):
         if name in spec_env:
             env[name] = spec_env[name]
@@ -123,8 +129,9 @@ def container_environment(spec_env: dict[str, str]) -> dict[str, str]:
 
 
 def engine_argv(engine: str, name: str, netns: str | None, spec: SandboxSpec, chosen: ContainerSpec,
-                ca_bundle: str | None, interactive: bool = False) -> list[str]:
-    """The whole `ENGINE run ...` command line (tests read it)."""
+                ca_bundle: str | None, interactive: bool = False, shown: dict[str, str] | None = None) -> list[str]:
+    """The whole `ENGINE run ...` command line (tests read it). ``shown``: each of spec.replaced's
+    files -> the host file holding what the container sees instead (covers())."""
     argv = [engine, "run", "--rm", "--name", name, *HARDENING,
             "--cpus", chosen.cpus, "--memory", chosen.memory, "--memory-swap", chosen.memory,
             "--network", f"ns:{netns}" if netns else "none",
@@ -138,9 +145,53 @@ def engine_argv(engine: str, name: str, netns: str | None, spec: SandboxSpec, ch
     for volume in chosen.persist:
         # podman's U: the volume belongs to the container's user (1000), who could not write it else
         argv += ["--volume", f"{volume}:{PERSIST_ROOT}/{volume}" + (":U" if engine == "podman" else "")]
-    for key, value in sorted(container_environment(spec.env).items()):
+    for mount in covers(spec, chosen, shown or {}):
+        argv += ["--mount", mount]
+    for key, value in sorted(container_environment(spec.env, spec.placeholders).items()):
         argv += ["--env", f"{key}={value}"]
     return argv + ["--", chosen.image, *spec.argv]
+
+
+def container_paths(path: str, spec: SandboxSpec, chosen: ContainerSpec) -> list[str]:
+    """Where the host's ``path`` shows in the container: under /work for the project, under a
+    --mount's target for its source (every one: mounts may overlap); [] where no mount shows it."""
+    real = os.path.realpath(path)
+    found = []
+    for source, target in [(spec.cwd, WORKDIR), *((s, t) for s, t, _ in chosen.mounts)]:
+        source = os.path.realpath(source)
+        if real == source or real.startswith(source.rstrip("/") + "/"):
+            found.append(os.path.normpath(os.path.join(target, os.path.relpath(real, source))))
+    return found
+
+
+def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str]) -> list[str]:
+    """--mount values that keep, inside the container, what the namespace provider's mounts keep
+    (sandbox/mounts.py): a hidden folder (egress's state) shows empty, egress's own code read-only,
+    wherever a mount shows them; a replaced file (a secret bound to hosts, the audit log) shows
+    its stand-in (``shown[path]``, on the host) read-only, where a mount shows it, else at its own
+    path as the namespace provider does: a program reading the secret's file finds the placeholder."""
+    mounts = []
+    hidden = [os.path.realpath(p) for p in spec.hidden if os.path.isdir(p)]
+    for folder in hidden:
+        mounts += [f"type=tmpfs,dst={_plain(p)},ro,tmpfs-size=4096" for p in container_paths(folder, spec, chosen)]
+    for folder in spec.read_only:
+        if os.path.isdir(folder):
+            mounts += [f"type=bind,src={_plain(folder)},dst={_plain(p)},ro"
+                       for p in container_paths(folder, spec, chosen)]
+    for path, stand_in in sorted(shown.items()):
+        real = os.path.realpath(path)
+        if any(real == h or real.startswith(h.rstrip("/") + "/") for h in hidden):
+            continue  # hidden with its folder, as in the namespace provider
+        for target in container_paths(real, spec, chosen) or [real]:
+            mounts.append(f"type=bind,src={stand_in},dst={_plain(target)},ro")
+    return mounts
+
+
+def _plain(path: str) -> str:
+    """``path`` as --mount takes it; a comma would split the option (and uncover what it covers)."""
+    if "," in path:
+        raise SandboxError(EXIT_LAUNCHER, f"{path}: a path with a comma cannot be covered in a container", "mount")
+    return path
 
 
 def _isatty(fd: int) -> bool:
@@ -183,18 +234,25 @@ class Container:
     def start(self, spec: SandboxSpec, listener) -> ContainerBox:
         from sandbox import linux
 
-        read, write = os.pipe()
+        view = HostView.make(self.engine, spec)  # before the namespace: a refusal costs nothing else
         try:
-            holder = linux.start(SandboxSpec([sys.executable, "-I", "-S", "-c", _HOLDER], {"PATH": "/usr/bin:/bin"},
-                                             "/", network=spec.network, proxy_port=spec.proxy_port,
-                                             capture=spec.capture, fs_confinement=False, stdin=read))
-        finally:
-            os.close(read)
+            read, write = os.pipe()
+            try:
+                holder = linux.start(SandboxSpec([sys.executable, "-I", "-S", "-c", _HOLDER],
+                                                 {"PATH": "/usr/bin:/bin"}, "/", network=spec.network,
+                                                 proxy_port=spec.proxy_port, capture=spec.capture,
+                                                 fs_confinement=False, stdin=read))
+            finally:
+                os.close(read)
+        except BaseException:
+            view.close()
+            raise
         try:
             ca = spec.env.get("SSL_CERT_FILE") if spec.network else None
             name = f"egress-{os.urandom(6).hex()}"
             argv = engine_argv(self.engine, name, f"/proc/{holder.pid}/ns/net", spec, self.chosen, ca,
-                               interactive=not _isatty(spec.stdin if spec.stdin is not None else 0))
+                               interactive=not _isatty(spec.stdin if spec.stdin is not None else 0),
+                               shown=view.shown)
             try:
                 process = subprocess.Popen(argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr,
                                            close_fds=True, restore_signals=True)
@@ -203,17 +261,53 @@ class Container:
         except BaseException:
             os.close(write)
             holder.close()
+            view.close()
             raise
-        return ContainerBox(self.engine, name, process, holder, write)
+        return ContainerBox(self.engine, name, process, holder, write, view)
+
+
+class HostView:
+    """What a container's mounts need on the host, made before it starts and taken away after:
+    the stand-ins of spec.replaced's files, in a private folder."""
+
+    def __init__(self):
+        self.folder: str | None = None
+        self.shown: dict[str, str] = {}
+
+    @classmethod
+    def make(cls, engine: str, spec: SandboxSpec) -> HostView:
+        view = cls()
+        replaced = {path: data for path, data in spec.replaced.items() if os.path.isfile(path)}
+        if not replaced:
+            return view
+        view.folder = tempfile.mkdtemp(prefix="egress-container-")
+        try:
+            for index, (path, data) in enumerate(sorted(replaced.items())):
+                stand_in = os.path.join(view.folder, f"shown{index}")
+                fd = os.open(stand_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+                with open(fd, "wb") as f:
+                    f.write(data)
+                view.shown[path] = stand_in
+        except BaseException:
+            view.close()
+            raise
+        return view
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 class ContainerBox:
     """A started container: the engine's client process, and the namespace's holder."""
 
-    def __init__(self, engine: str, name: str, process: subprocess.Popen, holder, holder_pipe: int):
+    def __init__(self, engine: str, name: str, process: subprocess.Popen, holder, holder_pipe: int,
+                 view: HostView | None = None):
         self.engine, self.name, self.process = engine, name, process
         self.pid = process.pid
         self.holder = holder
+        self.view = view or HostView()
         self.listen_socket = holder.listen_socket
         self.capture = holder.capture
         self.capture_error = holder.capture_error
@@ -251,6 +345,7 @@ class ContainerBox:
             os.close(self._pipe)
             self._pipe = -1
         self.holder.close()  # the namespace, its socket and the capture's go with it
+        self.view.close()
 
     def __enter__(self) -> ContainerBox:
         return self

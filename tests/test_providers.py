@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -25,7 +26,7 @@ from test_run import egress_run, test_host  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
 
-IMAGE = "localhost/egress-provider-test:1"
+IMAGE = f"localhost/egress-provider-test:{os.getpid()}"  # one per session: two sessions may share the engine
 
 
 # ------------------------------------------------------------------ pure: flags and names
@@ -62,6 +63,35 @@ def test_every_container_gets_the_whole_hardening_list_whatever_was_asked(tmp_pa
         assert f"src=/x/ca.pem,dst={ct.CA_PATH},ro" in text
         assert "AWS_SECRET_ACCESS_KEY" not in text  # the caller's environment stays outside
         assert argv[-2:] == ["img", "id"] and argv[-3] == "--"
+
+
+def test_covers_keep_the_namespace_providers_promises_wherever_a_mount_shows_the_path(tmp_path):
+    from sandbox.spec import SandboxSpec
+
+    project, data = tmp_path / "project", tmp_path / "data"
+    for folder in (project / "state", project / "lib" / "egress", data):
+        folder.mkdir(parents=True)
+    for secret in (project / ".token", data / "key", tmp_path / "elsewhere"):
+        secret.write_text("s")
+    spec = SandboxSpec(["true"], {"GITHUB_TOKEN": "ghp_placeholder", "OTHER_TOKEN": "real"}, str(project),
+                       hidden=[str(project / "state")], read_only=[str(project / "lib" / "egress")],
+                       replaced={str(p): b"" for p in (project / ".token", data / "key", tmp_path / "elsewhere",
+                                                        project / "state" / "in-hidden")},
+                       placeholders=["GITHUB_TOKEN"])
+    chosen = ct.ContainerSpec("img", [f"{data}:/data:rw", f"{project}:/again"])
+    shown = {path: f"/stand-in/{i}" for i, path in enumerate(sorted(spec.replaced))}
+    assert ct.covers(spec, chosen, shown) == [
+        "type=tmpfs,dst=/work/state,ro,tmpfs-size=4096", "type=tmpfs,dst=/again/state,ro,tmpfs-size=4096",
+        f"type=bind,src={project}/lib/egress,dst=/work/lib/egress,ro",
+        f"type=bind,src={project}/lib/egress,dst=/again/lib/egress,ro",
+        f"type=bind,src={shown[str(data / 'key')]},dst=/data/key,ro",
+        # outside every mount: where the namespace provider shows it, its own path
+        f"type=bind,src={shown[str(tmp_path / 'elsewhere')]},dst={tmp_path}/elsewhere,ro",
+        f"type=bind,src={shown[str(project / '.token')]},dst=/work/.token,ro",
+        f"type=bind,src={shown[str(project / '.token')]},dst=/again/.token,ro",
+    ]  # (the file inside the hidden folder is hidden with it)
+    env = ct.container_environment(spec.env, spec.placeholders)
+    assert env["GITHUB_TOKEN"] == "ghp_placeholder" and "OTHER_TOKEN" not in env
 
 
 def test_unknown_provider_and_container_flags_without_a_container_are_refused(tmp_path):
@@ -132,7 +162,8 @@ def podman(tmp_path_factory):
     for folder in ("bin", "etc", "tmp", "work", "persist"):
         (root / folder).mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
-    for applet in ("sh", "ls", "echo", "cat", "id", "seq", "sleep", "head", "tail", "touch", "ping", "wc", "true"):
+    for applet in ("sh", "ls", "echo", "cat", "id", "seq", "sleep", "head", "tail", "touch", "ping", "wc", "true",
+                   "tr", "stat", "mkdir"):
         (root / "bin" / applet).symlink_to("busybox")
     curl = shutil.which("curl")
     shutil.copy(curl, root / "bin" / "curl")
@@ -157,14 +188,15 @@ def podman(tmp_path_factory):
     subprocess.run([engine, "rmi", "--force", IMAGE], capture_output=True, env={**os.environ, **env})
 
 
-def in_podman(tmp_path, podman, *command, extra=(), policy=None, timeout=180):
-    env, image = podman
+def in_podman(tmp_path, podman, *command, extra=(), policy=None, timeout=180, upstream_ca=None, env=None):
+    engine_env, image = podman
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     os.chmod(project, 0o777)  # the container's user is 1000; rootful podman maps no ids
     kwargs = {"policy": policy} if policy else {}
     return egress_run(tmp_path, *command, extra=["--provider", "podman", "--image", image, *extra],
-                      project=project, env=env, timeout=timeout, **kwargs)
+                      project=project, env={**engine_env, **(env or {})}, timeout=timeout, upstream_ca=upstream_ca,
+                      **kwargs)
 
 
 def test_container_runs_as_1000_on_a_read_only_root_with_the_project_at_work(tmp_path, podman):
@@ -236,6 +268,68 @@ def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, pod
     finally:
         subprocess.run(["podman", "volume", "rm", "--force", volume], capture_output=True,
                        env={**os.environ, **podman[0]})
+
+
+# ------------------------------------------------------------------ podman: brokered secrets
+
+
+FILE_SECRET = "egress-test-secret-9c2f4b7e1a0d5e3186f2"
+
+
+def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path, podman, https_upstream,
+                                                                        test_ca_file):
+    from test_credentials import GITHUB
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / ".token").write_text(FILE_SECRET + "\n")  # inside /work: the real one must stay covered
+    policy = ('allow = ["allowed.test", "other.test"]\nallow_private = ["allowed.test", "other.test"]\n'
+              '[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\n'
+              f'[[credentials.secret]]\nfile = "{project / ".token"}"\nhosts = ["allowed.test"]\n')
+    headers = '-H "Authorization: token $GITHUB_TOKEN" -H "X-File: $(cat /work/.token)"'
+    script = (f'echo "$GITHUB_TOKEN"; cat /work/.token; '
+              f'curl -sS {headers} {https_upstream.url("allowed.test")}; '
+              f'curl -sS -o /dev/null -w "%{{http_code}}\\n" {headers} {https_upstream.url("other.test")}; '
+              'tr "\\0" "\\n" < /proc/1/environ; '
+              'touch /work/ready || exit 9; while [ ! -e /work/go ]; do sleep 0.1; done')
+    inspected, ended = [], threading.Event()
+
+    def inspect():  # while the container runs: what the engine keeps of it
+        try:
+            while not (project / "ready").exists():
+                if ended.wait(0.1):
+                    return
+            engine = {**os.environ, **podman[0]}
+            ids = subprocess.run(["podman", "ps", "-q", "--filter", f"ancestor={podman[1]}"], capture_output=True,
+                                 text=True, env=engine).stdout.split()
+            inspected.append(subprocess.run(["podman", "inspect", *ids], capture_output=True, text=True,
+                                            env=engine).stdout)
+        finally:
+            (project / "go").touch()
+
+    watcher = threading.Thread(target=inspect)
+    watcher.start()
+    try:
+        result = in_podman(tmp_path, podman, "sh", "-c", script, policy=policy, upstream_ca=test_ca_file,
+                           env={"GITHUB_TOKEN": GITHUB})
+    finally:
+        ended.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    token, shown = lines[0], lines[1]
+    assert token.startswith("ghp_") and len(token) == len(GITHUB) and token != GITHUB
+    assert len(shown) == len(FILE_SECRET) and shown != FILE_SECRET
+    assert lines[2:4] == ["hello from upstream", "403"]
+    assert f"GITHUB_TOKEN={token}" in lines[4:]  # the container's own environment: the placeholder
+    # The bound host got both real values, swapped in by egress; the other host got nothing.
+    assert [(r["headers"]["Authorization"], r["headers"]["X-File"]) for r in https_upstream.requests] == [
+        (f"token {GITHUB}", FILE_SECRET)]
+    assert "EGRESS_BLOCKED other.test (the request carries a credential)" in result.stderr
+    assert inspected and '"Id"' in inspected[0] and token in inspected[0]
+    for text in (result.stdout, result.stderr, inspected[0]):
+        assert GITHUB not in text and FILE_SECRET not in text
+    assert (project / ".token").read_text() == FILE_SECRET + "\n"
 
 
 # ------------------------------------------------------------------ docker: the same code path
