@@ -12,7 +12,8 @@ variables is captured as in the namespace provider. The engine runs outside, as 
 
 Every container gets HARDENING, whatever the caller passed (the only values a caller sets are
 the cpu and memory sizes, and the image). The project is mounted at /work read-write and is the
-working folder. --mount adds folders
+working folder; with podman run as root, through an idmapped mount in which the project's owner
+is the container's user (sandbox/idmap.py; a root-owned project is refused). --mount adds folders
 read-only unless `:rw` is written; --persist NAME keeps a named volume at /persist/NAME. The
 environment is made here, not inherited: the brokered secrets' placeholders (the launcher's,
 as for every sandbox), the proxy variables, the CA bundle (mounted read-only at CA_PATH) under
@@ -129,13 +130,15 @@ def container_environment(spec_env: dict[str, str], placeholders=()) -> dict[str
 
 
 def engine_argv(engine: str, name: str, netns: str | None, spec: SandboxSpec, chosen: ContainerSpec,
-                ca_bundle: str | None, interactive: bool = False, shown: dict[str, str] | None = None) -> list[str]:
-    """The whole `ENGINE run ...` command line (tests read it). ``shown``: each of spec.replaced's
-    files -> the host file holding what the container sees instead (covers())."""
+                ca_bundle: str | None, interactive: bool = False, work: str | None = None,
+                shown: dict[str, str] | None = None) -> list[str]:
+    """The whole `ENGINE run ...` command line (tests read it). ``work``: what to mount at /work
+    instead of the project itself (its owner-mapped view, sandbox/idmap.py); ``shown``: each of
+    spec.replaced's files -> the host file holding what the container sees instead (covers())."""
     argv = [engine, "run", "--rm", "--name", name, *HARDENING,
             "--cpus", chosen.cpus, "--memory", chosen.memory, "--memory-swap", chosen.memory,
             "--network", f"ns:{netns}" if netns else "none",
-            "--mount", f"type=bind,src={spec.cwd},dst={WORKDIR}", "--workdir", WORKDIR]
+            "--mount", f"type=bind,src={work or spec.cwd},dst={WORKDIR}", "--workdir", WORKDIR]
     if interactive:
         argv += ["--interactive"]
     if ca_bundle:
@@ -252,7 +255,7 @@ class Container:
             name = f"egress-{os.urandom(6).hex()}"
             argv = engine_argv(self.engine, name, f"/proc/{holder.pid}/ns/net", spec, self.chosen, ca,
                                interactive=not _isatty(spec.stdin if spec.stdin is not None else 0),
-                               shown=view.shown)
+                               work=view.work, shown=view.shown)
             try:
                 process = subprocess.Popen(argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr,
                                            close_fds=True, restore_signals=True)
@@ -268,19 +271,26 @@ class Container:
 
 class HostView:
     """What a container's mounts need on the host, made before it starts and taken away after:
-    the stand-ins of spec.replaced's files, in a private folder."""
+    the stand-ins of spec.replaced's files, and (podman run as root) the project's owner-mapped
+    view (sandbox/idmap.py), all in one private folder."""
 
     def __init__(self):
         self.folder: str | None = None
+        self.work: str | None = None  # the owner-mapped project, mounted at /work; None: the project itself
         self.shown: dict[str, str] = {}
 
     @classmethod
     def make(cls, engine: str, spec: SandboxSpec) -> HostView:
         view = cls()
         replaced = {path: data for path, data in spec.replaced.items() if os.path.isfile(path)}
-        if not replaced:
+        mapped = engine == "podman" and os.geteuid() == 0  # rootful: the engine maps no ids
+        if not (replaced or mapped):
             return view
-        view.folder = tempfile.mkdtemp(prefix="egress-container-")
+        _sweep()
+        # /run: root's runtime folder, which no age-based cleaner walks (one walking into a view
+        # left attached by a killed egress would delete the project through it)
+        where = RUNTIME_DIR if mapped and os.access(RUNTIME_DIR, os.W_OK) else None
+        view.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=where)
         try:
             for index, (path, data) in enumerate(sorted(replaced.items())):
                 stand_in = os.path.join(view.folder, f"shown{index}")
@@ -288,15 +298,83 @@ class HostView:
                 with open(fd, "wb") as f:
                     f.write(data)
                 view.shown[path] = stand_in
+            if mapped:
+                view._map_work(spec.cwd)
         except BaseException:
             view.close()
             raise
         return view
 
+    def _map_work(self, project: str) -> None:
+        from sandbox import idmap
+
+        owner = os.stat(project).st_uid
+        if owner == 0:
+            # The container's user would write as root here: a setuid file it left would run as root.
+            raise SandboxError(EXIT_LAUNCHER, f"the project {project} is owned by root, and the container's user "
+                                              f"writes there as the project's owner: run it from a project owned "
+                                              f"by an unprivileged user (chown), or use --provider namespace",
+                               "mount")
+        target = os.path.join(self.folder, "work")
+        os.mkdir(target, 0o700)
+        uid, gid = map(int, USER.split(":"))
+        try:
+            self.work = idmap.owner_mapped(project, target, uid, gid)
+        except OSError as e:
+            raise SandboxError(EXIT_LAUNCHER, f"cannot show the project {project} to the container's user as its "
+                                              f"owner's (an idmapped mount: {e.strerror or e}); nothing ran, rather "
+                                              f"than a project only root could write. Idmapped mounts need Linux "
+                                              f"5.12+ and a filesystem that has them (ext4, xfs, btrfs, tmpfs 6.3+); "
+                                              f"--provider namespace needs none", "mount") from None
+
     def close(self) -> None:
         if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder = None
+            _take_away(self.folder)
+            self.folder = self.work = None
+
+
+RUNTIME_DIR = "/run"
+_PREFIX = "egress-container-"
+
+
+def _take_away(folder: str) -> None:
+    """Remove a HostView's folder: detach the project's view first; rmdir only, never a recursive
+    removal (the folder held the project). Left in place if the view cannot be detached."""
+    import errno
+
+    from sandbox import idmap
+
+    work = os.path.join(folder, "work")
+    try:
+        if os.path.isdir(work):
+            try:  # (os.path.ismount cannot tell: a bind of the same filesystem keeps its st_dev)
+                idmap.detach(work)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: not a mount (any more)
+                    raise
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.startswith("shown"):
+                os.unlink(path)
+            else:
+                os.rmdir(path)
+        os.rmdir(folder)
+    except OSError:
+        pass  # a view still attached stays so: removing through it would remove the project's files
+
+
+def _sweep() -> None:
+    """Take away the folders of egress runs that were killed before their close (SIGKILL)."""
+    for where in {RUNTIME_DIR, tempfile.gettempdir()}:
+        try:
+            names = [n for n in os.listdir(where) if n.startswith(_PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                _take_away(os.path.join(where, name))
+
 
 
 class ContainerBox:

@@ -188,11 +188,14 @@ def podman(tmp_path_factory):
     subprocess.run([engine, "rmi", "--force", IMAGE], capture_output=True, env={**os.environ, **env})
 
 
+OWNER = 4242  # the projects' owner: not root, not the container's 1000
+
+
 def in_podman(tmp_path, podman, *command, extra=(), policy=None, timeout=180, upstream_ca=None, env=None):
     engine_env, image = podman
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    os.chmod(project, 0o777)  # the container's user is 1000; rootful podman maps no ids
+    os.chown(project, OWNER, OWNER)  # the container's user (1000) writes as the project's owner
     kwargs = {"policy": policy} if policy else {}
     return egress_run(tmp_path, *command, extra=["--provider", "podman", "--image", image, *extra],
                       project=project, env={**engine_env, **(env or {})}, timeout=timeout, upstream_ca=upstream_ca,
@@ -270,7 +273,7 @@ def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, pod
                        env={**os.environ, **podman[0]})
 
 
-# ------------------------------------------------------------------ podman: brokered secrets
+# ------------------------------------------------------------------ podman: secrets and the project's owner
 
 
 FILE_SECRET = "egress-test-secret-9c2f4b7e1a0d5e3186f2"
@@ -330,6 +333,92 @@ def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path
     for text in (result.stdout, result.stderr, inspected[0]):
         assert GITHUB not in text and FILE_SECRET not in text
     assert (project / ".token").read_text() == FILE_SECRET + "\n"
+
+
+def test_files_made_in_work_belong_to_the_projects_owner_and_nothing_else_is_writable(tmp_path, podman):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "link").symlink_to("/etc/passwd")  # a way out of /work, were the host's /etc shown
+    script = ("id -u; stat -c %u:%g /work; echo a > /work/made && mkdir /work/sub && echo b > /work/sub/f; "
+              "for p in /x /etc/x /work/../y /work/link /bin/x; do echo no > $p && echo wrote $p; done; true")
+    result = in_podman(tmp_path, podman, "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["1000", "1000:1000"]  # the owner's project, as the container's user sees it
+    for made in ("made", "sub", "sub/f"):
+        info = (project / made).lstat()
+        assert (info.st_uid, info.st_gid) == (OWNER, OWNER), made
+    assert result.stderr.count("Read-only file system") == 5, result.stderr
+    assert not os.path.exists(tmp_path / "y")
+    assert left_views() == []  # the view is detached and its folder gone once the run ends
+
+
+def test_a_project_owned_by_root_is_refused_before_anything_runs(tmp_path, podman):
+    env, image = podman
+    project = tmp_path / "project"
+    project.mkdir()
+    result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", image],
+                        project=project, env=env)
+    assert result.returncode == 125 and "is owned by root" in result.stderr, result.stderr
+    assert not (project / "ran").exists()
+
+
+def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, podman):
+    # ramfs has no idmapped mounts: the run must stop, not hand uid 1000 a project it cannot write
+    # (or, made writable for it, one everybody can write).
+    env, image = podman
+    project = tmp_path / "project"
+    project.mkdir()
+    mounted = subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "ramfs", str(project)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a ramfs here: {mounted.stderr.strip()}")
+    try:
+        os.chown(project, OWNER, OWNER)
+        result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", image],
+                            project=project, env=env)
+        assert result.returncode == 125, result.stderr
+        assert f"cannot show the project {project} to the container's user" in result.stderr
+        assert os.listdir(project) == []
+    finally:
+        subprocess.run(["umount", str(project)], check=True)
+    assert left_views() == []
+
+
+def test_a_view_left_by_a_killed_run_is_taken_away_by_the_next_run(tmp_path, podman):
+    import signal
+
+    env, image = podman
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chown(project, OWNER, OWNER)
+    (tmp_path / "policy.toml").write_text('allow = ["allowed.test"]\n')
+    run = subprocess.Popen([*egress_command(), "run", "--policy", str(tmp_path / "policy.toml"), "--state-dir",
+                            str(tmp_path / "state"), "--provider", "podman", "--image", image, "--", "sh", "-c",
+                            "touch /work/ready; sleep 600"], cwd=project, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), **env))
+    engine = {**os.environ, **env}
+    try:
+        while not (project / "ready").exists() and run.poll() is None:
+            time.sleep(0.1)
+        os.kill(run.pid, signal.SIGKILL)  # no close(): its view of the project stays attached
+        run.wait()
+        left = [n for n in os.listdir(ct.RUNTIME_DIR) if n.startswith(f"{ct._PREFIX}{run.pid}-")]
+        assert len(left) == 1 and f"/{left[0]}/work " in open("/proc/self/mountinfo").read()
+    finally:
+        if run.poll() is None:
+            run.kill()
+        ids = subprocess.run(["podman", "ps", "-q", "--filter", f"ancestor={image}"], capture_output=True, text=True,
+                             env=engine).stdout.split()
+        subprocess.run(["podman", "rm", "--force", *ids], capture_output=True, env=engine)  # (the orphaned one)
+    assert in_podman(tmp_path, podman, "true").returncode == 0
+    assert not os.path.exists(os.path.join(ct.RUNTIME_DIR, left[0]))
+    assert f"/{left[0]}/work " not in open("/proc/self/mountinfo").read()
+
+
+def left_views() -> list[str]:
+    """Owner-mapped views of runs that ended (a run still going, another test's, has its own)."""
+    return [name for name in os.listdir(ct.RUNTIME_DIR) if name.startswith(ct._PREFIX)
+            and not os.path.exists(f"/proc/{name[len(ct._PREFIX):].split('-')[0]}")]
 
 
 # ------------------------------------------------------------------ docker: the same code path
