@@ -19,7 +19,8 @@ environment is made here, not inherited: the brokered secrets' placeholders (the
 as for every sandbox), the proxy variables, the CA bundle (mounted read-only at CA_PATH) under
 every name clients read, HOME and TMPDIR in /tmp. What the namespace provider's mounts promise
 (a secret file shows its placeholder, egress's state is hidden, its code read-only) becomes
-mounts wherever the container sees those paths (covers()). Machine-specific engine settings (a runtime, a cgroup manager, default
+mounts wherever the container sees those paths (covers()). Rootless podman is refused
+(ROOTLESS_REASON). Machine-specific engine settings (a runtime, a cgroup manager, default
 ulimits) are the engine's own configuration (containers.conf, CONTAINERS_CONF), never egress's flags.
 
 Exit statuses are the engine's, which are the shell's and egress's: the command's own, 125 the
@@ -197,6 +198,25 @@ def _plain(path: str) -> str:
     return path
 
 
+# Measured with rootless podman 4.3.1 and runc 1.1.5 (a user with /etc/subuid entries): podman,
+# inside its own user namespace, cannot open /proc/PID/ns/net of egress's holder ("stat: permission
+# denied"); handed a bind-mounted path instead, runc fails "setns into net namespace: invalid
+# argument". A namespace made inside podman's user namespace (`podman unshare unshare -n`) is
+# joined fine (the container sees only lo): see docs/architecture.md for what that would take.
+ROOTLESS_REASON = ("rootless podman cannot join the network namespace egress makes: podman runs the "
+                   "container from a user namespace of its own, a sibling of the one that owns egress's "
+                   "namespace, with no privilege over it (it cannot even open it)")
+ROOTLESS_FIX = ("run egress as root (sudo egress run --provider podman ...: rootful podman), or use "
+                "--provider namespace (the same network confinement, without an engine)")
+
+
+def rootless_refusal(engine: str, euid: int | None = None) -> str | None:
+    """Why egress run refuses --provider podman for an unprivileged caller (whose podman is rootless)."""
+    if engine != "podman" or (os.geteuid() if euid is None else euid) == 0:
+        return None
+    return f"--provider podman as an unprivileged user: {ROOTLESS_REASON}; nothing ran. Fix: {ROOTLESS_FIX}"
+
+
 def _isatty(fd: int) -> bool:
     try:
         return os.isatty(fd)
@@ -224,7 +244,7 @@ class Container:
                     f"policy's [container] table")
         if shutil.which(self.engine) is None:
             return f"--provider {self.engine}: {self.engine} is not installed (not on PATH)"
-        return None
+        return rootless_refusal(self.engine)
 
     def listener(self, networked: bool):
         from sandbox.platforms import LINUX_PROXY_PORT, Listener

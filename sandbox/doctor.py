@@ -316,7 +316,8 @@ def _container_provider(engine: str) -> Check:
     path = shutil.which(engine)
     if path is None:
         return Check(name, "not-applicable", f"{engine} is not installed",
-                     "apt-get install podman (rootless: run egress as an unprivileged user)" if engine == "podman"
+                     "apt-get install podman (egress runs it as root: rootless podman cannot join its "
+                     "namespace)" if engine == "podman"
                      else "install docker, or prefer podman")
     if engine == "docker":
         try:
@@ -329,14 +330,15 @@ def _container_provider(engine: str) -> Check:
                          "start the docker daemon, or use --provider podman (no daemon)")
         return Check(name, "warning", "kernel isolation and egress's network namespace, through a root daemon: "
                                       "whoever can use it is root here, and an escape lands on root",
-                     "prefer podman run by an unprivileged user (rootless)")
+                     "prefer --provider namespace (no daemon, no root)")
     if os.geteuid() == 0:
         return Check(name, "warning", "kernel isolation and egress's network namespace, but an escape lands "
                                       "on root (podman run as root)",
-                     "run egress as an unprivileged user for rootless podman")
-    return Check(name, "warning", "rootless: kernel isolation, an escape lands on your own user; egress's tests "
-                                  "run podman as root, so joining egress's namespace rootless is untested here",
-                 "egress run --provider namespace gives the same network confinement without an engine")
+                     "for commands you do not trust, --provider namespace confines them without root "
+                     "(rootless podman cannot join egress's namespace)")
+    from sandbox.container import ROOTLESS_FIX, ROOTLESS_REASON
+
+    return Check(name, "unavailable", f"egress run refuses it: {ROOTLESS_REASON}", ROOTLESS_FIX)
 
 
 def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:

@@ -16,13 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, egress_command
+from conftest import clean_env, egress_command, stop_warm_servers
 from sandbox import container as ct
 from sandbox.providers import PROVIDERS, select
-from test_run import egress_run, test_host  # noqa: F401 (a fixture)
+from test_run import egress_run, test_host, user_venv  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
 
@@ -134,7 +135,7 @@ def test_doctor_names_each_provider_without_overclaiming(tmp_path):
     podman = rows["provider podman"]
     if shutil.which("podman") and os.geteuid() == 0:
         assert podman["status"] == "warning" and "an escape lands on root" in podman["detail"]
-        assert "unprivileged user" in podman["fix"]
+        assert "--provider namespace" in podman["fix"]
     docker = rows["provider docker"]
     assert docker["status"] != "ok" and docker["fix"]  # a root daemon, or none: never plainly ok
     for row in rows.values():
@@ -184,7 +185,7 @@ def podman(tmp_path_factory):
                            text=True, env={**os.environ, **env})
     if probe.returncode != 0:
         pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[:200]}")
-    yield env, IMAGE
+    yield env, IMAGE, tarball
     subprocess.run([engine, "rmi", "--force", IMAGE], capture_output=True, env={**os.environ, **env})
 
 
@@ -192,7 +193,7 @@ OWNER = 4242  # the projects' owner: not root, not the container's 1000
 
 
 def in_podman(tmp_path, podman, *command, extra=(), policy=None, timeout=180, upstream_ca=None, env=None):
-    engine_env, image = podman
+    engine_env, image, _ = podman
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     os.chown(project, OWNER, OWNER)  # the container's user (1000) writes as the project's owner
@@ -353,7 +354,7 @@ def test_files_made_in_work_belong_to_the_projects_owner_and_nothing_else_is_wri
 
 
 def test_a_project_owned_by_root_is_refused_before_anything_runs(tmp_path, podman):
-    env, image = podman
+    env, image, _ = podman
     project = tmp_path / "project"
     project.mkdir()
     result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", image],
@@ -365,7 +366,7 @@ def test_a_project_owned_by_root_is_refused_before_anything_runs(tmp_path, podma
 def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, podman):
     # ramfs has no idmapped mounts: the run must stop, not hand uid 1000 a project it cannot write
     # (or, made writable for it, one everybody can write).
-    env, image = podman
+    env, image, _ = podman
     project = tmp_path / "project"
     project.mkdir()
     mounted = subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "ramfs", str(project)], capture_output=True,
@@ -387,7 +388,7 @@ def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, p
 def test_a_view_left_by_a_killed_run_is_taken_away_by_the_next_run(tmp_path, podman):
     import signal
 
-    env, image = podman
+    env, image, _ = podman
     project = tmp_path / "project"
     project.mkdir()
     os.chown(project, OWNER, OWNER)
@@ -419,6 +420,124 @@ def left_views() -> list[str]:
     """Owner-mapped views of runs that ended (a run still going, another test's, has its own)."""
     return [name for name in os.listdir(ct.RUNTIME_DIR) if name.startswith(ct._PREFIX)
             and not os.path.exists(f"/proc/{name[len(ct._PREFIX):].split('-')[0]}")]
+
+
+# ------------------------------------------------------------------ rootless podman: refused, and said why
+
+
+def test_rootless_is_refused_only_for_podman_and_only_for_an_unprivileged_caller():
+    assert ct.rootless_refusal("podman", 0) is None and ct.rootless_refusal("docker", 1000) is None
+    refusal = ct.rootless_refusal("podman", 1000)
+    assert ct.ROOTLESS_REASON in refusal and refusal.endswith(ct.ROOTLESS_FIX) and "nothing ran" in refusal
+
+
+def test_rootless_podman_is_refused_before_anything_runs_and_the_doctor_says_why(user_venv):
+    import tempfile
+
+    venv, nobody = user_venv
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed")
+    home = tempfile.mkdtemp(prefix="egress-user-home-")
+    try:
+        os.chmod(home, 0o755)
+        project = os.path.join(home, "project")
+        os.mkdir(project)
+        for path in (home, project):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        as_nobody = {"capture_output": True, "text": True, "timeout": 120, "cwd": project, "user": nobody.pw_uid,
+                     "group": nobody.pw_gid, "extra_groups": [], "env": {"PATH": "/usr/bin:/bin", "HOME": home}}
+        result = subprocess.run([f"{venv}/bin/egress", "run", "--provider", "podman", "--image", IMAGE, "--",
+                                 "touch", "ran"], **as_nobody)
+        assert result.returncode == 125, result.stderr
+        assert ct.ROOTLESS_REASON in result.stderr and ct.ROOTLESS_FIX in result.stderr
+        assert not os.path.exists(os.path.join(project, "ran"))
+        doctor = subprocess.run([f"{venv}/bin/egress", "doctor", "--json"], **as_nobody)
+        rows = {row["name"]: row for row in map(json.loads, doctor.stdout.splitlines())}
+        assert rows["provider podman"]["status"] == "unavailable"
+        assert ct.ROOTLESS_REASON in rows["provider podman"]["detail"]
+        assert rows["provider podman"]["fix"] == ct.ROOTLESS_FIX
+    finally:
+        stop_warm_servers(Path(home))
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def rootless(podman, tmp_path):
+    """A function running a command as a user made for the test, with /etc/subuid entries (useradd
+    adds them), this machine's engine settings and the test image in its rootless podman."""
+    import pwd
+
+    if not all(shutil.which(tool) for tool in ("useradd", "userdel", "newuidmap", "unshare")):
+        pytest.skip("useradd, userdel, newuidmap (uidmap) and unshare are needed for a rootless podman")
+    name = f"egress-rl{os.urandom(3).hex()}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True, capture_output=True)
+    user = pwd.getpwnam(name)
+    try:
+        if not any(line.startswith(f"{name}:") for line in open("/etc/subuid")):
+            pytest.skip("useradd gave the user no /etc/subuid range here")
+        home = user.pw_dir
+        runtime = os.path.join(home, "run")
+        os.mkdir(runtime, 0o700)
+        os.chown(runtime, user.pw_uid, user.pw_gid)
+        conf = os.path.join(home, "containers.conf")
+        shutil.copy(podman[0]["CONTAINERS_CONF"], conf)
+        os.chmod(conf, 0o644)
+        env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": home, "XDG_RUNTIME_DIR": runtime,
+               "CONTAINERS_CONF": conf}
+
+        def as_user(*argv, wait=True, **kwargs):
+            start = subprocess.run if wait else subprocess.Popen
+            return start(list(argv), user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env, cwd=home,
+                         **({"capture_output": True, "text": True, "timeout": 120} if wait else {}), **kwargs)
+
+        tarball = os.path.join(home, "image.tar")
+        shutil.copy(podman[2], tarball)
+        os.chown(tarball, user.pw_uid, user.pw_gid)
+        made = as_user("podman", "import", tarball, IMAGE)
+        if made.returncode != 0:
+            pytest.skip(f"rootless podman cannot import an image here: {made.stderr.strip()[-300:]}")
+        yield as_user
+    finally:
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):  # what the test's user started
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == user.pw_uid:
+                    os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        subprocess.run(["userdel", "--remove", name], capture_output=True)
+
+
+def test_rootless_podman_cannot_join_a_namespace_its_user_made_only_one_made_in_its_own(rootless, tmp_path):
+    """What egress's refusal rests on, measured: egress's namespace (a user namespace of the caller's
+    own with a network namespace in it, as `unshare -Urn` makes) is out of rootless podman's
+    reach; one made inside podman's user namespace (`podman unshare`) is joined."""
+    holder = rootless("unshare", "-Urn", "sleep", "600", wait=False)
+    try:
+        time.sleep(0.5)
+        joined = rootless("podman", "run", "--rm", "--network", f"ns:/proc/{holder.pid}/ns/net", IMAGE, "true")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert joined.returncode != 0
+    assert f"stat /proc/{holder.pid}/ns/net: permission denied" in joined.stderr, joined.stderr
+    pid_file = os.path.join(rootless("sh", "-c", "echo $HOME").stdout.strip(), "holder.pid")
+    inside = rootless("podman", "unshare", "unshare", "-n", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 600",
+                      wait=False)
+    try:
+        while not os.path.exists(pid_file) or not open(pid_file).read().strip():
+            time.sleep(0.1)
+        pid = open(pid_file).read().strip()
+        joined = rootless("podman", "run", "--rm", "--network", f"ns:/proc/{pid}/ns/net", IMAGE, "ls",
+                          "/sys/class/net")
+        assert joined.returncode == 0 and joined.stdout.split() == ["lo"], joined.stderr
+        if os.path.exists("/sys/fs/cgroup/memory"):  # cgroups v1, as here: the hardening's limits would not hold
+            limited = rootless("podman", "run", "--rm", "--network", "none", "--memory", "64m", "--pids-limit", "64",
+                               IMAGE, "true")
+            assert limited.returncode == 0 and "Resource limits are not supported and ignored" in limited.stderr
+    finally:
+        inside.kill()
+        inside.wait()
 
 
 # ------------------------------------------------------------------ docker: the same code path
