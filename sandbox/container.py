@@ -342,10 +342,10 @@ class HostView:
             self.work = idmap.owner_mapped(project, target, uid, gid)
         except OSError as e:
             raise SandboxError(EXIT_LAUNCHER, f"cannot show the project {project} to the container's user as its "
-                                              f"owner's (an idmapped mount: {e.strerror or e}); nothing ran, rather "
-                                              f"than a project only root could write. Idmapped mounts need Linux "
-                                              f"5.12+ and a filesystem that has them (ext4, xfs, btrfs, tmpfs 6.3+); "
-                                              f"--provider namespace needs none", "mount") from None
+                                              f"owner's (an idmapped mount: {e.strerror or e}); nothing ran (unmapped, "
+                                              f"the project is not the container user's to write). Idmapped mounts "
+                                              f"need Linux 5.12+ and a filesystem that has them (ext4, xfs, btrfs, "
+                                              f"tmpfs 6.3+); --provider namespace needs none", "mount") from None
 
     def close(self) -> None:
         if self.folder is not None:
@@ -394,7 +394,6 @@ def _sweep() -> None:
             pid = name[len(_PREFIX):].split("-", 1)[0]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 _take_away(os.path.join(where, name))
-
 
 
 class ContainerBox:
