@@ -316,17 +316,19 @@ def _container_provider(engine: str) -> Check:
     path = shutil.which(engine)
     if path is None:
         return Check(name, "not-applicable", f"{engine} is not installed",
-                     "apt-get install podman (rootless: run egress as an unprivileged user)" if engine == "podman"
+                     "apt-get install podman (egress runs it as root: rootless podman cannot join its "
+                     "namespace)" if engine == "podman"
                      else "install docker, or prefer podman")
     if engine == "docker":
         return _docker(name, path)
     if os.geteuid() == 0:
         return Check(name, "warning", "kernel isolation and egress's network namespace, but an escape lands "
                                       "on root (podman run as root)",
-                     "run egress as an unprivileged user for rootless podman")
-    return Check(name, "warning", "rootless: kernel isolation, an escape lands on your own user; egress's tests "
-                                  "run podman as root, so joining egress's namespace rootless is untested here",
-                 "egress run --provider namespace gives the same network confinement without an engine")
+                     "for commands you do not trust, --provider namespace confines them without root "
+                     "(rootless podman cannot join egress's namespace)")
+    from sandbox.container import ROOTLESS_FIX, ROOTLESS_REASON
+
+    return Check(name, "unavailable", f"egress run refuses it: {ROOTLESS_REASON}", ROOTLESS_FIX)
 
 
 def _docker(name: str, path: str) -> Check:
@@ -353,7 +355,7 @@ def _docker(name: str, path: str) -> Check:
     return Check(name, "warning", f"the daemon answers (version {version}, {daemon}); egress sets up the "
                                   "network namespace of a holder container from inside and the command's container "
                                   "joins it; not tried by egress doctor (it starts no container)",
-                 "prefer podman run by an unprivileged user (rootless)")
+                 "prefer --provider namespace (no daemon, no root)")
 
 
 def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:

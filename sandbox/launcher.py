@@ -419,8 +419,9 @@ def run(options: RunOptions, platform=None) -> int:
             except (StateError, OSError) as e:
                 raise LaunchError(str(e)) from None
         command_env = dict(caller_env)
-        if credentials is not None:  # the command holds placeholders, never the bound secrets
-            command_env.update(credentials.placeholder_environment())
+        # the command holds placeholders, never the bound secrets (whichever sandbox holds it)
+        placeholders = credentials.placeholder_environment() if credentials is not None else {}
+        command_env.update(placeholders)
         env = environment.command_environment(
             command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir)
         env.update(platform.environment(tmpdir))
@@ -437,6 +438,7 @@ def run(options: RunOptions, platform=None) -> int:
                            # nor a secret file bound to hosts (it reads the placeholder instead).
                            hidden=[str(_state_dir(options))],
                            replaced=_replaced_files(options, credentials),
+                           placeholders=list(placeholders),
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
         if networked:

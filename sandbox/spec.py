@@ -37,6 +37,8 @@ class SandboxSpec:
         interpreter trees (sys.prefix, base_prefix) always are: a venv under /tmp stays runnable.
     hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
     replaced: files the command sees with other contents (secret files -> their placeholders).
+    placeholders: names of the variables in env that hold a brokered secret's placeholder; a
+        sandbox that builds the command's environment afresh (a container) passes these on.
     network: hand over a listening socket on 127.0.0.1:proxy_port inside; with False the
         command still gets a fresh network namespace with only `lo`.
     capture: with network, capture every other road out too (Linux, sandbox/capture.py): routes
@@ -56,7 +58,7 @@ class SandboxSpec:
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
                  "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr", "socket_dirs",
-                 "capture")
+                 "capture", "placeholders")
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class SandboxSpec:
         stderr: int | None = None,
         socket_dirs: Sequence[str] = (),
         capture: bool = False,
+        placeholders: Sequence[str] = (),
     ) -> None:
         if not argv:
             raise ValueError("argv must name a command")
@@ -95,6 +98,7 @@ class SandboxSpec:
         self.replaced = {os.path.abspath(p): bytes(v) for p, v in (replaced or {}).items()}
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.socket_dirs = [os.path.abspath(p) for p in socket_dirs]
+        self.placeholders = [str(name) for name in placeholders]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k not in ("env", "replaced"))

@@ -1,0 +1,100 @@
+"""The project as a rootful container's user sees it: an idmapped mount of it.
+
+Rootful podman maps no ids: the container's uid 1000 is the host's uid 1000, which cannot write a
+project owned by the person who ran egress (and a project made writable for it is writable for
+everyone). An idmapped mount (Linux 5.12+, mount_setattr(MOUNT_ATTR_IDMAP)) translates ids on
+one mount only: through it the owner's files show as uid:gid 1000, and what uid 1000 creates is
+stored as the owner's. The host's files and every other mount keep their ids.
+
+    attached = owner_mapped("/home/ann/project", "/tmp/egress-container-x/work", 1000, 1000)
+    ... podman run --mount type=bind,src=/tmp/egress-container-x/work,dst=/work ...
+    detach(attached)
+
+Why egress makes it, not the engine: podman 4.3.1 passes `--mount ...,idmap` to the OCI runtime
+as a mount option, which crun reads and runc 1.1 does not (idmapped mounts came with runc 1.2):
+runc hands the unknown word to mount(2) as data, which a bind mount ignores, so the project would
+be mounted unmapped without a word. crun is not usable on these machines (it needs
+CAP_SYS_RESOURCE for its rlimits). A bind mount of an idmapped mount keeps its mapping, so the
+engine's plain bind of the mapped copy gives the container the mapped view whatever its runtime.
+
+The mapping is one id each way: only the owner's files are the container user's; files of other
+users show as the overflow id (65534) and stay as writable as "others" may. Only root can make
+these mounts (CAP_SYS_ADMIN over the mount), which is when podman maps no ids.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import subprocess
+import sys
+
+from sandbox import _libc, mounts
+
+_MOUNT_ATTR_IDMAP = 0x00100000
+_MNT_DETACH = 2
+
+# A process whose only purpose is to own a user namespace while its maps are written: the
+# mapping is read from /proc/PID/ns/user, and the namespace lives on in that descriptor.
+_NAMESPACE_HOLDER = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "if libc.unshare(0x10000000) != 0:\n"  # CLONE_NEWUSER
+    "    sys.stderr.write(os.strerror(ctypes.get_errno())); sys.exit(1)\n"
+    "os.write(1, b'u')\n"
+    "os.read(0, 1)\n"
+)
+
+
+def owner_mapped(source: str, target: str, uid: int, gid: int) -> str:
+    """Attach at ``target`` (an empty folder) a copy of the mount tree at ``source`` through which
+    the files of source's owner show as uid:gid, and what uid:gid creates there is the owner's.
+    Returns target. Raises OSError (nothing attached)."""
+    info = os.stat(source)
+    userns = user_namespace(f"{info.st_uid} {uid} 1", f"{info.st_gid} {gid} 1")
+    try:
+        tree = mounts._clone(source)
+        try:
+            attr = mounts._MountAttr(_MOUNT_ATTR_IDMAP | mounts._MOUNT_ATTR_NOSUID | mounts._MOUNT_ATTR_NODEV,
+                                     0, 0, userns)
+            try:
+                _libc.syscall(mounts._SYS_MOUNT_SETATTR, tree, b"", mounts._AT_EMPTY_PATH | mounts._AT_RECURSIVE,
+                              ctypes.byref(attr), ctypes.sizeof(attr))
+            except OSError as e:  # EINVAL: a filesystem without idmapped mounts (ramfs, NFS, ...) below source
+                why = "; its filesystem has no idmapped mounts" if e.errno == errno.EINVAL else ""
+                raise OSError(e.errno, f"mount_setattr(MOUNT_ATTR_IDMAP): {os.strerror(e.errno)}{why}") from None
+            mounts._move(tree, target)
+        finally:
+            os.close(tree)
+    finally:
+        os.close(userns)
+    return target
+
+
+def user_namespace(uid_map: str, gid_map: str) -> int:
+    """A descriptor of a new user namespace with these maps (lines "INSIDE OUTSIDE COUNT").
+    Raises OSError."""
+    holder = subprocess.Popen([sys.executable, "-I", "-S", "-c", _NAMESPACE_HOLDER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+    try:
+        if holder.stdout.read(1) != b"u":
+            holder.wait()
+            why = holder.stderr.read().decode(errors="replace").strip() or f"status {holder.returncode}"
+            raise OSError(f"cannot make a user namespace: {why}")
+        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/{holder.pid}/{name}", "w") as f:
+                f.write(text)
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        holder.stdin.close()  # it ends; the namespace lives on in the descriptor
+        holder.wait()
+        holder.stdout.close()
+        holder.stderr.close()
+
+
+def detach(target: str) -> None:
+    """Take the mount at ``target`` away (lazily: a process still inside keeps its view)."""
+    if _libc._libc.umount2(target.encode(), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
