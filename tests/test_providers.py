@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import pytest
 
-from conftest import clean_env, egress_command, stop_warm_servers
+from conftest import clean_env, egress_command
 from sandbox import container as ct
 from sandbox.providers import PROVIDERS, select
-from test_run import POLICY, egress_run, test_host, user_venv  # noqa: F401 (fixtures)
+from test_run import POLICY, egress_run, nobody_home, test_host, user_venv  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
 
@@ -563,18 +563,10 @@ def test_rootless_is_refused_only_for_podman_and_only_for_an_unprivileged_caller
 
 
 def test_rootless_podman_is_refused_before_anything_runs_and_the_doctor_says_why(user_venv):
-    import tempfile
-
     venv, nobody = user_venv
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    home = tempfile.mkdtemp(prefix="egress-user-home-")
-    try:
-        os.chmod(home, 0o755)
-        project = os.path.join(home, "project")
-        os.mkdir(project)
-        for path in (home, project):
-            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    with nobody_home(nobody) as (home, project):
         as_nobody = {"capture_output": True, "text": True, "timeout": 120, "cwd": project, "user": nobody.pw_uid,
                      "group": nobody.pw_gid, "extra_groups": [], "env": {"PATH": "/usr/bin:/bin", "HOME": home}}
         result = subprocess.run([f"{venv}/bin/egress", "run", "--provider", "podman", "--image", IMAGE, "--",
@@ -587,9 +579,6 @@ def test_rootless_podman_is_refused_before_anything_runs_and_the_doctor_says_why
         assert rows["provider podman"]["status"] == "unavailable"
         assert ct.ROOTLESS_REASON in rows["provider podman"]["detail"]
         assert rows["provider podman"]["fix"] == ct.ROOTLESS_FIX
-    finally:
-        stop_warm_servers(Path(home))
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture

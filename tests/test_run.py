@@ -8,6 +8,7 @@ addresses), so a leak would really arrive there and be seen.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -452,9 +453,10 @@ def user_venv():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run_as_nobody(venv: str, nobody, policy_text: str, resolve: tuple[str, ...], script: str):
-    """`egress run --policy P --resolve H:127.0.0.1... -- sh -c SCRIPT` as nobody, from a project in
-    a home of its own (made for the run; removed after it, with the warm proxy the run started)."""
+@contextlib.contextmanager
+def nobody_home(nobody):
+    """(home, project): a home of nobody's own with a project in it, made for a run and removed
+    after it, with the warm proxy the run started as nobody."""
     home = tempfile.mkdtemp(prefix="egress-user-home-")
     try:
         os.chmod(home, 0o755)
@@ -462,6 +464,16 @@ def run_as_nobody(venv: str, nobody, policy_text: str, resolve: tuple[str, ...],
         os.mkdir(project)
         for path in (home, project):
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        yield home, project
+    finally:
+        stop_warm_servers(Path(home))
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run_as_nobody(venv: str, nobody, policy_text: str, resolve: tuple[str, ...], script: str):
+    """`egress run --policy P --resolve H:127.0.0.1... -- sh -c SCRIPT` as nobody, from a project in
+    a home of its own (nobody_home)."""
+    with nobody_home(nobody) as (home, project):
         policy = os.path.join(home, "policy.toml")
         with open(policy, "w") as f:
             f.write(policy_text)
@@ -471,9 +483,6 @@ def run_as_nobody(venv: str, nobody, policy_text: str, resolve: tuple[str, ...],
         return subprocess.run([*command, "--", "sh", "-c", script], capture_output=True, text=True, timeout=120,
                               cwd=project, user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
                               env={"PATH": "/usr/bin:/bin", "HOME": home})
-    finally:
-        stop_warm_servers(Path(home))  # the run's warm proxy, started as nobody
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_works_as_an_unprivileged_user(user_venv, http_upstream, curl_path):
