@@ -244,6 +244,7 @@ def _isatty(fd: int) -> bool:
 
 _HOLDER = "import os\nos.read(0, 1)\n"  # holds the namespace until its stdin closes (or it is killed)
 _ENGINE_TIMEOUT = 120  # seconds for one engine step (start, inspect, kill); a busy daemon is slow
+_SAID = 300  # characters of an engine's complaint that egress repeats
 
 
 class Container:
@@ -491,7 +492,7 @@ class EngineNamespace:
                 made = self._engine("import", "-", tag, input=tarball)
                 if made.returncode != 0:
                     raise SandboxError(EXIT_LAUNCHER, f"{self.engine} cannot import the holder image: "
-                                       f"{made.stderr.decode(errors='replace').strip()[:300]}", "exec")
+                                       f"{made.stderr.decode(errors='replace').strip()[:_SAID]}", "exec")
         raise SandboxError(EXIT_LAUNCHER, f"{self.engine} holds {tag} with other content than egress's holder",
                            "exec")
 
@@ -503,7 +504,7 @@ class EngineNamespace:
             if self._client.poll() is not None:
                 said = self._client.stderr.read().decode(errors="replace").strip()
                 raise SandboxError(EXIT_LAUNCHER, f"{self.engine} could not start the holder container: "
-                                   f"{said[:300] or f'exit status {self._client.returncode}'}", "network")
+                                   f"{said[:_SAID] or f'exit status {self._client.returncode}'}", "network")
             answer = self._engine("inspect", "--type", "container", "--format",
                                   "{{.State.Running}} {{.State.Pid}} {{.Id}}", self.name).stdout.split()
             if len(answer) == 3 and answer[0] == "true" and answer[1].isdigit() and int(answer[1]) > 0:
