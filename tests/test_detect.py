@@ -1023,3 +1023,29 @@ def test_a_json_segment_ends_where_its_pattern_says(seed):
         for pos in range(1, len(buf) + 1):
             d = pattern.search(buf, pos)
             assert _json_right(buf, pos) == (d.start() if d else len(buf)), (buf, pos)
+
+
+def test_one_detector_scans_in_several_threads_at_once():
+    # egress run scans its command's output in one thread while its proxy scans bodies
+    # in another: each thread has its own Hyperscan scratch space (one used by two
+    # scans at once is an error, and would fail closed -- a refusal for nothing).
+    import threading
+    det = Detector([("MY_TOKEN", "QwErTyUiOp" + rnd(10))])
+    data = [generated(seed) for seed in range(4)]
+    expected = [det.scan(d) for d in data]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                results[i] = det.scan(data[i])
+                assert results[i] == expected[i]
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and [results[i] for i in range(4)] == expected
