@@ -365,15 +365,19 @@ def wedge_main(args) -> None:
 
 
 def load_base(rev: str, tmp: str):
-    """egress/detect.py and decode.py at ``rev``, imported as the package egress_base."""
+    """egress/detect.py and decode.py (and multimatch.py, where it is) at ``rev``, imported as
+    the package egress_base."""
     import importlib
     import subprocess
     import tarfile
     import io
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    blob = subprocess.run(["git", "-C", repo, "archive", rev, "egress/detect.py", "egress/decode.py"],
-                          capture_output=True, check=True, timeout=60).stdout
+    present = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", rev, "egress/"], capture_output=True,
+                             text=True, check=True, timeout=60).stdout.split()
+    files = [f for f in ("egress/detect.py", "egress/decode.py", "egress/multimatch.py") if f in present]
+    blob = subprocess.run(["git", "-C", repo, "archive", rev, *files], capture_output=True, check=True,
+                          timeout=60).stdout
     target = os.path.join(tmp, "egress_base")
     os.makedirs(target)
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:

@@ -20,7 +20,7 @@ import zlib
 from bisect import bisect_right
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
-           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE"]
+           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE", "RUN_TRIGGERS", "run_starts", "run_start", "run_segments"]
 
 
 # ------------------------------------------------------------------ content-encoding
@@ -296,9 +296,29 @@ def _marks(chars: bytes) -> bytes:
 
 
 _PCT_LEFT = _marks(b" \t\r\n\"'<>")
-_PCT_RIGHT = re.compile(rb"[ \t\r\n\"'<>]")
+_PCT_STOP = re.compile(rb"[ \t\r\n\"'<>]").search
 _JSON_LEFT = _marks(b"{[,\r\n")
-_JSON_RIGHT = re.compile(rb'(?<!\\)"|[\r\n]')
+_JSON_STOP = re.compile(rb'["\r\n]').search
+
+
+def _pct_right(buf: bytes, pos: int) -> int:
+    d = _PCT_STOP(buf, pos)
+    return d.start() if d else len(buf)
+
+
+def _json_right(buf: bytes, pos: int) -> int:
+    """The first quote not after a backslash, or line break, from ``pos`` on (what
+    ``(?<!\\)"|[\\r\\n]`` finds): sre skips to a member of a leading character set in a
+    tight loop, where a pattern that starts with a look-behind is tried at every byte."""
+    d = _JSON_STOP(buf, pos)
+    while d is not None:
+        k = d.start()
+        if buf[k] != 0x22 or buf[k - 1] != 0x5C:
+            return k
+        d = _JSON_STOP(buf, k + 1)
+    return len(buf)
+
+
 _HEX_BYTE = {bytes(f"{i:02x}".encode()): bytes([i]) for i in range(256)}
 _HEX_BYTE.update({bytes([a, b]): v for k, v in list(_HEX_BYTE.items())
                   for a in {k[0], ord(chr(k[0]).upper())} for b in {k[1], ord(chr(k[1]).upper())}})
@@ -309,7 +329,7 @@ _HEX_BYTE.update({bytes([a, b]): v for k, v in list(_HEX_BYTE.items())
 _RUN_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-"
 RUN_TABLE = bytes(ord("a") if c in _RUN_CHARS else ord(" ") for c in range(256))
 _RUN = re.compile(b"a" * B64_MIN_RUN + b"a*")
-_ANY_RUN = re.compile(b"a+")
+_ANY_RUN_RAW = re.compile(rb"[A-Za-z0-9+/_\-]+")
 _URLSAFE_TO_STD = bytes.maketrans(b"-_", b"+/")
 _HEX_CHARS = b"0123456789abcdefABCDEF"
 _NEWLINE = re.compile(rb"\r?\n|\\r\\n|\\n")
@@ -337,29 +357,34 @@ def _linear_span(arg: list, s: int, e: int) -> tuple[int, int]:
 
 
 def _left_edge(buf: bytes, floor: int, first: int, marks: bytes) -> int:
-    """The position after the last delimiter (per ``marks``) in buf[floor:first], or floor."""
+    """The position after the last delimiter (per ``marks``) in buf[floor:first], or floor.
+    Looked for 64 bytes back first (a JSON member's key is near), then 512 at a time."""
     hi = first
+    step = 64
     while hi > floor:
-        lo = max(floor, hi - 512)
+        lo = max(floor, hi - step)
         k = buf[lo:hi].translate(marks).rfind(b"|")
         if k >= 0:
             return lo + k + 1
         hi = lo
+        step = 512
     return floor
 
 
-def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: bytes,
-                     right: re.Pattern) -> list[Segment]:
+def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: bytes, right,
+                     lead: bytes | None = None) -> list[Segment]:
     """Segments around the matches of ``evidence``: out to the nearest delimiter on each
     side, decoded whole by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``. The map
-    back (which needs the pieces) is only worked out for a segment something is found in."""
+    back (which needs the pieces) is only worked out for a segment something is found in.
+    ``lead``: the byte every match starts with, when it is mostly evidence where it occurs
+    (``%``): ``find`` (memchr) gets to the next one faster than the regex engine's search."""
     out: list[Segment] = []
     floor = 0
-    while (m := evidence.search(buf, floor)) is not None:
+    search, find = evidence.search, buf.find
+    while (k := find(lead, floor) if lead else floor) >= 0 and (m := search(buf, k)) is not None:
         first = m.start()
         lo = _left_edge(buf, floor, first, left)
-        d = right.search(buf, m.end())
-        hi = d.start() if d else len(buf)
+        hi = right(buf, m.end())
         raw = buf[lo:hi]
         out.append((decode(raw, lo, False)[0], _linear_span, [raw, lo, decode, None]))
         floor = hi
@@ -470,19 +495,73 @@ def _mixed_case(run: bytes) -> bool:
     return not run.islower() and not run.isupper()
 
 
-def run_segments(buf: bytes) -> list[Segment]:
+def run_starts(buf: bytes) -> list[int]:
+    """Where each run of B64_MIN_RUN or more run characters in ``buf`` starts. What
+    :data:`RUN_TRIGGERS` stand in for: the detector finds the runs that matter with those
+    in its one compiled pass, and the tests check it against this."""
+    return [m.start() for m in _RUN.finditer(buf.translate(RUN_TABLE))]
+
+
+def run_start(buf: bytes, end: int) -> int:
+    """The start of the run of run characters that holds ``buf[end - 1]``."""
+    hi = end
+    while hi > 0:
+        lo = max(0, hi - 4096)
+        r = buf[lo:hi].translate(RUN_TABLE).rfind(b" ")
+        if r >= 0:
+            return lo + r + 1
+        hi = lo
+    return 0
+
+
+# Hyperscan expressions (see egress.multimatch) that between them match at the start of
+# every run that run_segments does something with -- once per run, and never on the runs
+# that make up most text (lower-case hex digests, UUIDs, paths), so that a clean buffer
+# costs no Python step per run:
+#   * the first 20 characters hold an upper-case letter (mixed-case base64, or upper case);
+#   * the first upper-case letter comes later (reported at it, so its start is looked up);
+#   * no letter in the first 20 (digits and +/_- only: base64 of no letter at all);
+#   * 16 hex pairs that are ASCII bytes (a hex layer).
+# A run of lower case and digits only is skipped by run_segments unless it is such hex.
+# Each is (expression, distance from the match's end back to the run's start; 0: unknown).
+# The first two leave out a run at the very start of the buffer (Hyperscan ran them ~20%
+# slower with "^|"): the caller adds position 0 when a run starts there.
+_R = rb"[A-Za-z0-9+/_\-]"
+_NOT_R = rb"[^A-Za-z0-9+/_\-]"
+_RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
+_NOT_UPPER = rb"[a-z0-9+/_\-]"
+
+
+def _times(chars: bytes, n: int) -> bytes:
+    return chars + b"{%d}" % n if n else b""  # Hyperscan refuses {0}
+
+
+RUN_TRIGGERS: tuple[tuple[bytes, int], ...] = (
+    (_NOT_R + b"(?:" + b"|".join(_times(_NOT_UPPER, k) + b"[A-Z]" + _times(_R, B64_MIN_RUN - 1 - k)
+                                 for k in range(B64_MIN_RUN)) + b")", B64_MIN_RUN),
+    (_NOT_R + _NOT_UPPER + b"{%d,}[A-Z]" % B64_MIN_RUN, 0),
+    (_RUN_EDGE + rb"[0-9+/_\-]{%d}" % B64_MIN_RUN, B64_MIN_RUN),
+    (_RUN_EDGE + rb"(?:[0-7][0-9a-fA-F]){%d}" % (HEX_MIN_RUN // 2), HEX_MIN_RUN),
+)
+
+
+def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
     """Base64 runs (mixed case, at least B64_MIN_RUN characters; the lines of a wrapped
     base64 text are joined) and hex runs (at least HEX_MIN_RUN digits that decode to
-    ASCII), decoded."""
+    ASCII), decoded. ``starts``: where runs start, at least every one that decodes
+    (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`)."""
     out: list[Segment] = []
     n = len(buf)
-    t = buf.translate(RUN_TABLE)
     hex_ascii = _HEX_ASCII.fullmatch
+    run_at = _ANY_RUN_RAW.match
     pos = 0
-    for m in _RUN.finditer(t):
-        s, e = m.span()
+    for s in run_starts(buf) if starts is None else sorted(set(starts)):
         if s < pos:
             continue  # a line already joined to the run before
+        m = run_at(buf, s)
+        e = m.end() if m else s
+        if e - s < B64_MIN_RUN:
+            continue
         run = buf[s:e]
         if run.islower() or run.isupper() or not run.strip(_HEX_CHARS):
             # UUIDs, digests, words, slugs: not base64; hex digits may be a hex layer
@@ -493,7 +572,7 @@ def run_segments(buf: bytes) -> list[Segment]:
         # A wrapped base64 text (PEM-like 64, MIME 76 characters a line): join the lines.
         while (e - s) % 4 == 0 and e - s >= 40 and e < n:
             nl = _NEWLINE.match(buf, e)
-            m2 = nl and _ANY_RUN.match(t, nl.end())
+            m2 = nl and _ANY_RUN_RAW.match(buf, nl.end())
             if not m2:
                 break
             s, e = m2.span()
@@ -563,13 +642,14 @@ def basic_segment(buf: bytes, pos: int) -> Segment | None:
 
 
 def percent_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, _PCT, _percent_decode, _PCT_LEFT, _PCT_RIGHT) if b"%" in buf else []
+    return _escape_segments(buf, _PCT, _percent_decode, _PCT_LEFT, _pct_right, b"%") if b"%" in buf else []
 
 
 def json_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, _JSON_EVIDENCE, _json_decode, _JSON_LEFT, _JSON_RIGHT) if b"\\" in buf else []
+    return _escape_segments(buf, _JSON_EVIDENCE, _json_decode, _JSON_LEFT, _json_right) if b"\\" in buf else []
 
 
-def layer_segments(buf: bytes) -> list[Segment]:
-    """Every encoded segment of ``buf`` there is evidence for, decoded."""
-    return percent_segments(buf) + json_segments(buf) + run_segments(buf)
+def layer_segments(buf: bytes, run_starts: list[int] | None = None) -> list[Segment]:
+    """Every encoded segment of ``buf`` there is evidence for, decoded (``run_starts``:
+    see :func:`run_segments`)."""
+    return percent_segments(buf) + json_segments(buf) + run_segments(buf, run_starts)

@@ -21,15 +21,19 @@ What it leaves alone
     to ASCII text; nothing is flagged for its shape alone).
 
 How it is fast
-    One literal prefilter finds every candidate position: the anchors (``ghp_``, ``AKIA``,
-    ``eyJ``, ``-----BEGIN``, ``://``, …) are grouped by a rare *lead* character each
-    contains (``_ - . : ~ A J B p``), and each group is one regex that starts with that
-    literal character (CPython's regex engine skips to a literal first character at
-    ~3 GB/s, against ~5 ns a byte for a character class) and checks the rest of the
-    anchor with one-character gates and zero-width look-arounds. Only at a candidate does
-    a rule's full pattern run. Encoded layers are looked for with literal searches too
-    (``%``, ``\\``) and, for base64/hex runs, on a translated copy of the buffer.
-    ``bench/scanner_bench.py`` measures it against running every rule's regex in turn.
+    One compiled pass finds every candidate: Hyperscan (:mod:`egress.multimatch`) runs
+    every anchor (``ghp_``, ``AKIA``, ``eyJ``, ``-----BEGIN``, a URL with userinfo, the
+    stored secrets in any case, ...) and the starts of the base64/hex runs worth decoding
+    (:data:`egress.decode.RUN_TRIGGERS`) over the buffer at once, so clean text costs
+    one pass of SIMD code and no Python step per byte, word or run. At a candidate, the
+    regex of the anchor's *lead* character runs (the anchors are grouped by a rare
+    character each contains, ``_ - . : ~ A J B p``; one-character gates and look-arounds
+    after it); only where it matches does a rule's full pattern run. Those lead regexes
+    were the prefilter itself before (nine passes of CPython's engine; a whole scan went
+    52-63 MB/s a core on clean text, ~110 now): the compiled pass only has to find every
+    place one of them matches, and the tests check that it does. JSON and percent
+    escapes are found with literal searches (``\\``, ``%``); decoding the layers is
+    most of what is left (bench/README.md, Scanner). ``bench/scanner_bench.py`` measures it.
 
 Findings carry a kind and a span, never a value. A finding inside an encoded layer spans
 the encoded text that carries it (for base64: the characters holding its bits).
@@ -53,14 +57,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 import zlib
 from bisect import bisect_right
 from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
 
-from .decode import (B64_MIN_RUN, RUN_TABLE, Segment, UndecodableBody, basic_segment, decode_content,
-                     layer_segments, span)
+from . import multimatch
+from .decode import (B64_MIN_RUN, RUN_TABLE, RUN_TRIGGERS, Segment, UndecodableBody, basic_segment, decode_content,
+                     layer_segments, run_start, span)
 
 __all__ = ["Finding", "Detector", "StreamScanner", "StreamRedactor", "UndecodableBody", "decode_content",
            "is_secret_name", "MIN_SECRET_LENGTH", "RULES", "KINDS", "ENV_SECRET_KIND"]
@@ -621,6 +627,58 @@ def _compile_passes(anchors: list[_Anchor]) -> list[_Pass]:
 _STATIC_PASSES = _compile_passes(_STATIC_ANCHORS)
 
 
+# ------------------------------------------------------------ the compiled pass
+#
+# Every anchor is also a Hyperscan expression (egress.multimatch): its before, lead and
+# after as one pattern, look-arounds dropped (the gates and boundaries stay in the pass
+# regexes). All of them, with the base64/hex run triggers (decode.RUN_TRIGGERS), are one
+# database, so a buffer is one pass of compiled code; a match is only a candidate: the
+# pass regex of its lead character is matched there, which is what that pass's finditer
+# did at every lead character. A superset of candidates therefore gives the same findings.
+
+
+def _width(pattern: bytes) -> tuple[int, int]:
+    from re import _parser  # the regex parser: its getwidth() is the (min, max) match length
+    return _parser.parse(pattern).getwidth()
+
+
+def _hs_anchor(a: _Anchor) -> tuple[bytes, int, int]:
+    """(expression, flags, back) for an anchor: its lead character is at ``end - back`` of a
+    match, or, for ``back <= 0`` (an after part of varying width, matched with its start),
+    at ``start - back``."""
+    after = a.after.replace(b"(?=", b"(?:")  # url-password ends in a look-ahead: match it
+    lo, hi = _width(after) if after else (0, 0)
+    expr = a.before + re.escape(a.lead) + after
+    if lo == hi:
+        return expr, 0, hi + 1
+    return expr, multimatch.SOM, -a.before_len
+
+
+def _hs_literal(text: bytes) -> bytes:
+    return b"".join(b"\\x%02x" % c for c in text)
+
+
+@functools.cache
+def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[int]]:
+    """The formats' database, with each anchor's back (see _hs_anchor); with ``runs``, also
+    the run triggers, with theirs (decode.RUN_TRIGGERS). A scan that decodes no further
+    layer (decoded binary, a second layer) uses the one without: the triggers cost 2/3 of
+    a pass. Compiled on first use (~50 ms for both), not on import: the policy loader
+    imports this module for KINDS."""
+    exprs, flags, backs = [], [], []
+    for a in _STATIC_ANCHORS:
+        expr, flag, back = _hs_anchor(a)
+        exprs.append(expr)
+        flags.append(flag)
+        backs.append(back)
+    run_backs = []
+    for expr, back in RUN_TRIGGERS if runs else ():
+        exprs.append(expr)
+        flags.append(0)
+        run_backs.append(back)
+    return multimatch.Database(exprs, flags), backs, run_backs
+
+
 # ---------------------------------------------------------------------- detector
 
 
@@ -655,6 +713,7 @@ class Detector:
             actions = [["basic"]] * len(anchors)
         leads = _LEADS
         self._labels: set[str] = set()
+        secret_exprs: dict[tuple[bytes, int], int] = {}  # (expression, flags) -> back
         longest = 0
         for label, value in secrets:
             raw = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
@@ -680,10 +739,20 @@ class Detector:
                         leads += anchor.lead
                     anchors.append(anchor)
                     actions.append([("secret", label, len(form))])
+                    secret_exprs[(_hs_literal(form), multimatch.CASELESS if caseless else 0)] = \
+                        len(form) - anchor.before_len
                 longest = max(longest, len(form))
         self._anchors = anchors
         self._actions = actions
         self._passes = _STATIC_PASSES if anchors == _STATIC_ANCHORS else _compile_passes(anchors)
+        _static_database(True), _static_database(False)  # a pattern Hyperscan refuses fails here, not in a scan
+        self._pass_of = [None] * 256  # lead byte -> index of its pass
+        for i, p in enumerate(self._passes):
+            self._pass_of[p.lead[0]] = i
+        # The stored secrets' own database (the static one holds the formats): compiled
+        # here in a few ms, where adding them to the static one would recompile all of it.
+        self._secret_db = multimatch.Database([e for e, _ in secret_exprs], [f for _, f in secret_exprs])
+        self._secret_backs = list(secret_exprs.values())
         # A token split between two chunks is found when both halves are in the carried
         # window: the longest rule (PEM blocks, JWTs: up to ~16 KiB encoded) or secret form.
         self._overlap = max(16384, 3 * longest + 1024)
@@ -723,18 +792,49 @@ class Detector:
         """A scanner for data that arrives in chunks (``batch``: see StreamScanner)."""
         return StreamScanner(self, batch)
 
+    def _find(self, data: bytes, runs: bool = True) -> tuple[list[int], list[int]]:
+        """Candidates: positions where an anchor's lead character may be (every one where
+        a pass regex matches, and some more), and with ``runs`` the starts of the base64/hex
+        runs that may need decoding (decode.RUN_TRIGGERS); unsorted, perhaps repeated."""
+        leads: list[int] = []
+        starts: list[int] = []
+        db, backs, run_backs = _static_database(runs)
+        n = len(backs)
+        for i, start, end in db.scan(data, []):
+            if i < n:
+                back = backs[i]
+                leads.append(end - back if back > 0 else start - back)
+            else:
+                back = run_backs[i - n]
+                starts.append(end - back if back else run_start(data, end))
+        if runs and data and RUN_TABLE[data[0]] == 0x61:
+            starts.append(0)  # the triggers that want a character before the run miss this one
+        if self._secret_db.size:
+            backs = self._secret_backs
+            for i, start, end in self._secret_db.scan(data, []):
+                leads.append(end - backs[i])
+        return leads, starts
+
     def _scan(self, data: bytes, depth: int) -> list[Finding]:
         found: list[Finding] = []
         segments: list[Segment] = []
         actions = self._actions
-        for regex, members, before, lead in self._passes:
-            # `in` is memchr: ~1 ms for 16 MiB without the byte, where the regex's own
-            # search for it takes ~5 ms (a pass for "~" on clean text)
-            if lead not in data:
-                continue
-            for m in regex.finditer(data):
+        leads, runs = self._find(data, depth < _MAX_DEPTH)
+        by_pass: dict[int, list[int]] = {}
+        pass_of = self._pass_of
+        for pos in leads:
+            k = pass_of[data[pos]]
+            if k is not None:
+                by_pass.setdefault(k, []).append(pos)
+        for k in sorted(by_pass):
+            regex, members, before, lead = self._passes[k]
+            match = regex.match
+            for pos in sorted(set(by_pass[k])):
+                m = match(data, pos)
+                if m is None:
+                    continue
                 g = m.lastindex - 1
-                start = m.start() - before[g]
+                start = pos - before[g]
                 for action in actions[members[g]]:
                     if type(action) is _Rule:
                         self._apply(action, data, start, found)
@@ -747,7 +847,7 @@ class Detector:
                         _, label, n = action
                         found.append(Finding(label, start, start + n))
         if depth < _MAX_DEPTH:
-            segments += layer_segments(data)
+            segments += layer_segments(data, runs)
             if segments:
                 found += self._scan_segments(segments, depth + 1)
         return found

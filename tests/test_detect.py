@@ -11,7 +11,9 @@ import base64
 import gzip
 import json
 import random
+import re
 import string
+import textwrap
 import urllib.parse
 import zlib
 
@@ -854,3 +856,196 @@ def test_content_decoder_stops_a_bomb_in_small_pieces(compress, encoding):
         for piece in decoder.feed(bomb):
             seen.append(len(piece))
     assert sum(seen) <= 2**20 and all(n <= 2**16 for n in seen)
+
+
+# ------------------------------------------------- the compiled pass, differentially
+#
+# The detector finds its candidates in one Hyperscan pass (egress.multimatch): anchors,
+# stored secrets and the starts of the base64/hex runs worth decoding. It must find what
+# the pure-Python search it replaced found: every pass regex's finditer over the whole
+# buffer, and every run of B64_MIN_RUN+ run characters. ReferenceDetector is that search;
+# everything after it is the same code, so equal findings on varied inputs -- every format
+# raw and under each layer, at run and chunk edges -- say the compiled pass lost nothing.
+
+from egress.decode import run_segments, run_starts  # noqa: E402
+
+
+class ReferenceDetector(Detector):
+    """The detector with the pure-Python candidate search (nine-odd regex passes, one per
+    lead character, and a translated copy of the buffer for runs)."""
+
+    def _find(self, data: bytes, runs: bool = True):
+        leads = [m.start() for p in self._passes if p.lead in data for m in p.regex.finditer(data)]
+        return leads, run_starts(data) if runs else []
+
+
+def _encodings(r: random.Random, text: str) -> str:
+    """``text`` under zero, one or two of the layers, as senders write them."""
+    raw = text.encode()
+    forms = [
+        lambda: text,
+        lambda: urllib.parse.quote(text, safe=r.choice(["", "/", ":/"])),
+        lambda: urllib.parse.quote_plus(text),
+        lambda: json_escape_hard(text) if any(c.isalnum() for c in text) else json.dumps(text)[1:-1],
+        lambda: json.dumps(text)[1:-1].replace("/", "\\/"),
+        lambda: base64.b64encode(raw).decode(),
+        lambda: base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        lambda: "Basic " + base64.b64encode(b"x-access-token:" + raw).decode(),
+        lambda: "\n".join(textwrap.wrap(base64.b64encode(r.randbytes(r.randrange(0, 40)) + raw).decode(),
+                                        r.choice([64, 76]))),
+        lambda: raw.hex() if r.random() < .5 else raw.hex().upper(),
+        lambda: urllib.parse.quote(base64.b64encode(raw).decode(), safe=""),
+        lambda: base64.b64encode(json.dumps({"k": text}).replace("/", "\\/").encode()).decode(),
+        lambda: json.dumps(urllib.parse.quote(text, safe=""))[1:-1].replace("/", "\\/"),
+        lambda: "".join("\\u%04x" % ord(c) for c in text) if len(text) < 400 else text,
+    ]
+    return r.choice(forms)()
+
+
+def _filler(r: random.Random) -> str:
+    """Text around the tokens: what the clean benchmark mix holds, near misses, and runs
+    whose length or case sits at the edges of the run triggers."""
+    k = r.randrange(9)
+    if k == 0:
+        return json.dumps({"id": "%032x" % r.getrandbits(128), "url": f"https://api.example.com/v1/{r.randrange(99)}",
+                           "sha": "%040x" % r.getrandbits(160), "n": r.randrange(10**9)}).replace("/", "\\/")
+    if k == 1:
+        return " ".join(r.choice(["the", "token", "Secret", "key", "ghp_", "sk-", "AKIA", "eyJ", "xoxb-", "://",
+                                  "-----BEGIN", "Basic", "dp.", "dapi", "Q~", "AZDO", ".atlasv1.", "hooks.slack.com/",
+                                  "AccountKey=", "%2F", "\\/", "\\u0041"]) for _ in range(r.randrange(3, 30)))
+    if k == 2:
+        return "data:image/png;base64," + base64.b64encode(r.randbytes(r.randrange(10, 600))).decode()
+    if k == 3:  # a run at a trigger's edge: length 19-21 or 31-33, the first upper case around index 20
+        n = r.choice([19, 20, 21, 31, 32, 33, 40, 41, 44])
+        body = [r.choice(string.ascii_lowercase + string.digits + "+/_-") for _ in range(n)]
+        if r.random() < .7:
+            body[min(n - 1, r.choice([0, 18, 19, 20, 21]))] = r.choice(string.ascii_uppercase)
+        return "".join(body)
+    if k == 4:  # digits and symbols only, or hex (ASCII bytes or not)
+        n = r.choice([19, 20, 21, 31, 32, 33, 64])
+        if r.random() < .5:
+            return "".join(r.choice(string.digits + "+/_-") for _ in range(n))
+        text = "".join(r.choice(string.printable[:62]) for _ in range(n // 2 + 1)).encode().hex()[:n]
+        return text if r.random() < .5 else "%0*x" % (n, r.getrandbits(4 * n))
+    if k == 5:
+        return f"GET /api/v2/users/{r.randrange(10**5)}/repos?q={urllib.parse.quote(' '.join(['a b', 'c/d']))} 200"
+    if k == 6:
+        return "-" * r.randrange(15, 80)
+    if k == 7:
+        return r.choice(NEGATIVES)
+    return "".join(r.choice(B64 + "\n") for _ in range(r.randrange(1, 200)))
+
+
+def generated(seed: int) -> bytes:
+    r = random.Random(seed)
+    parts = []
+    for _ in range(r.randrange(10, 60)):
+        if r.random() < .3:
+            kind, text, _ = materialise(r.choice(CASES))
+            piece = _encodings(r, text)
+        else:
+            piece = _filler(r)
+        parts.append(piece)
+        parts.append(r.choice([" ", "\n", '"', ", ", "=", ":", "/", "", "a", "Z", "9", "&", "\\n", "\r\n"]))
+    return "".join(parts).encode()
+
+
+def _secrets(r: random.Random) -> list[tuple[str, str]]:
+    values = ["s3cr3t-Value/with+chars&=" + rnd(8), "QwErTyUiOp" + rnd(10), "pass word " + rnd(6),
+              rnd(40, HEX), rnd(60, B64 + "-_")]
+    return [(f"SECRET_{i}", v) for i, v in enumerate(r.sample(values, r.randrange(1, len(values) + 1)))]
+
+
+def _placed_secrets(r: random.Random, data: bytes, secrets) -> bytes:
+    for _, value in secrets:
+        shown = r.choice([value, value.upper(), value.lower(), value.swapcase()])
+        k = r.randrange(len(data) + 1)
+        data = data[:k] + _encodings(r, shown).encode() + data[k:]
+    return data
+
+
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_compiled_pass_finds_what_the_regex_passes_found(seed):
+    r = random.Random(seed)
+    secrets = _secrets(r)
+    data = _placed_secrets(r, generated(seed), secrets)
+    for det, ref in ((DET, ReferenceDetector()), (Detector(secrets), ReferenceDetector(secrets)),
+                     (Detector(secrets, formats=False), ReferenceDetector(secrets, formats=False))):
+        leads, runs = det._find(data)
+        ref_leads, _ = ref._find(data)
+        assert set(ref_leads) <= set(leads), sorted(set(ref_leads) - set(leads))[:5]
+        assert run_segments(data, runs) == run_segments(data)
+        assert det.scan(data) == ref.scan(data)
+        chunks = chunked(data, [r.randrange(1, 5000) for _ in range(20)])
+        assert stream_scan(det.stream(), chunks) == stream_scan(ref.stream(), chunks)
+
+
+def test_the_compiled_pass_at_the_edges_of_the_buffer():
+    # Runs and anchors that begin at byte 0 or end at the last byte (the triggers' "^").
+    r = random.Random(7)
+    ref = ReferenceDetector()
+    for case in CASES:
+        kind, text, _ = materialise(case)
+        for form in {text, base64.b64encode(text.encode()).decode(), text.encode().hex(),
+                     urllib.parse.quote(text, safe="")}:
+            data = form.encode()
+            assert DET.scan(data) == ref.scan(data), (kind, form[:60])
+    for n in (19, 20, 21, 32, 33):
+        for data in ("".join(r.choice(B64) for _ in range(n)).encode(), b"4142434445464748494a4b4c4d4e4f50"[:n],
+                     b"0123456789+/_-0123456789+/_-"[:n], b"a" * (n - 1) + b"Q", b"Q" + b"a" * (n - 1)):
+            assert run_segments(data, DET._find(data)[1]) == run_segments(data), data
+
+
+def test_an_error_inside_a_compiled_scan_raises():
+    # Fail closed: a scan that cannot finish raises (the guard refuses), never returns
+    # what it had so far. An exception in the match callback stops Hyperscan's scan.
+    from egress import multimatch
+
+    class Full(list):
+        def append(self, item):
+            raise MemoryError("no room for a match")
+
+    db = multimatch.Database([b"ghp_"], [0])
+    assert db.scan(b"x ghp_ y", []) == [(0, 0, 6)]
+    with pytest.raises(MemoryError):
+        db.scan(b"x ghp_ y", Full())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_json_segment_ends_where_its_pattern_says(seed):
+    from egress.decode import _json_right
+    r = random.Random(seed)
+    pattern = re.compile(rb'(?<!\\)"|[\r\n]')
+    for _ in range(300):
+        buf = bytes(r.choice(b'ab"\\\r\n/u') for _ in range(r.randrange(1, 40)))
+        for pos in range(1, len(buf) + 1):
+            d = pattern.search(buf, pos)
+            assert _json_right(buf, pos) == (d.start() if d else len(buf)), (buf, pos)
+
+
+def test_one_detector_scans_in_several_threads_at_once():
+    # egress run scans its command's output in one thread while its proxy scans bodies
+    # in another: each thread has its own Hyperscan scratch space (one used by two
+    # scans at once is an error, and would fail closed -- a refusal for nothing).
+    import threading
+    det = Detector([("MY_TOKEN", "QwErTyUiOp" + rnd(10))])
+    data = [generated(seed) for seed in range(4)]
+    expected = [det.scan(d) for d in data]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                results[i] = det.scan(data[i])
+                assert results[i] == expected[i]
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and [results[i] for i in range(4)] == expected
