@@ -163,9 +163,7 @@ class ChildRun:
         finally:
             if self.session is not None:
                 self.session.builder.close()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            self._exit(code)
 
     def _session(self):
         """The run's ProxySession, built from the request with the launcher's own functions."""
@@ -213,6 +211,18 @@ class ChildRun:
         self._readable()  # a stop the launcher sent before it saw "serving"
         return not self.stopping
 
+    def _exit(self, code: int) -> None:
+        """End the process; the launcher sees the end of the link at once. (Its EOF would otherwise
+        come only after the kernel has torn down this ~90 MB copy of the server: ~4 ms of every
+        `egress run -- true`, 10 ms under strace, which the launcher spent waiting.)"""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        os._exit(code)
+
     def _readable(self) -> None:
         try:
             messages = self.reader.read_ready()
@@ -254,9 +264,7 @@ class ChildRun:
         if proxy is not None and not proxy.accepted:
             # Served, but no connection ever came (the command ended without one): no event can
             # follow, so end now rather than after mitmproxy's shutdown, which the launcher awaits.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_OK)
+            self._exit(EXIT_OK)
         if self.session is not None:
             self.session.halt()
         self.asker.fail_pending()
