@@ -195,8 +195,6 @@ def offer_warm(options: RunOptions, mode: str, reader, trees: list[str], own_cod
 def protect_own_code(writable: list[str]) -> list[str]:
     """Folders of egress's own code inside writable trees, to be shown read-only to the command;
     sys.path entries that are (or hold) a writable tree are dropped (see sandbox.paths.own_code)."""
-    import importlib.util
-
     import egress
     import sandbox
     from sandbox.paths import own_code
@@ -207,15 +205,28 @@ def protect_own_code(writable: list[str]) -> list[str]:
     code = [package, os.path.dirname(sandbox.__file__), os.path.join(os.path.dirname(package), "policies"),
             # the interpreter's own trees: a venv's pyvenv.cfg names the Python the next egress runs
             sys.prefix, sys.exec_prefix, sys.base_prefix]
-    shipped = importlib.util.find_spec("egress.policies")
-    if shipped is not None and shipped.submodule_search_locations:
-        code += list(shipped.submodule_search_locations)
+    code += _package_folders("egress.policies", egress.__path__)
     protect, drop = own_code(code, sys.path, writable)
     sys.path[:] = [entry for entry in sys.path if entry not in drop]
     if protect:
         say(f"egress: egress's own code lies in a folder the command can write; it stays read-only for "
             f"the command ({', '.join(protect)}). Install egress outside the project to lift this.")
     return protect
+
+
+def _package_folders(name: str, parent_path) -> list[str]:
+    """The folders package ``name`` would be imported from, as importlib.util.find_spec finds
+    them (the module already imported, else the first finder on sys.meta_path that knows it),
+    without importing importlib.util: ~1.3 ms of every `egress run`."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return list(getattr(module, "__path__", None) or [])
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, parent_path) if find is not None else None
+        if spec is not None:
+            return list(spec.submodule_search_locations or [])
+    return []
 
 
 def network_mode(options: RunOptions, user=None) -> str:
