@@ -220,6 +220,9 @@ class ContainerBox:
         self.returncode: int | None = None
         self._pipe = holder_pipe
 
+    def ready(self) -> None:
+        """The engine's client is started when the box is made (sandbox/platforms.py's interface)."""
+
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
             return self.returncode

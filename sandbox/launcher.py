@@ -23,7 +23,8 @@ import sys
 import threading
 from pathlib import Path
 
-from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
+from egress.contract import (DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES,
+                             PROXY_MODE_ENV, PROXY_MODES)
 from egress.terminal import EventLines, say
 from egress.wiring import ProxyConfig
 
@@ -154,11 +155,9 @@ def proxy_mode(options: RunOptions, platform=None) -> str:
     """Where the run's proxy lives: "warm" (the per-user warm proxy, egress.warm) or "lazy" (this
     process, started when the command first connects); always lazy where the platform's sandbox
     cannot hand its socket to the warm proxy (sandbox/platforms.py says why)."""
-    from egress.warm import MODE_ENV, MODES
-
-    mode = options.proxy_mode or os.environ.get(MODE_ENV) or "warm"
-    if mode not in MODES:
-        raise LaunchError(f"--proxy (or ${MODE_ENV}) must be one of {', '.join(MODES)}, not {mode!r}")
+    mode = options.proxy_mode or os.environ.get(PROXY_MODE_ENV) or "warm"
+    if mode not in PROXY_MODES:
+        raise LaunchError(f"--proxy (or ${PROXY_MODE_ENV}) must be one of {', '.join(PROXY_MODES)}, not {mode!r}")
     if platform is not None and not platform.warm:
         return "lazy"
     return mode
@@ -450,23 +449,21 @@ def run(options: RunOptions, platform=None) -> int:
                            replaced=_replaced_files(options, credentials),
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
+        terminal = _TerminalGuard()  # before the command can take the terminal's foreground
+        try:
+            # Linux: the sandbox is made (~9 ms) while this process sets up its side, below.
+            box = platform.start(spec, listener)
+            listener = None  # the box holds its socket now
+        except SandboxError as e:
+            raise _sandbox_failure(e, options, platform) from None
         if networked:
             # From now on files the command can write are read no more (egress.snapshot): the
             # warm proxy gets their texts of now, and builds the run's proxy while the sandbox starts.
+            # (Nothing has read a policy file since the user's were loaded, above.)
             trees = seal_policy(reader, spec.writable, own_code)
             if where == "warm":
                 handover = offer_warm(options, mode, reader, trees, own_code, credentials, caller_env, builder,
                                       run_id)
-        terminal = _TerminalGuard()  # before the command can take the terminal's foreground
-        try:
-            box = platform.start(spec, listener)
-            listener = None  # the box holds its socket now
-        except SandboxError as e:
-            missing = e.code == EXIT_NOT_FOUND
-            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
-            raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
-
-        if networked:
             from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
@@ -478,15 +475,20 @@ def run(options: RunOptions, platform=None) -> int:
                 say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
             reporter = EventLines()  # EGRESS_BLOCKED and EGRESS_UPSTREAM_ERROR, once per host and reason
+            asker = _asker(options, state)
 
             def on_event(event) -> None:
                 reporter(event)
                 state.publish(event)
-
+        try:
+            box.ready()  # the command started
+        except SandboxError as e:
+            raise _sandbox_failure(e, options, platform) from None
+        if networked:
             session = ProxySession(prepare, run_id, builder, on_event=on_event,
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
-                                   asker=_asker(options, state), state=state, warm=handover)
+                                   asker=asker, state=state, warm=handover)
             session.serve_lazily(box.listen_socket, box.capture)
             if box.capture_error is not None:
                 state.extra["capture"] = f"unavailable: {box.capture_error}"
@@ -525,6 +527,13 @@ def run(options: RunOptions, platform=None) -> int:
         if terminal is not None:
             terminal.restore()
         _remove_tree(str(tmpdir))
+
+
+def _sandbox_failure(error, options: RunOptions, platform) -> LaunchError:
+    """The sandbox's refusal as egress run says it, with an install hint for a missing runtime."""
+    missing = error.code == EXIT_NOT_FOUND
+    hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
+    return LaunchError(str(error) + (f"\n{hint}" if hint else ""), error.code)
 
 
 def main(options: RunOptions):

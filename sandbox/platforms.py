@@ -10,8 +10,10 @@ are handed one: tests choose ``MacOS(sandbox_exec=...)`` explicitly) and use onl
                                   (listener.url: the proxy variables' value, with its secret)
     platform.environment(tmpdir)  variables this platform's commands need on top of the matrix
     box = platform.start(spec, listener)
-                                  the command started; box.listen_socket, wait(timeout),
-                                  signal(sig), direct_attempts(), close()
+                                  the command starting (Linux: the sandbox is made while the
+                                  launcher sets up its side); box.ready() returns once it has
+                                  started (raises SandboxError); then box.listen_socket,
+                                  wait(timeout), signal(sig), direct_attempts(), close()
 
 Linux: the listening socket is made inside the command's own network namespace, where nobody
 else can reach it, on a fixed port (sandbox/linux.py). macOS: no network namespaces, so the
@@ -80,9 +82,9 @@ class Linux:
         return {}
 
     def start(self, spec, listener: Listener):
-        from sandbox.linux import start
+        from sandbox.linux import begin
 
-        return start(spec)
+        return begin(spec)
 
 
 class MacOS:
