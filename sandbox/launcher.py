@@ -406,7 +406,7 @@ def run(options: RunOptions, platform=None) -> int:
     tmpdir = Path(_private_folder(f"egress-run-{run_id}-"))
     session = box = control = builder = terminal = handover = listener = None
     try:
-        ca_bundle = None
+        ca_bundle = egress_ca = None
         try:
             listener = platform.listener(networked)  # where the proxy listens, as the command is told
         except OSError as e:
@@ -424,16 +424,25 @@ def run(options: RunOptions, platform=None) -> int:
                 raise LaunchError(str(e)) from None
 
             try:
-                ca_bundle = environment.trust_bundle(builder.trust.roots, ensure_ca(options.state_dir),
-                                                     tmpdir / "ca-bundle.pem")
-            except (StateError, OSError) as e:
+                # Made (with the state folder) before the sandbox: a folder it should hide that does
+                # not exist yet when its view is built is not hidden (its CA's key visible inside).
+                egress_ca = ensure_ca(options.state_dir)
+            except StateError as e:
                 raise LaunchError(str(e)) from None
+            ca_bundle = tmpdir / "ca-bundle.pem"
+        # The files the command's environment names: where the platform holds the command back
+        # until box.ready() (Linux), written while its sandbox is made (below), else now.
+        files: dict = {}
         command_env = dict(caller_env)
         if credentials is not None:  # the command holds placeholders, never the bound secrets
             command_env.update(credentials.placeholder_environment())
         env = environment.command_environment(
-            command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir)
+            command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir,
+            files=files)
         env.update(platform.environment(tmpdir))
+        held = getattr(platform, "holds_until_ready", False)
+        if not held:
+            _write_files(builder, egress_ca, ca_bundle, files)
         (tmpdir / "cache").mkdir()
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
@@ -456,6 +465,8 @@ def run(options: RunOptions, platform=None) -> int:
             listener = None  # the box holds its socket now
         except SandboxError as e:
             raise _sandbox_failure(e, options, platform) from None
+        if held:
+            _write_files(builder, egress_ca, ca_bundle, files)
         if networked:
             # From now on files the command can write are read no more (egress.snapshot): the
             # warm proxy gets their texts of now, and builds the run's proxy while the sandbox starts.
@@ -527,6 +538,16 @@ def run(options: RunOptions, platform=None) -> int:
         if terminal is not None:
             terminal.restore()
         _remove_tree(str(tmpdir))
+
+
+def _write_files(builder, egress_ca, ca_bundle, files: dict) -> None:
+    """The trust bundle (the upstream roots and egress's CA) and the clients' configuration files."""
+    if ca_bundle is not None:
+        try:
+            environment.trust_bundle(builder.trust.roots, egress_ca, ca_bundle)
+        except OSError as e:
+            raise LaunchError(str(e)) from None
+    environment.write_files(files)
 
 
 def _sandbox_failure(error, options: RunOptions, platform) -> LaunchError:

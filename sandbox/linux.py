@@ -16,7 +16,9 @@ sets `lo` up, makes the listening socket and sends it to the caller over a Unix 
 (sandbox/mounts.py: the host read-only, socket folders masked, host sockets covered, egress's
 state hidden), mounts a private /proc, enters the working directory, finds the program on the
 spec's PATH, applies Landlock, the seccomp filter (sandbox/seccomp.py), a new session keyring
-and an empty capability bounding set to itself (its children inherit them) and spawns the
+and an empty capability bounding set to itself (its children inherit them), waits for the
+caller's go (`begin` returns as soon as the helper is forked; the caller sets up its side and
+`Sandbox.ready()` says go; `start` is both) and spawns the
 command with vfork+exec, so that no third copy of the caller's memory is made. It then reaps orphans and exits with the command's status as soon
 as the command ends: the kernel kills whatever else is left in the PID namespace. Init and
 the helper send the caller pidfds of their own children (only a parent can open one without
@@ -116,13 +118,19 @@ class Sandbox:
         self._chan: socket.socket | None = None  # the handshake's socket pair, until ready()
 
     def ready(self) -> None:
-        """Return once the command has been exec'd (at once if it has been seen to be). Raises
-        SandboxError if the sandbox could not be made or the command not started: the box is
-        closed then (nothing left running, no descriptor leaked)."""
+        """Let the command start, and return once it has been exec'd (at once if it has been seen
+        to be). Until then init holds it back, confined and ready, so the caller may still write
+        what the command's environment names. Raises SandboxError if the sandbox could not be
+        made or the command not started: the box is closed then (nothing left running, no
+        descriptor leaked)."""
         chan, self._chan = self._chan, None
         if chan is None:
             return
         try:
+            try:
+                chan.send(b"G")
+            except OSError:
+                pass  # the sandbox gave up already: its reason is read next
             _handshake(self, chan)
         except BaseException:
             self.close()
@@ -251,6 +259,7 @@ def begin(spec: SandboxSpec) -> Sandbox:
 # Messages: b"L" + the listening socket; b"K<tag>" + a capture socket; b"X<why>" the capture
 # could not be set up; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
 # b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
+# The other way, one message: b"G" (Sandbox.ready), which init waits for before it spawns.
 
 
 def _handshake(box: Sandbox, chan: socket.socket) -> None:
@@ -261,6 +270,8 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             msg, anc, _, _ = chan.recvmsg(4096, socket.CMSG_SPACE(4))
         except socket.timeout:
             raise SandboxError(EXIT_SANDBOX, "the sandbox did not start in time", "internal") from None
+        except ConnectionResetError:  # it ended with our go unread; what it said came first
+            break
         if not msg:
             break
         fds = [struct.unpack("i", data[:4])[0] for level, kind, data in anc
@@ -405,6 +416,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str], helper
         namespaces.drop_capabilities()
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "privileges", f"cannot drop the command's privileges: {e.strerror}")
+    _wait_for_go(chan)
     try:
         # vfork+exec: no copy of the caller's memory for a process that only execs.
         command = os.posix_spawn(path, spec.argv, spec.env, setsigdef=_ALL_SIGNALS, setsigmask=())
@@ -418,6 +430,17 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str], helper
         pid, status = os.waitpid(-1, 0)
         if pid == command:
             return _exit_code(status)
+
+
+def _wait_for_go(chan: socket.socket) -> None:
+    """Hold the command back until the caller's Sandbox.ready() says go (b"G"); the caller's end
+    closing instead means it gave up (a launcher failure, a signal): nothing is started."""
+    try:
+        word = chan.recv(16)
+    except OSError:
+        word = b""
+    if word != b"G":
+        raise _Failure(EXIT_SANDBOX, "internal", "the caller gave up before the command started")
 
 
 def _hand_over_capture(chan: socket.socket) -> None:
