@@ -87,6 +87,14 @@ def rehearse(state_dir: Path) -> None:
 
     def low_priority() -> None:
         try:
+            # A server started under a real-time policy (`chrt`, inherited from the launcher that
+            # started it) ignores nice: the rehearsal then competed as an equal with the launchers
+            # and sandboxes of the runs that follow. This thread goes to the normal policy first.
+            if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+        try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except OSError:
             pass
