@@ -12,7 +12,8 @@ Process tree::
 The helper lists the host's Unix sockets (before its own network namespace hides them),
 unshares new user, network, mount, IPC and PID namespaces, maps the caller's own uid/gid,
 sets `lo` up, makes the listening socket and sends it to the caller over a Unix socket pair
-(SCM_RIGHTS), then waits for init. Init builds the command's view of the filesystem
+(SCM_RIGHTS), forks init, sets up the transparent capture (sandbox/capture.py) while init
+works, says it is done, then waits for init. Init builds the command's view of the filesystem
 (sandbox/mounts.py: the host read-only, socket folders masked, host sockets covered, egress's
 state hidden), mounts a private /proc, enters the working directory, finds the program on the
 spec's PATH, applies Landlock, the seccomp filter (sandbox/seccomp.py), a new session keyring
@@ -118,19 +119,15 @@ class Sandbox:
         self._chan: socket.socket | None = None  # the handshake's socket pair, until ready()
 
     def ready(self) -> None:
-        """Let the command start, and return once it has been exec'd (at once if it has been seen
-        to be). Until then init holds it back, confined and ready, so the caller may still write
-        what the command's environment names. Raises SandboxError if the sandbox could not be
-        made or the command not started: the box is closed then (nothing left running, no
-        descriptor leaked)."""
+        """Let the command start (once the helper is done), and return once it has been exec'd (at
+        once if it has been seen to be). Until then init holds it back, confined and ready, so the
+        caller may still write what the command's environment names. Raises SandboxError if the
+        sandbox could not be made or the command not started: the box is closed then (nothing
+        left running, no descriptor leaked)."""
         chan, self._chan = self._chan, None
         if chan is None:
             return
         try:
-            try:
-                chan.send(b"G")
-            except OSError:
-                pass  # the sandbox gave up already: its reason is read next
             _handshake(self, chan)
         except BaseException:
             self.close()
@@ -258,8 +255,9 @@ def begin(spec: SandboxSpec) -> Sandbox:
 # --- the caller's side of the socket pair --------------------------------------------------
 # Messages: b"L" + the listening socket; b"K<tag>" + a capture socket; b"X<why>" the capture
 # could not be set up; b"B" + init's pidfd; b"C<pid>" + the command's pidfd;
-# b"E<code>\0<kind>\0<message>" for a failure. EOF once init has closed its end after exec.
-# The other way, one message: b"G" (Sandbox.ready), which init waits for before it spawns.
+# b"R" the helper is done (after the capture's); b"E<code>\0<kind>\0<message>" for a failure.
+# EOF once init has closed its end after exec. The other way, one message: b"G", which init
+# waits for before it spawns, sent by Sandbox.ready() once the helper's b"R" has come.
 
 
 def _handshake(box: Sandbox, chan: socket.socket) -> None:
@@ -270,8 +268,10 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             msg, anc, _, _ = chan.recvmsg(4096, socket.CMSG_SPACE(4))
         except socket.timeout:
             raise SandboxError(EXIT_SANDBOX, "the sandbox did not start in time", "internal") from None
-        except ConnectionResetError:  # it ended with our go unread; what it said came first
-            break
+        except ConnectionResetError:
+            # It ended with our go unread. The kernel says so once, possibly before what it had
+            # queued for us (a failure's reason): keep reading up to the end.
+            continue
         if not msg:
             break
         fds = [struct.unpack("i", data[:4])[0] for level, kind, data in anc
@@ -287,6 +287,11 @@ def _handshake(box: Sandbox, chan: socket.socket) -> None:
             box.capture_error = payload.decode(errors="replace")
         elif tag == b"B" and fds:
             box._init_fd = fds.pop()
+        elif tag == b"R":  # the helper is done (the capture set up): the command may start
+            try:
+                chan.send(b"G")
+            except OSError:
+                pass  # the sandbox gave up already: its reason is read next
         elif tag == b"C" and fds:
             box._command_fd = fds.pop()
             box.pid = int(payload)
@@ -363,20 +368,30 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
                 ls.bind(("127.0.0.1", spec.proxy_port))
                 ls.listen(_BACKLOG)
                 _send_fd(chan, b"L", ls.fileno())
-            if spec.capture:
-                _hand_over_capture(chan)
     except OSError as e:
-        # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
-        raise _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({e.strerror}): "
-                       f"{namespaces.refusal_reason(e)}")
+        raise _network_failure(e)
     helper = os.pidfd_open(os.getpid())  # init's way to see that we died before it could notice
     init = os.fork()
     if init == 0:
         _run_init(spec, chan, sockets, helper)  # never returns
     os.close(helper)
     _send_pidfd(chan, b"B", init)
+    # The capture is set up while init builds the command's view (~1 ms, no longer one after the
+    # other); the caller says go only after our b"R", so the command never starts before it.
+    try:
+        if spec.network and spec.capture:
+            _hand_over_capture(chan)
+        chan.send(b"R")
+    except OSError as e:
+        raise _network_failure(e)
     chan.close()
     return _exit_code(os.waitpid(init, 0)[1])
+
+
+def _network_failure(error: OSError) -> _Failure:
+    # Ubuntu's AppArmor lets unshare succeed but strips the new namespace's capabilities.
+    return _Failure(EXIT_SANDBOX, "network", f"cannot set up the sandbox network ({error.strerror}): "
+                    f"{namespaces.refusal_reason(error)}")
 
 
 @_child
