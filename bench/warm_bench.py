@@ -132,6 +132,14 @@ def regular_install(tmp: Path, source: Path) -> Path:
     entry = "egress.entry" if (source / "egress" / "entry.py").exists() else "egress.cli"  # as pyproject says
     script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {entry} import main\nsys.exit(main())\n")
     script.chmod(0o755)
+    # pip's own console script (pip 23's template) also imports re and runs a re.sub: what a
+    # `pip install` user's egress starts with (uv's script does not)
+    pip_script = venv / "bin" / "egress-pip"
+    pip_script.write_text(f"#!{venv / 'bin' / 'python'}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
+                          f"from {entry} import main\nif __name__ == '__main__':\n"
+                          f"    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                          f"    sys.exit(main())\n")
+    pip_script.chmod(0o755)
     subprocess.run([str(venv / "bin" / "python"), "-m", "compileall", "-q", str(source)], capture_output=True)
     return script
 
@@ -170,7 +178,7 @@ def main() -> int:
     parser.add_argument("--latency-rounds", type=int, default=15)
     parser.add_argument("--ref", help="measure this commit (git archive) instead of the working tree")
     parser.add_argument("--editable", action="store_true", help="run the dev venv's editable egress")
-    parser.add_argument("--compare", metavar="REV", help="also time `egress run -- true` of this commit (a regular "
+    parser.add_argument("--compare", metavar="REV", help="also time `egress run [--proxy lazy] -- true` of this commit (a regular "
                                                          "install of its git archive) in the same rounds")
     parser.add_argument("--srt", help="an installed srt bin")
     parser.add_argument("--no-srt", action="store_true")
@@ -234,11 +242,14 @@ def main() -> int:
             ("python -c pass (egress's interpreter)", [python, "-c", "pass"], None),
             ("egress run --proxy lazy -- true", [egress, "run", "--proxy", "lazy", "--", "true"], None),
             ("egress run -- true (warm)", [egress, "run", "--", "true"], warm_pid),
+            ("  the same, pip's console script", [egress + "-pip", "run", "--", "true"], warm_pid),
             ("egress run --proxy lazy -- curl -sf URL", [*run, "--proxy", "lazy", "--", "curl", "-sf", url], None),
             ("egress run -- curl -sf URL (warm)", [*run, "--", "curl", "-sf", url], warm_pid),
         ]
         if older:
-            variants.append((f"{args.compare}: egress run -- true", [older[0], "run", "--", "true"], None))
+            variants += [(f"{args.compare}: egress run --proxy lazy -- true", [older[0], "run", "--proxy", "lazy", "--",
+                                                                            "true"], None),
+                         (f"{args.compare}: egress run -- true (warm)", [older[0], "run", "--", "true"], None)]
         if srt:
             variants += [("srt true", [srt, "--settings", str(srt_settings), "--", "true"], None),
                          ("srt curl -sf URL", [srt, "--settings", str(srt_settings), "--", "curl", "-sf", "--noproxy",
@@ -334,9 +345,15 @@ def main() -> int:
         if server is not None:
             server.shutdown()
             server.server_close()
-        if warm_pid is not None:
+        pids = {warm_pid} if warm_pid is not None else set()
+        for record in (tmp / "state" / "warm").glob("*.json"):  # --compare's server too
             try:
-                os.kill(warm_pid, signal.SIGTERM)
+                pids.add(json.loads(record.read_text())["pid"])
+            except (OSError, ValueError, KeyError):
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
         shutil.rmtree(tmp, ignore_errors=True)

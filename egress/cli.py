@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .contract import EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES
+from .contract import (EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES, PROXY_MODE_ENV,
+                       PROXY_MODES)
 from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
@@ -821,7 +822,7 @@ class ByteSize(click.ParamType):
 @click.option("--ask", type=click.Choice(["tty", "never"]),
               help="Ask on the terminal to allow a refused host for this run (default: tty when there is one).")
 @click.option("--headless", is_flag=True, help="Never ask (same as --ask never).")
-@click.option("--proxy", "proxy_mode", type=click.Choice(["warm", "lazy"]), envvar="EGRESS_PROXY",
+@click.option("--proxy", "proxy_mode", type=click.Choice(list(PROXY_MODES)), envvar=PROXY_MODE_ENV,
               help="warm (default): the run's proxy is a child of your warm egress process (started on "
                    "first use, gone after 10 idle minutes); lazy: it starts in this process when the "
                    "command first connects. [env: EGRESS_PROXY]")

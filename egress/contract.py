@@ -27,3 +27,11 @@ EXIT_NOT_FOUND = 127
 # The `network` key of a policy file and `egress run --network`, in the order they are offered.
 NETWORK_MODES = ("allowlist", "all", "off")
 DEFAULT_NETWORK = "allowlist"
+
+# ------------------------------------------------------------ where egress run's proxy lives
+
+# `egress run --proxy` and its default from the environment (egress.warm; README). Here, not in
+# egress.warm: the launcher reads them first thing, and importing egress.warm (json) then cost
+# ~2 ms before the sandbox could start.
+PROXY_MODES = ("warm", "lazy")
+PROXY_MODE_ENV = "EGRESS_PROXY"

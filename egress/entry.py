@@ -16,7 +16,7 @@ import math
 import os
 import sys
 
-from .contract import NETWORK_MODES
+from .contract import NETWORK_MODES, PROXY_MODE_ENV, PROXY_MODES
 
 # option -> (kind, what it takes): kind "flag" (no value), "one" (the last one wins), "many"
 OPTIONS = {
@@ -31,7 +31,7 @@ OPTIONS = {
     "--redact": ("flag", None),
     "--ask": ("one", ("tty", "never")),
     "--headless": ("flag", None),
-    "--proxy": ("one", ("warm", "lazy")),
+    "--proxy": ("one", PROXY_MODES),
     "--resolve": ("many", "override"),
     "--audit-log": ("one", str),
     "--state-dir": ("one", "path"),
@@ -39,7 +39,7 @@ OPTIONS = {
     "--max-output": ("one", "bytes"),
     "--guard-commands": ("flag", None),
 }
-ENVIRONMENT = {"--proxy": "EGRESS_PROXY", "--state-dir": "EGRESS_STATE_DIR"}  # as click's envvar=
+ENVIRONMENT = {"--proxy": PROXY_MODE_ENV, "--state-dir": "EGRESS_STATE_DIR"}  # as click's envvar=
 
 
 class Unparsed(Exception):

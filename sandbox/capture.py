@@ -1,7 +1,7 @@
 """Transparent capture inside the command's network namespace: every road out leads to egress.
 
-Run by the sandbox's helper right after `lo` is up, with the namespace's own capabilities
-(its user namespace owns the network namespace, root caller or not). Three netlink
+Run by the sandbox's helper once `lo` is up (while init builds its view), with the namespace's
+own capabilities (its user namespace owns the network namespace, root caller or not). Three netlink
 exchanges, written here as bytes (stdlib only: this runs in a forked copy of the caller):
 
 * routes: ``default dev lo`` for IPv4 and IPv6 (source 127.0.0.1 / ::1), so a connect() to

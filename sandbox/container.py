@@ -655,6 +655,9 @@ class ContainerBox:
         self.capture_error = network.capture_error
         self.returncode: int | None = None
 
+    def ready(self) -> None:
+        """The engine's client is started when the box is made (sandbox/platforms.py's interface)."""
+
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
             return self.returncode

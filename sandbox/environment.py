@@ -64,8 +64,12 @@ def trust_bundle(roots: list[str], egress_ca: Path, target: Path) -> Path:
 
 
 def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundle: Path | None,
-                        tmpdir: Path, home: str | None = None) -> dict[str, str]:
-    """The command's environment: ``base`` with every proxy, CA and cache variable decided here."""
+                        tmpdir: Path, home: str | None = None, files: dict | None = None) -> dict[str, str]:
+    """The command's environment: ``base`` with every proxy, CA and cache variable decided here.
+
+    The files it names (wgetrc, apt's configuration) are written now, or, with ``files``, put
+    there ({path: text, or None for a folder}) for :func:`write_files` to write later: the
+    launcher writes them while the sandbox is being made, before the command can start."""
     env = {k: v for k, v in base.items()
            if k not in PROXY_VARIABLES + CA_VARIABLES + DROPPED and not k.startswith("GIT_CONFIG_")}
 
@@ -85,7 +89,7 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
         for name in CA_VARIABLES:
             env[name] = str(ca_bundle)
     env.update(client_files(tmpdir, base, home or base.get("HOME"), proxy_url=proxy_url, ca_bundle=ca_bundle,
-                            no_proxy=env["no_proxy"]))
+                            no_proxy=env["no_proxy"], files=files))
 
     env.update(FAIL_FAST)
     caches = tmpdir / "cache"
@@ -104,16 +108,34 @@ APT_MAIN = "/etc/apt/apt.conf"
 
 
 def client_files(tmpdir: Path, base: dict[str, str], home: str | None, *, proxy_url: str | None,
-                 ca_bundle: Path | None, no_proxy: str) -> dict[str, str]:
-    """Write the wget and apt configuration files for the run; return the variables naming them."""
+                 ca_bundle: Path | None, no_proxy: str, files: dict | None = None) -> dict[str, str]:
+    """Write the wget and apt configuration files for the run (or put them in ``files``, see
+    command_environment); return the variables naming them."""
     env = {}
     if proxy_url:
         env["WGETRC"] = str(wgetrc(tmpdir / "wgetrc", _user_wgetrc(base, home), proxy_url=proxy_url,
-                                   ca_bundle=ca_bundle, no_proxy=no_proxy))
+                                   ca_bundle=ca_bundle, no_proxy=no_proxy, files=files))
     if os.path.isdir(APT_PARTS) and _apt_quotable(str(tmpdir)):
         env["APT_CONFIG"] = str(apt_config(tmpdir / "apt.conf", tmpdir / "apt.conf.d", base.get("APT_CONFIG"),
-                                           proxy_url=proxy_url, ca_bundle=ca_bundle))
+                                           proxy_url=proxy_url, ca_bundle=ca_bundle, files=files))
     return env
+
+
+def write_files(files: dict) -> None:
+    """Write what command_environment put in ``files``, in order (a folder before its files)."""
+    for path, text in files.items():
+        if text is None:
+            os.mkdir(path)
+        else:
+            Path(path).write_text(text, encoding="utf-8")
+
+
+def _put(target: Path, text: str, files: dict | None) -> Path:
+    if files is None:
+        target.write_text(text, encoding="utf-8")
+    else:
+        files[target] = text
+    return target
 
 
 def _user_wgetrc(base: dict[str, str], home: str | None) -> str:
@@ -127,7 +149,8 @@ def _user_wgetrc(base: dict[str, str], home: str | None) -> str:
         return ""
 
 
-def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | None, no_proxy: str) -> Path:
+def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | None, no_proxy: str,
+           files: dict | None = None) -> Path:
     """wget's rc file for the run: the user's own settings, then egress's, which win.
 
     WGETRC replaces ~/.wgetrc (/etc/wgetrc is still read first), and wget applies the lines in
@@ -138,12 +161,11 @@ def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | No
     lines += [f"http_proxy = {proxy_url}", f"https_proxy = {proxy_url}", "use_proxy = on", f"no_proxy = {no_proxy}"]
     if ca_bundle:
         lines.append(f"ca_certificate = {ca_bundle}")
-    target.write_text("\n".join(lines).lstrip("\n") + "\n", encoding="utf-8")
-    return target
+    return _put(target, "\n".join(lines).lstrip("\n") + "\n", files)
 
 
 def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, proxy_url: str | None,
-               ca_bundle: Path | None) -> Path:
+               ca_bundle: Path | None, files: dict | None = None) -> Path:
     """apt's configuration for the run: the system's own, then egress's settings, which win.
 
     apt reads $APT_CONFIG *first*, then Dir::Etc::parts (/etc/apt/apt.conf.d) and Dir::Etc::main
@@ -151,7 +173,10 @@ def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, prox
     them itself, in apt's order, and points those two settings at an empty folder: the system's
     sources, keys and options stay, and egress's lines come last. Measured with apt 2.6.
     """
-    empty_dir.mkdir(exist_ok=True)
+    if files is None:
+        empty_dir.mkdir(exist_ok=True)
+    else:
+        files[empty_dir] = None
     lines = ["// egress run: the system's apt settings, then the sandbox's own (these win)"]
     if caller_config and _apt_quotable(caller_config) and os.path.isfile(caller_config):
         lines.append(f'#include "{caller_config}";')
@@ -173,8 +198,7 @@ def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, prox
                       f"#clear Acquire::{key}::ProxyAutoDetect;", f'Acquire::{key}::Proxy "{proxy_url}";']
     if ca_bundle:
         lines.append(f'Acquire::https::CAInfo "{ca_bundle}";')
-    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return target
+    return _put(target, "\n".join(lines) + "\n", files)
 
 
 def _apt_quotable(value: str) -> bool:

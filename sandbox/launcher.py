@@ -20,10 +20,10 @@ import os
 import signal
 import stat
 import sys
-import threading
 from pathlib import Path
 
-from egress.contract import DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES
+from egress.contract import (DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES,
+                             PROXY_MODE_ENV, PROXY_MODES)
 from egress.terminal import EventLines, say
 from egress.wiring import ProxyConfig
 
@@ -154,11 +154,9 @@ def proxy_mode(options: RunOptions, platform=None) -> str:
     """Where the run's proxy lives: "warm" (the per-user warm proxy, egress.warm) or "lazy" (this
     process, started when the command first connects); always lazy where the platform's sandbox
     cannot hand its socket to the warm proxy (sandbox/platforms.py says why)."""
-    from egress.warm import MODE_ENV, MODES
-
-    mode = options.proxy_mode or os.environ.get(MODE_ENV) or "warm"
-    if mode not in MODES:
-        raise LaunchError(f"--proxy (or ${MODE_ENV}) must be one of {', '.join(MODES)}, not {mode!r}")
+    mode = options.proxy_mode or os.environ.get(PROXY_MODE_ENV) or "warm"
+    if mode not in PROXY_MODES:
+        raise LaunchError(f"--proxy (or ${PROXY_MODE_ENV}) must be one of {', '.join(PROXY_MODES)}, not {mode!r}")
     if platform is not None and not platform.warm:
         return "lazy"
     return mode
@@ -195,8 +193,6 @@ def offer_warm(options: RunOptions, mode: str, reader, trees: list[str], own_cod
 def protect_own_code(writable: list[str]) -> list[str]:
     """Folders of egress's own code inside writable trees, to be shown read-only to the command;
     sys.path entries that are (or hold) a writable tree are dropped (see sandbox.paths.own_code)."""
-    import importlib.util
-
     import egress
     import sandbox
     from sandbox.paths import own_code
@@ -207,15 +203,28 @@ def protect_own_code(writable: list[str]) -> list[str]:
     code = [package, os.path.dirname(sandbox.__file__), os.path.join(os.path.dirname(package), "policies"),
             # the interpreter's own trees: a venv's pyvenv.cfg names the Python the next egress runs
             sys.prefix, sys.exec_prefix, sys.base_prefix]
-    shipped = importlib.util.find_spec("egress.policies")
-    if shipped is not None and shipped.submodule_search_locations:
-        code += list(shipped.submodule_search_locations)
+    code += _package_folders("egress.policies", egress.__path__)
     protect, drop = own_code(code, sys.path, writable)
     sys.path[:] = [entry for entry in sys.path if entry not in drop]
     if protect:
         say(f"egress: egress's own code lies in a folder the command can write; it stays read-only for "
             f"the command ({', '.join(protect)}). Install egress outside the project to lift this.")
     return protect
+
+
+def _package_folders(name: str, parent_path) -> list[str]:
+    """The folders package ``name`` would be imported from, as importlib.util.find_spec finds
+    them (the module already imported, else the first finder on sys.meta_path that knows it),
+    without importing importlib.util: ~1.3 ms of every `egress run`."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return list(getattr(module, "__path__", None) or [])
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, parent_path) if find is not None else None
+        if spec is not None:
+            return list(spec.submodule_search_locations or [])
+    return []
 
 
 def network_mode(options: RunOptions, user=None) -> str:
@@ -396,7 +405,7 @@ def run(options: RunOptions, platform=None) -> int:
     tmpdir = Path(_private_folder(f"egress-run-{run_id}-"))
     session = box = control = builder = terminal = handover = listener = None
     try:
-        ca_bundle = None
+        ca_bundle = egress_ca = None
         try:
             listener = platform.listener(networked)  # where the proxy listens, as the command is told
         except OSError as e:
@@ -414,17 +423,26 @@ def run(options: RunOptions, platform=None) -> int:
                 raise LaunchError(str(e)) from None
 
             try:
-                ca_bundle = environment.trust_bundle(builder.trust.roots, ensure_ca(options.state_dir),
-                                                     tmpdir / "ca-bundle.pem")
-            except (StateError, OSError) as e:
+                # Made (with the state folder) before the sandbox: a folder it should hide that does
+                # not exist yet when its view is built is not hidden (its CA's key visible inside).
+                egress_ca = ensure_ca(options.state_dir)
+            except StateError as e:
                 raise LaunchError(str(e)) from None
+            ca_bundle = tmpdir / "ca-bundle.pem"
+        # The files the command's environment names: where the platform holds the command back
+        # until box.ready() (Linux), written while its sandbox is made (below), else now.
+        files: dict = {}
         command_env = dict(caller_env)
         # the command holds placeholders, never the bound secrets (whichever sandbox holds it)
         placeholders = credentials.placeholder_environment() if credentials is not None else {}
         command_env.update(placeholders)
         env = environment.command_environment(
-            command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir)
+            command_env, proxy_url=listener.url if networked else None, ca_bundle=ca_bundle, tmpdir=tmpdir,
+            files=files)
         env.update(platform.environment(tmpdir))
+        held = getattr(platform, "holds_until_ready", False)
+        if not held:
+            _write_files(builder, egress_ca, ca_bundle, files)
         (tmpdir / "cache").mkdir()
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
@@ -441,23 +459,23 @@ def run(options: RunOptions, platform=None) -> int:
                            placeholders=list(placeholders),
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
+        terminal = _TerminalGuard()  # before the command can take the terminal's foreground
+        try:
+            # Linux: the sandbox is made (~9 ms) while this process sets up its side, below.
+            box = platform.start(spec, listener)
+            listener = None  # the box holds its socket now
+        except SandboxError as e:
+            raise _sandbox_failure(e, options, platform) from None
+        if held:
+            _write_files(builder, egress_ca, ca_bundle, files)
         if networked:
             # From now on files the command can write are read no more (egress.snapshot): the
             # warm proxy gets their texts of now, and builds the run's proxy while the sandbox starts.
+            # (Nothing has read a policy file since the user's were loaded, above.)
             trees = seal_policy(reader, spec.writable, own_code)
             if where == "warm":
                 handover = offer_warm(options, mode, reader, trees, own_code, credentials, caller_env, builder,
                                       run_id)
-        terminal = _TerminalGuard()  # before the command can take the terminal's foreground
-        try:
-            box = platform.start(spec, listener)
-            listener = None  # the box holds its socket now
-        except SandboxError as e:
-            missing = e.code == EXIT_NOT_FOUND
-            hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
-            raise LaunchError(str(e) + (f"\n{hint}" if hint else ""), e.code) from None
-
-        if networked:
             from egress.control import ControlServer, RunState
             from egress.session import ProxySession
 
@@ -469,15 +487,20 @@ def run(options: RunOptions, platform=None) -> int:
                 say(f"egress: metrics on {builder.metrics_url}")
             control = ControlServer(state, options.state_dir)
             reporter = EventLines()  # EGRESS_BLOCKED and EGRESS_UPSTREAM_ERROR, once per host and reason
+            asker = _asker(options, state)
 
             def on_event(event) -> None:
                 reporter(event)
                 state.publish(event)
-
+        try:
+            box.ready()  # the command started
+        except SandboxError as e:
+            raise _sandbox_failure(e, options, platform) from None
+        if networked:
             session = ProxySession(prepare, run_id, builder, on_event=on_event,
                                    reload=lambda: fresh_policy(options, mode, reader),
                                    watch=list(options.policies), frozen=reader.frozen_files,
-                                   asker=_asker(options, state), state=state, warm=handover)
+                                   asker=asker, state=state, warm=handover)
             session.serve_lazily(box.listen_socket, box.capture)
             if box.capture_error is not None:
                 state.extra["capture"] = f"unavailable: {box.capture_error}"
@@ -516,6 +539,23 @@ def run(options: RunOptions, platform=None) -> int:
         if terminal is not None:
             terminal.restore()
         _remove_tree(str(tmpdir))
+
+
+def _write_files(builder, egress_ca, ca_bundle, files: dict) -> None:
+    """The trust bundle (the upstream roots and egress's CA) and the clients' configuration files."""
+    if ca_bundle is not None:
+        try:
+            environment.trust_bundle(builder.trust.roots, egress_ca, ca_bundle)
+        except OSError as e:
+            raise LaunchError(str(e)) from None
+    environment.write_files(files)
+
+
+def _sandbox_failure(error, options: RunOptions, platform) -> LaunchError:
+    """The sandbox's refusal as egress run says it, with an install hint for a missing runtime."""
+    missing = error.code == EXIT_NOT_FOUND
+    hint = environment.missing_runtime_hint(options.argv[0], platform.name) if missing else None
+    return LaunchError(str(error) + (f"\n{hint}" if hint else ""), error.code)
 
 
 def main(options: RunOptions):
@@ -623,7 +663,7 @@ class _Relay:
         self.limit = limit  # each stream's cap in bytes (egress.output_cap); 0: none
         self._pipes = [os.pipe() if wanted else None for wanted in streams]
         self.stdout, self.stderr = (pipe[1] if pipe else None for pipe in self._pipes)
-        self._threads: list[threading.Thread] = []
+        self._threads: list = []
 
     @classmethod
     def for_run(cls, redact: bool, credentials, limit: int = 0) -> _Relay | None:
@@ -649,6 +689,8 @@ class _Relay:
         return cls((same, True))  # stdout too when it is that same file (2>&1 > log)
 
     def start(self) -> None:
+        import threading  # here: the launcher's path to the sandbox's fork has no use for it (~0.5 ms)
+
         # Our copies of the write ends go: the pipes end when the command's side closes.
         for pipe, sink in zip(self._pipes, (sys.stdout, sys.stderr)):
             if pipe is None:

@@ -78,6 +78,9 @@ class Sandbox:
         self.returncode: int | None = None
         self._exit = _ExitWatch(process.pid)
 
+    def ready(self) -> None:
+        """The command is started when the box is made (sandbox/platforms.py's interface)."""
+
     def wait(self, timeout: float | None = None) -> int:
         """The command's exit status (128+N if killed by signal N); on timeout its whole process
         group is killed and EXIT_TIMEOUT returned."""

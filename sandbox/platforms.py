@@ -9,9 +9,14 @@ are handed one: tests choose ``MacOS(sandbox_exec=...)`` explicitly) and use onl
                                   where the run's proxy listens, as the command is told
                                   (listener.url: the proxy variables' value, with its secret)
     platform.environment(tmpdir)  variables this platform's commands need on top of the matrix
+    platform.holds_until_ready    (optional, default False) start() returns before the command can
+                                  run, and box.ready() lets it: files it will read may be written
+                                  in between
     box = platform.start(spec, listener)
-                                  the command started; box.listen_socket, wait(timeout),
-                                  signal(sig), direct_attempts(), close()
+                                  the command starting (Linux: the sandbox is made while the
+                                  launcher sets up its side); box.ready() returns once it has
+                                  started (raises SandboxError); then box.listen_socket,
+                                  wait(timeout), signal(sig), direct_attempts(), close()
 
 Linux: the listening socket is made inside the command's own network namespace, where nobody
 else can reach it, on a fixed port (sandbox/linux.py). macOS: no network namespaces, so the
@@ -68,6 +73,9 @@ class Listener:
 class Linux:
     name = "linux"
     warm = True
+    # start() returns while the sandbox is made and holds the command back until box.ready(): the
+    # launcher writes the files the command's environment names meanwhile (sandbox/linux.py).
+    holds_until_ready = True
     capture = True  # every other road out of the namespace leads to egress (sandbox/capture.py)
 
     def refusal(self) -> str | None:
@@ -80,9 +88,9 @@ class Linux:
         return {}
 
     def start(self, spec, listener: Listener):
-        from sandbox.linux import start
+        from sandbox.linux import begin
 
-        return start(spec)
+        return begin(spec)
 
 
 class MacOS:

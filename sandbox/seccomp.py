@@ -188,7 +188,7 @@ def install(refuse_setid: bool) -> None:
     if machine not in _TABLES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for the {machine} architecture")
     program = _program(machine, refuse_setid)
-    raw = b"".join(struct.pack("HBBI", *ins) for ins in program)
+    raw = struct.pack("HBBI" * len(program), *(field for ins in program for field in ins))  # struct sock_filter[]
     buffer = ctypes.create_string_buffer(raw, len(raw))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
     fprog = struct.pack("HxxxxxxQ", len(program), ctypes.addressof(buffer))

@@ -36,6 +36,7 @@ from sandbox.linux import (  # noqa: E402
     EXIT_TIMEOUT,
     SandboxError,
     SandboxSpec,
+    begin,
     start,
 )
 
@@ -513,6 +514,39 @@ def test_close_is_idempotent_and_releases_every_descriptor(tmp_path):
     box.close()
     assert box.returncode == 128 + signal.SIGKILL
     assert box.listen_socket.fileno() == -1
+    assert open_fds() == fds_before
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_begin_holds_the_command_until_ready_and_what_is_written_meanwhile_is_there(tmp_path):
+    # The launcher writes the files the command's environment names (its CA bundle, wgetrc)
+    # between begin() and ready(): the command must find them, whenever init got to its go.
+    r, w = os.pipe()
+    try:
+        box = begin(SandboxSpec(["cat", "written-meanwhile"], ENV, str(tmp_path), writable=[str(tmp_path)],
+                                stdout=w))
+    finally:
+        os.close(w)
+    with box, os.fdopen(r) as out:
+        time.sleep(0.2)  # init confined and waiting, most likely; the order must not matter
+        (tmp_path / "written-meanwhile").write_text("there\n")
+        box.ready()
+        assert box.wait(timeout=WAIT) == 0
+        assert out.read() == "there\n"
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.2])  # closed while the sandbox is made, or once init waits
+def test_a_box_closed_before_ready_never_runs_its_command(tmp_path, pause):
+    marker = f"1000.{uuid.uuid4().int % 10**9}"
+    fds_before = open_fds()
+    box = begin(SandboxSpec(["sh", "-c", f"touch ran; sleep {marker}"], ENV, str(tmp_path),
+                            writable=[str(tmp_path)], network=True))
+    time.sleep(pause)
+    box.close()
+    box.close()
+    assert not (tmp_path / "ran").exists()
+    assert processes_with(marker) == []
     assert open_fds() == fds_before
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
