@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .contract import PROXY_MODE_ENV, PROXY_MODES
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
 MODE_ENV = PROXY_MODE_ENV  # warm | lazy: egress run's --proxy default
@@ -322,10 +322,10 @@ class Handover:
         with self._lock:
             send(self.sock, message, fds)
 
-    def send_quietly(self, message: dict) -> None:
+    def send_quietly(self, message: dict, fds: list[int] = ()) -> None:
         """Send if the link is still up (an answer or a stop to a proxy that is gone is moot)."""
         try:
-            self.send(message)
+            self.send(message, fds)
         except (OSError, AttributeError):
             pass
 
