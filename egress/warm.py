@@ -2,8 +2,9 @@
 
 A per-user process (egress/warmserver.py) that has imported mitmproxy and loaded the CA
 once, and forks one child per run. `egress run` connects to it and hands over, through
-SCM_RIGHTS, its stdout and stderr, the audit log and metrics socket it opened, and the
-listening socket made inside the command's network namespace; the child builds that run's
+SCM_RIGHTS, the audit log and metrics socket it opened, the listening socket made inside the
+command's network namespace, and once the child serves its stdout and stderr (a child that
+held them while building a proxy a `true` never used kept egress's readers waiting); the child builds that run's
 proxy from the run's configuration and policy texts, and the connection stays the run's
 channel (events and grant questions back, answers, grants and reload requests forth).
 This module is the launcher's side and what both sides share; it imports nothing heavy,
