@@ -341,6 +341,12 @@ class ProxySession:
             # From now on the warm proxy alone holds the socket: if it dies, connections are refused.
             self._close_sockets(sock)
             self.served_warm = True
+            # Our stdout and stderr, which it waits for before it accepts (egress.warmrun): its lines
+            # and (--audit-log -) audit records are the run's output from its first connection on.
+            from sandbox.launcher import stdio_fds
+
+            fds = {name: fd for name, fd in stdio_fds().items() if name not in self.warm.request["fds"]}
+            self.warm.send_quietly({"op": "stdio", "fds": list(fds)}, list(fds.values()))
             self.warm.pid = message.get("pid")
             self.started.set()
             if self.state is not None:

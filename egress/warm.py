@@ -2,8 +2,9 @@
 
 A per-user process (egress/warmserver.py) that has imported mitmproxy and loaded the CA
 once, and forks one child per run. `egress run` connects to it and hands over, through
-SCM_RIGHTS, its stdout and stderr, the audit log and metrics socket it opened, and the
-listening socket made inside the command's network namespace; the child builds that run's
+SCM_RIGHTS, the audit log and metrics socket it opened, the listening socket made inside the
+command's network namespace, and once the child serves its stdout and stderr (a child that
+held them while building a proxy a `true` never used kept egress's readers waiting); the child builds that run's
 proxy from the run's configuration and policy texts, and the connection stays the run's
 channel (events and grant questions back, answers, grants and reload requests forth).
 This module is the launcher's side and what both sides share; it imports nothing heavy,
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from .contract import PROXY_MODE_ENV, PROXY_MODES
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
 MODE_ENV = PROXY_MODE_ENV  # warm | lazy: egress run's --proxy default
@@ -322,10 +323,10 @@ class Handover:
         with self._lock:
             send(self.sock, message, fds)
 
-    def send_quietly(self, message: dict) -> None:
+    def send_quietly(self, message: dict, fds: list[int] = ()) -> None:
         """Send if the link is still up (an answer or a stop to a proxy that is gone is moot)."""
         try:
-            self.send(message)
+            self.send(message, fds)
         except (OSError, AttributeError):
             pass
 

@@ -6,13 +6,17 @@ run's policy, credentials and proxy with the launcher's own functions (so exactl
 in-process path would: egress.session.ProxySession.serve), and serves the listening
 socket the launcher hands over. Its connection to the launcher is the run's channel:
 
-    child -> launcher   {"op": "serving", "pid"}        it serves the socket from now on
+    child -> launcher   {"op": "serving", "pid"}        it serves the socket from now on (it accepts
+                                                        once the launcher's stdio has come)
                         {"op": "connected"}             the command's first connection came
                         {"op": "event", "event": {...}} every decision (egress.events.Event's fields)
                         {"op": "ask", "id", "host"}     a held request: allow this host for the run?
                         {"op": "error", "message"}      the proxy failed; the child then exits
     launcher -> child   {"op": "socket", "fds": ["listen", tags...]} + the listening socket and
                                                         the transparent capture's (sandbox/capture.py)
+                        {"op": "stdio", "fds": [names]}  the launcher's stdout and stderr, when it
+                                                        sees "serving" (with `--audit-log -` stdout
+                                                        comes with the request instead)
                         {"op": "answer", "id", "allowed"}
                         {"op": "reload"}                re-read the policy files now
                         {"op": "stop"}                  the command ended (EOF means the same)
@@ -111,17 +115,23 @@ def rehearse(state_dir: Path) -> None:
 
 
 def take_over(request: dict, fds: dict[str, int]) -> None:
-    """Become the run's process: its stdout and stderr, working folder, umask, environment."""
+    """Become the run's process: its working folder, umask, environment, and what it sent of its
+    stdout and stderr (the rest comes once the proxy serves: ChildRun._before_serving)."""
+    take_stdio(fds)
+    os.chdir(request["cwd"])  # relative policy paths, and command_writable, as the launcher saw them
+    os.umask(request["umask"])
+    os.environ.clear()
+    os.environ.update(request["environ"])
+
+
+def take_stdio(fds: dict[str, int]) -> None:
+    """The launcher's stdout and stderr among ``fds`` become ours."""
     for name, target in (("stdout", 1), ("stderr", 2)):
         fd = fds.pop(name, None)
         if fd is not None:
             getattr(sys, name).flush()
             os.dup2(fd, target)
             os.close(fd)
-    os.chdir(request["cwd"])  # relative policy paths, and command_writable, as the launcher saw them
-    os.umask(request["umask"])
-    os.environ.clear()
-    os.environ.update(request["environ"])
 
 
 class ChildRun:
@@ -216,7 +226,24 @@ class ChildRun:
         if proxy is not None:  # egress run asks, when its command failed, whether it ever connected
             proxy.on_first_accept = lambda: self.send({"op": "connected"})
         self.send({"op": "serving", "pid": os.getpid()})
-        self._readable()  # a stop the launcher sent before it saw "serving"
+        # The launcher answers with its stdout and stderr (`stdio`); nothing is accepted before
+        # they are ours, so every line and audit record of a connection reaches the run's output.
+        # A stop the launcher sent before it saw "serving" (or its end) comes instead.
+        while not self.stopping:
+            try:
+                got = self.reader.read()
+            except (OSError, ValueError, warm.WarmError):
+                got = None
+            if got is None:
+                self.reader.closed = True
+                self._readable()  # stops
+                break
+            message, fds = got
+            if message.get("op") == "stdio":
+                take_stdio(dict(zip(message.get("fds", []), fds)))
+                break
+            self._dispatch(message, fds)
+        self._readable()  # anything after it (a stop)
         return not self.stopping
 
     def _exit(self, code: int) -> None:

@@ -168,13 +168,10 @@ def offer_warm(options: RunOptions, mode: str, reader, trees: list[str], own_cod
     if it cannot be used (the run's proxy then starts in this process)."""
     from egress.warm import Handover, installation
 
-    fds = {}
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        try:
-            os.fstat(fd)
-            fds[name] = fd
-        except OSError:
-            pass
+    # stdout and stderr go when the run's child says it serves (egress.session): a child holding
+    # them while it builds a proxy that a `true` never uses kept whoever reads egress's output
+    # waiting 2-4 ms after egress had ended. With `--audit-log -` the audit lines are stdout.
+    fds = stdio_fds(("stdout",) if builder.audit is sys.stdout else ())
     if builder.audit is not None and builder.audit is not sys.stdout:
         fds["audit"] = builder.audit.fileno()
     if builder.metrics_socket is not None:
@@ -188,6 +185,19 @@ def offer_warm(options: RunOptions, mode: str, reader, trees: list[str], own_cod
                "snapshot": {"recorded": reader.recorded(), "trees": trees, "read_only": own_code},
                "credentials": credentials.to_dict() if credentials is not None else None}
     return Handover.offer(options.state_dir, request, fds)
+
+
+def stdio_fds(names=("stdout", "stderr")) -> dict[str, int]:
+    """This process's stdout and stderr descriptors (those that are open), by name."""
+    fds = {}
+    for name in names:
+        fd = {"stdout": 1, "stderr": 2}[name]
+        try:
+            os.fstat(fd)
+            fds[name] = fd
+        except OSError:
+            pass
+    return fds
 
 
 def protect_own_code(writable: list[str]) -> list[str]:
