@@ -522,14 +522,14 @@ def test_a_view_left_by_a_killed_run_is_taken_away_by_the_next_run(tmp_path, pod
     import signal
 
     env, image = podman.env, podman.image
-    project = tmp_path / "project"
-    project.mkdir()
-    os.chown(project, OWNER, OWNER)
+    project = make_project(tmp_path)
     (tmp_path / "policy.toml").write_text('allow = ["allowed.test"]\n')
+    (tmp_path / "launcher-tmp").mkdir()  # the killed run's own temporary folder stays there, not in /tmp
     run = subprocess.Popen([*egress_command(), "run", "--policy", str(tmp_path / "policy.toml"), "--state-dir",
                             str(tmp_path / "state"), "--provider", "podman", "--image", image, "--", "sh", "-c",
                             "touch /work/ready; sleep 600"], cwd=project, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), **env))
+                           stderr=subprocess.DEVNULL,
+                           env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(tmp_path / "launcher-tmp"), **env))
     try:
         while not (project / "ready").exists() and run.poll() is None:
             time.sleep(0.1)
