@@ -47,6 +47,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -548,8 +549,12 @@ class HostView:
         _sweep()
         # /run: root's runtime folder, which no age-based cleaner walks (one walking into a view
         # left attached by a killed egress would delete the project through it)
-        where = RUNTIME_DIR if mapped and os.access(RUNTIME_DIR, os.W_OK) else None
-        view.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=where)
+        where = RUNTIME_DIR if mapped else None  # (unmapped: stand-in files only, no mount to sweep)
+        try:
+            view.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=where)
+        except OSError as e:
+            raise SandboxError(EXIT_LAUNCHER, f"cannot make the container's view of the project in "
+                                              f"{where or tempfile.gettempdir()}: {e.strerror or e}", "mount") from None
         try:
             for index, (path, data) in enumerate(sorted(replaced.items())):
                 stand_in = os.path.join(view.folder, f"shown{index}")
@@ -567,18 +572,15 @@ class HostView:
     def _map_work(self, project: str) -> None:
         from sandbox import idmap
 
-        owner = os.stat(project).st_uid
-        if owner == 0:
-            # The container's user would write as root here: a setuid file it left would run as root.
-            raise SandboxError(EXIT_LAUNCHER, f"the project {project} is owned by root, and the container's user "
-                                              f"writes there as the project's owner: run it from a project owned "
-                                              f"by an unprivileged user (chown), or use --provider namespace",
-                               "mount")
         target = os.path.join(self.folder, "work")
         os.mkdir(target, 0o700)
         uid, gid = map(int, USER.split(":"))
         try:
             self.work = idmap.owner_mapped(project, target, uid, gid)
+        except idmap.Refused as e:
+            raise SandboxError(EXIT_LAUNCHER, f"{e.strerror}, and the container's user writes there as the project's "
+                                              f"owner: run it from a project owned by an unprivileged user (chown "
+                                              f"USER:GROUP), or use --provider namespace", "mount") from None
         except OSError as e:
             raise SandboxError(EXIT_LAUNCHER, f"cannot show the project {project} to the container's user as its "
                                               f"owner's (an idmapped mount: {e.strerror or e}); nothing ran (unmapped, "
@@ -605,7 +607,7 @@ def _take_away(folder: str) -> None:
 
     work = os.path.join(folder, "work")
     try:
-        if os.path.isdir(work):
+        if os.path.lexists(work) and stat.S_ISDIR(os.lstat(work).st_mode):  # a symlink is no view (never followed)
             try:  # (os.path.ismount cannot tell: a bind of the same filesystem keeps its st_dev)
                 idmap.detach(work)
             except OSError as e:
@@ -623,16 +625,25 @@ def _take_away(folder: str) -> None:
 
 
 def _sweep() -> None:
-    """Take away the folders of egress runs that were killed before their close (SIGKILL)."""
-    for where in {RUNTIME_DIR, tempfile.gettempdir()}:
+    """Take away the folders of egress runs that were killed before their close (SIGKILL).
+
+    Only in RUNTIME_DIR, and only real folders of this user's: views are attached there alone (a
+    run that maps none leaves no mount to take away), and a name in a folder others can write
+    (/tmp) could be their symlink, turning a root egress's detach and unlink against any path."""
+    try:
+        names = [n for n in os.listdir(RUNTIME_DIR) if n.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX):].split("-", 1)[0]
+        path = os.path.join(RUNTIME_DIR, name)
         try:
-            names = [n for n in os.listdir(where) if n.startswith(_PREFIX)]
+            info = os.lstat(path)
         except OSError:
             continue
-        for name in names:
-            pid = name[len(_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                _take_away(os.path.join(where, name))
+        if (pid.isdigit() and not os.path.exists(f"/proc/{pid}") and stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.geteuid()):
+            _take_away(path)
 
 
 def holder_hardening() -> list[str]:

@@ -34,6 +34,7 @@ from sandbox import _libc, mounts
 
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MNT_DETACH = 2
+_UMOUNT_NOFOLLOW = 8  # linux/fs.h
 
 # A process whose only purpose is to own a user namespace while its maps are written: the
 # mapping is read from /proc/PID/ns/user, and the namespace lives on in that descriptor.
@@ -47,14 +48,36 @@ _NAMESPACE_HOLDER = (
 )
 
 
+class Refused(OSError):
+    """The project is not one egress may show to the container's user as its owner's."""
+
+
 def owner_mapped(source: str, target: str, uid: int, gid: int) -> str:
     """Attach at ``target`` (an empty folder) a copy of the mount tree at ``source`` through which
     the files of source's owner show as uid:gid, and what uid:gid creates there is the owner's.
-    Returns target. Raises OSError (nothing attached)."""
-    info = os.stat(source)
-    userns = user_namespace(f"{info.st_uid} {uid} 1", f"{info.st_gid} {gid} 1")
+    Returns target. Raises Refused (a project owned by root, by a user egress cannot look up, or
+    in a group that is not its owner's: owner_group), or OSError (nothing attached).
+
+    ``source`` is opened once, and the owner checked and the tree cloned through that one
+    descriptor: looked up by path twice, a project whose parent its owner can write could be
+    swapped for a symlink to a root-owned folder in between, which the container's user would
+    then own (a red-team race won in ~1 of 150 tries)."""
     try:
-        tree = mounts._clone(source)
+        folder = os.open(source, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot open the project {source}: {os.strerror(e.errno)}") from None
+    try:
+        info = os.fstat(folder)
+        if info.st_uid == 0:
+            # The container's user would write as root here: a setuid file it left would run as root.
+            raise Refused(errno.EPERM, f"the project {source} is owned by root")
+        owner_gid = owner_group(info.st_uid, info.st_gid)
+        tree = _libc.syscall(mounts._SYS_OPEN_TREE, folder, b"", mounts._OPEN_TREE_CLONE | mounts._OPEN_TREE_CLOEXEC
+                             | mounts._AT_RECURSIVE | mounts._AT_EMPTY_PATH)
+    finally:
+        os.close(folder)
+    try:
+        userns = user_namespace(f"{info.st_uid} {uid} 1", f"{owner_gid} {gid} 1")
         try:
             attr = mounts._MountAttr(_MOUNT_ATTR_IDMAP | mounts._MOUNT_ATTR_NOSUID | mounts._MOUNT_ATTR_NODEV,
                                      0, 0, userns)
@@ -66,10 +89,31 @@ def owner_mapped(source: str, target: str, uid: int, gid: int) -> str:
                 raise OSError(e.errno, f"mount_setattr(MOUNT_ATTR_IDMAP): {os.strerror(e.errno)}{why}") from None
             mounts._move(tree, target)
         finally:
-            os.close(tree)
+            os.close(userns)
     finally:
-        os.close(userns)
+        os.close(tree)
     return target
+
+
+def owner_group(owner: int, folder_gid: int) -> int:
+    """The project folder's group, which the container's group stands for, once known to be one of
+    its owner's (by the user database) and not root's. Mapped, it is the group the container's files
+    get and setgid ones run as: a project chowned to a user but left in group root gave egid 0 (a
+    red-team finding). (Mapping the owner's primary group instead, over a folder of another group,
+    left the owner's own folder unwritable through the mount: measured on Linux 6.18.) Raises
+    Refused if the owner is not in the user database (its groups cannot be told), or the group is
+    not one of its own."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(owner)
+    except KeyError:
+        raise Refused(errno.EPERM, f"its owner, uid {owner}, has no entry in the user database, so egress "
+                                   f"cannot tell which groups it may write as") from None
+    if folder_gid == 0 or folder_gid not in os.getgrouplist(entry.pw_name, entry.pw_gid):
+        raise Refused(errno.EPERM, f"its group, gid {folder_gid}, is not one of its owner {entry.pw_name}'s own "
+                                   f"groups (chgrp it to one, e.g. {entry.pw_gid})")
+    return folder_gid
 
 
 def user_namespace(uid_map: str, gid_map: str) -> int:
@@ -94,7 +138,8 @@ def user_namespace(uid_map: str, gid_map: str) -> int:
 
 
 def detach(target: str) -> None:
-    """Take the mount at ``target`` away (lazily: a process still inside keeps its view)."""
-    if _libc._libc.umount2(target.encode(), _MNT_DETACH) != 0:
+    """Take the mount at ``target`` away (lazily: a process still inside keeps its view). A
+    symlink at ``target`` is never followed (UMOUNT_NOFOLLOW): EINVAL."""
+    if _libc._libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"umount {target}: {os.strerror(err)}")

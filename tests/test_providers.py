@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -314,14 +315,16 @@ def engine(request) -> Engine:
     return request.getfixturevalue(request.param)
 
 
-OWNER = 4242  # the projects' owner: not root, not the container's 1000
+# The projects' owner: not root, not the container's 1000, and in the user database (egress maps
+# the owner's own groups only, so it must know them)
+OWNER, OWNER_GROUP = pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid
 
 
 def make_project(tmp_path) -> Path:
     """The run's project, owned by OWNER: the container's user (1000) writes there as its owner."""
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
-    os.chown(project, OWNER, OWNER)
+    os.chown(project, OWNER, OWNER_GROUP)
     return project
 
 
@@ -480,7 +483,7 @@ def test_files_made_in_work_belong_to_the_projects_owner_and_nothing_else_is_wri
     assert result.stdout.splitlines() == ["1000", "1000:1000"]  # the owner's project, as the container's user sees it
     for made in ("made", "sub", "sub/f"):
         info = (project / made).lstat()
-        assert (info.st_uid, info.st_gid) == (OWNER, OWNER), made
+        assert (info.st_uid, info.st_gid) == (OWNER, OWNER_GROUP), made
     assert result.stderr.count("Read-only file system") == 5, result.stderr
     assert not os.path.exists(tmp_path / "y")
     assert left_views() == []  # the view is detached and its folder gone once the run ends
@@ -496,6 +499,46 @@ def test_a_project_owned_by_root_is_refused_before_anything_runs(tmp_path, podma
     assert not (project / "ran").exists()
 
 
+def test_a_project_in_a_group_its_owner_is_not_in_is_refused(tmp_path, podman):
+    """A project chowned to its owner but left in group root: mapped, the container could make
+    setgid files of root's group on the host. Refused before anything runs."""
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chown(project, OWNER, 0)
+    result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", podman.image],
+                        project=project, env=podman.env)
+    assert result.returncode == 125, result.stderr
+    assert "its group, gid 0, is not one of its owner nobody's own groups" in result.stderr
+    assert not (project / "ran").exists()
+
+
+def test_a_project_whose_owner_egress_cannot_look_up_is_refused(tmp_path, podman):
+    unknown = next(uid for uid in range(4242, 5242) if uid not in {e.pw_uid for e in pwd.getpwall()})
+    project = tmp_path / "project"
+    project.mkdir()
+    os.chown(project, unknown, unknown)
+    result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", podman.image],
+                        project=project, env=podman.env)
+    assert result.returncode == 125 and f"uid {unknown}, has no entry in the user database" in result.stderr
+    assert not (project / "ran").exists()
+
+
+def test_the_owner_mapping_opens_the_project_once_and_follows_no_symlink_there(tmp_path):
+    from sandbox import idmap
+
+    if os.geteuid() != 0:
+        pytest.skip("idmapped mounts are root's")
+    rootdir = tmp_path / "rootdir"
+    rootdir.mkdir()
+    (tmp_path / "link").symlink_to(rootdir)
+    (tmp_path / "target").mkdir()
+    with pytest.raises(OSError) as refused:
+        idmap.owner_mapped(str(tmp_path / "link"), str(tmp_path / "target"), 1000, 1000)
+    assert "cannot open the project" in str(refused.value)
+    with pytest.raises(idmap.Refused):
+        idmap.owner_mapped(str(rootdir), str(tmp_path / "target"), 1000, 1000)  # root's, through the same descriptor
+
+
 def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, podman):
     # ramfs has no idmapped mounts: the run must stop, not hand uid 1000 a project it cannot write
     # (or, made writable for it, one everybody can write).
@@ -507,7 +550,7 @@ def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, p
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a ramfs here: {mounted.stderr.strip()}")
     try:
-        os.chown(project, OWNER, OWNER)
+        os.chown(project, OWNER, OWNER_GROUP)
         result = egress_run(tmp_path, "touch", "/work/ran", extra=["--provider", "podman", "--image", image],
                             project=project, env=env)
         assert result.returncode == 125, result.stderr
@@ -545,6 +588,38 @@ def test_a_view_left_by_a_killed_run_is_taken_away_by_the_next_run(tmp_path, pod
     assert in_container(tmp_path, podman, "true").returncode == 0
     assert not os.path.exists(os.path.join(ct.RUNTIME_DIR, left[0]))
     assert f"/{left[0]}/work " not in open("/proc/self/mountinfo").read()
+
+
+def test_the_sweep_of_killed_runs_views_follows_no_planted_symlink(tmp_path):
+    """A name in RUNTIME_DIR that looks like a dead run's view but is a symlink (or holds one at
+    `work`) is left alone: root's sweep must never detach or unlink through it."""
+    if os.geteuid() != 0:
+        pytest.skip("the views and their sweep are root's (/run)")
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not os.path.exists(f"/proc/{pid}"))
+    target, mounted = tmp_path / "target", tmp_path / "mounted"
+    target.mkdir()
+    (target / "shown0").write_text("keep")
+    (target / "work").mkdir()
+    mounted.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mounted)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    planted = [os.path.join(ct.RUNTIME_DIR, f"{ct._PREFIX}{dead}-link"), os.path.join(ct.RUNTIME_DIR, f"{ct._PREFIX}{dead}-dir")]
+    try:
+        os.symlink(target, planted[0])  # the whole folder a symlink
+        os.mkdir(planted[1])
+        os.symlink(mounted, os.path.join(planted[1], "work"))  # its view a symlink to a mount
+        ct._sweep()
+        assert (target / "shown0").read_text() == "keep" and os.path.islink(planted[0])
+        assert f" {mounted} " in open("/proc/self/mountinfo").read()  # still mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], capture_output=True)
+        for path in planted:
+            if os.path.islink(path):
+                os.unlink(path)
+            elif os.path.isdir(path):
+                for name in os.listdir(path):
+                    os.unlink(os.path.join(path, name))
+                os.rmdir(path)
 
 
 def left_views() -> list[str]:
