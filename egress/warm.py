@@ -37,13 +37,9 @@ import time
 import zlib
 from pathlib import Path
 
-from .contract import PROXY_MODE_ENV, PROXY_MODES
-
 PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
-MODE_ENV = PROXY_MODE_ENV  # warm | lazy: egress run's --proxy default
-MODES = PROXY_MODES
 MAX_FDS = 8
 SUN_PATH_MAX = 108  # sockaddr_un.sun_path, with its terminating NUL
 

@@ -248,6 +248,25 @@ _ENGINE_TIMEOUT = 120  # seconds for one engine step (start, inspect, kill); a b
 _SAID = 300  # characters of an engine's complaint that egress repeats
 
 
+def engine_run(engine: str, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """``ENGINE ARGS...`` to its end, its output kept (text, unless ``input`` is bytes); an engine
+    that cannot be started or does not answer in _ENGINE_TIMEOUT is a failed run, never an exception."""
+    text = input is None
+    try:
+        return subprocess.run([engine, *args], input=input, capture_output=True, text=text,
+                              timeout=_ENGINE_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(args, 1, "" if text else b"", str(e) if text else str(e).encode())
+
+
+def engine_start(engine: str, argv: list[str], **kwargs) -> subprocess.Popen:
+    """The engine's client started on ``argv``; SandboxError (125, nothing ran) if it cannot be."""
+    try:
+        return subprocess.Popen(argv, close_fds=True, restore_signals=True, **kwargs)
+    except OSError as e:
+        raise SandboxError(EXIT_LAUNCHER, f"cannot start {engine}: {e.strerror or e}", "exec") from None
+
+
 class Container:
     """The platform interface (sandbox/platforms.py) for podman and docker."""
 
@@ -292,11 +311,7 @@ class Container:
             argv = engine_argv(self.engine, name, network.flags, spec, self.chosen, ca,
                                interactive=not _isatty(spec.stdin if spec.stdin is not None else 0),
                                work=view.work, shown=view.shown)
-            try:
-                process = subprocess.Popen(argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr,
-                                           close_fds=True, restore_signals=True)
-            except OSError as e:
-                raise SandboxError(EXIT_LAUNCHER, f"cannot start {self.engine}: {e.strerror or e}", "exec") from None
+            process = engine_start(self.engine, argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr)
         except BaseException:
             network.close()
             view.close()
@@ -374,7 +389,7 @@ class EngineNamespace:
                     *holder_hardening(), "--network", "none", "--memory", "32m", "--memory-swap", "32m",
                     "--log-driver", "none", "--", image, holder.PROGRAM]
             # Its own session: a terminal's Ctrl-C is for the command, not for the holder's client.
-            self._client = self._popen(argv, stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            self._client = engine_start(engine, argv, stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                        start_new_session=True)
             os.close(read)
             read = -1
@@ -437,8 +452,8 @@ class EngineNamespace:
         user, who could not write its root-owned folder else."""
         uid, gid = map(int, USER.split(":"))
         for name in names:
-            made = self._engine("volume", "create", name)
-            where = self._engine("volume", "inspect", "--format", "{{.Mountpoint}}", name)
+            made = engine_run(self.engine, "volume", "create", name)
+            where = engine_run(self.engine, "volume", "inspect", "--format", "{{.Mountpoint}}", name)
             try:
                 if made.returncode != 0 or where.returncode != 0:
                     raise OSError(0, (made.stderr or where.stderr).strip())
@@ -464,7 +479,7 @@ class EngineNamespace:
             try:
                 self._client.wait(_ENGINE_TIMEOUT)
             except subprocess.TimeoutExpired:
-                self._engine("rm", "--force", self.name)
+                engine_run(self.engine, "rm", "--force", self.name)
                 self._client.kill()
                 self._client.wait()
             if self._client.stderr is not None:
@@ -485,12 +500,12 @@ class EngineNamespace:
         tag, tarball = holder.image_tag(), holder.image_tarball()
         layers = f'["sha256:{hashlib.sha256(tarball).hexdigest()}"]'
         for attempt in range(2):
-            found = self._engine("image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", tag)
+            found = engine_run(self.engine, "image", "inspect", "--format", "{{.Id}} {{json .RootFS.Layers}}", tag)
             ident, _, content = found.stdout.strip().partition(" ")
             if found.returncode == 0 and content == layers:
                 return ident
             if attempt == 0:
-                made = self._engine("import", "-", tag, input=tarball)
+                made = engine_run(self.engine, "import", "-", tag, input=tarball)
                 if made.returncode != 0:
                     raise SandboxError(EXIT_LAUNCHER, f"{self.engine} cannot import the holder image: "
                                        f"{made.stderr.decode(errors='replace').strip()[:_SAID]}", "exec")
@@ -506,26 +521,12 @@ class EngineNamespace:
                 said = self._client.stderr.read().decode(errors="replace").strip()
                 raise SandboxError(EXIT_LAUNCHER, f"{self.engine} could not start the holder container: "
                                    f"{said[:_SAID] or f'exit status {self._client.returncode}'}", "network")
-            answer = self._engine("inspect", "--type", "container", "--format",
+            answer = engine_run(self.engine, "inspect", "--type", "container", "--format",
                                   "{{.State.Running}} {{.State.Pid}} {{.Id}}", self.name).stdout.split()
             if len(answer) == 3 and answer[0] == "true" and answer[1].isdigit() and int(answer[1]) > 0:
                 return int(answer[1]), answer[2]
             time.sleep(0.05)
         raise SandboxError(EXIT_LAUNCHER, f"the holder container did not start within {_ENGINE_TIMEOUT} s", "network")
-
-    def _engine(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
-        text = input is None
-        try:
-            return subprocess.run([self.engine, *args], input=input, capture_output=True, text=text,
-                                  timeout=_ENGINE_TIMEOUT, check=False)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return subprocess.CompletedProcess(args, 1, "" if text else b"", str(e) if text else str(e).encode())
-
-    def _popen(self, argv, **kwargs) -> subprocess.Popen:
-        try:
-            return subprocess.Popen(argv, close_fds=True, restore_signals=True, **kwargs)
-        except OSError as e:
-            raise SandboxError(EXIT_LAUNCHER, f"cannot start {self.engine}: {e.strerror or e}", "exec") from None
 
 
 class HostView:
@@ -707,10 +708,8 @@ class ContainerBox:
 
     def _kill(self) -> None:
         # The engine kills the container (its processes are not our children); then its client.
-        subprocess.run([self.engine, "kill", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=60, check=False)
-        subprocess.run([self.engine, "rm", "--force", self.name], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=60, check=False)
+        engine_run(self.engine, "kill", self.name)
+        engine_run(self.engine, "rm", "--force", self.name)
         try:
             self.process.send_signal(signal.SIGKILL)
         except ProcessLookupError:

@@ -397,10 +397,11 @@ def check_warm_proxy(state_dir) -> Check:
     import time
 
     from egress import warm
+    from egress.contract import PROXY_MODE_ENV
 
     name = "warm proxy"
-    if os.environ.get(warm.MODE_ENV) == "lazy":
-        return Check(name, "not-applicable", f"off (${warm.MODE_ENV}=lazy): each egress run starts its own "
+    if os.environ.get(PROXY_MODE_ENV) == "lazy":
+        return Check(name, "not-applicable", f"off (${PROXY_MODE_ENV}=lazy): each egress run starts its own "
                                              f"proxy when its command first connects (~0.5 s)")
     try:
         paths = warm.Paths.for_state(state_dir)

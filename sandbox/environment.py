@@ -64,12 +64,12 @@ def trust_bundle(roots: list[str], egress_ca: Path, target: Path) -> Path:
 
 
 def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundle: Path | None,
-                        tmpdir: Path, home: str | None = None, files: dict | None = None) -> dict[str, str]:
+                        tmpdir: Path, files: dict, home: str | None = None) -> dict[str, str]:
     """The command's environment: ``base`` with every proxy, CA and cache variable decided here.
 
-    The files it names (wgetrc, apt's configuration) are written now, or, with ``files``, put
-    there ({path: text, or None for a folder}) for :func:`write_files` to write later: the
-    launcher writes them while the sandbox is being made, before the command can start."""
+    The files it names (wgetrc, apt's configuration) are put in ``files`` ({path: text, or None
+    for a folder}) for :func:`write_files`: the launcher writes them while the sandbox is being
+    made, before the command can start."""
     env = {k: v for k, v in base.items()
            if k not in PROXY_VARIABLES + CA_VARIABLES + DROPPED and not k.startswith("GIT_CONFIG_")}
 
@@ -108,9 +108,9 @@ APT_MAIN = "/etc/apt/apt.conf"
 
 
 def client_files(tmpdir: Path, base: dict[str, str], home: str | None, *, proxy_url: str | None,
-                 ca_bundle: Path | None, no_proxy: str, files: dict | None = None) -> dict[str, str]:
-    """Write the wget and apt configuration files for the run (or put them in ``files``, see
-    command_environment); return the variables naming them."""
+                 ca_bundle: Path | None, no_proxy: str, files: dict) -> dict[str, str]:
+    """The wget and apt configuration files for the run, put in ``files`` (see
+    command_environment); returns the variables naming them."""
     env = {}
     if proxy_url:
         env["WGETRC"] = str(wgetrc(tmpdir / "wgetrc", _user_wgetrc(base, home), proxy_url=proxy_url,
@@ -130,11 +130,8 @@ def write_files(files: dict) -> None:
             Path(path).write_text(text, encoding="utf-8")
 
 
-def _put(target: Path, text: str, files: dict | None) -> Path:
-    if files is None:
-        target.write_text(text, encoding="utf-8")
-    else:
-        files[target] = text
+def _put(target: Path, text: str, files: dict) -> Path:
+    files[target] = text
     return target
 
 
@@ -150,7 +147,7 @@ def _user_wgetrc(base: dict[str, str], home: str | None) -> str:
 
 
 def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | None, no_proxy: str,
-           files: dict | None = None) -> Path:
+           files: dict) -> Path:
     """wget's rc file for the run: the user's own settings, then egress's, which win.
 
     WGETRC replaces ~/.wgetrc (/etc/wgetrc is still read first), and wget applies the lines in
@@ -165,7 +162,7 @@ def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | No
 
 
 def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, proxy_url: str | None,
-               ca_bundle: Path | None, files: dict | None = None) -> Path:
+               ca_bundle: Path | None, files: dict) -> Path:
     """apt's configuration for the run: the system's own, then egress's settings, which win.
 
     apt reads $APT_CONFIG *first*, then Dir::Etc::parts (/etc/apt/apt.conf.d) and Dir::Etc::main
@@ -173,10 +170,7 @@ def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, prox
     them itself, in apt's order, and points those two settings at an empty folder: the system's
     sources, keys and options stay, and egress's lines come last. Measured with apt 2.6.
     """
-    if files is None:
-        empty_dir.mkdir(exist_ok=True)
-    else:
-        files[empty_dir] = None
+    files[empty_dir] = None  # a folder
     lines = ["// egress run: the system's apt settings, then the sandbox's own (these win)"]
     if caller_config and _apt_quotable(caller_config) and os.path.isfile(caller_config):
         lines.append(f'#include "{caller_config}";')

@@ -145,12 +145,14 @@ EGRESS_APT_KEYS = ("APT::Sandbox::User", "Acquire::Retries", "Acquire::http::Pro
 
 def test_the_runs_apt_configuration_is_the_systems_with_egresss_settings_last(tmp_path):
     need("apt-config")
-    from sandbox.environment import command_environment
+    from sandbox.environment import command_environment, write_files
 
     bundle = tmp_path / "bundle.pem"
     bundle.write_text("")
+    files: dict = {}
     env = command_environment({"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, proxy_url="http://127.0.0.1:3128",
-                              ca_bundle=bundle, tmpdir=tmp_path)
+                              ca_bundle=bundle, tmpdir=tmp_path, files=files)
+    write_files(files)
     system, run = apt_dump(None), apt_dump(env["APT_CONFIG"])
 
     ours = tuple(k.lower() + c for k in EGRESS_APT_KEYS for c in " :") + ('acquire::http "', 'acquire::https "')
