@@ -9,7 +9,9 @@ proxy socket is its only road out, and a client that ignores the proxy variables
 There are two ways in, one per engine, both made of sandbox/linux.py's code:
 
 * podman (OwnNamespace): the namespace launcher makes its network namespace with a small holder
-  process in it, and podman joins it by path: ``--network ns:/proc/HOLDER/ns/net``.
+  process in it, and podman joins it by path: ``--network ns:/proc/HOLDER/ns/net --pid
+  ns:/proc/HOLDER/ns/pid``; the run's init is the container's PID 1, so when egress's pipe to the
+  holder closes (egress ended, even by SIGKILL) the kernel ends the container with the namespace.
 * docker (EngineNamespace): Docker Engine's --network takes no namespace path, so the engine
   makes the namespace. A holder container (sandbox/holder.py: a 71-byte program that waits on its
   stdin) runs with ``--network none``; egress, as root, enters its network namespace
@@ -337,7 +339,10 @@ class OwnNamespace:
         finally:
             os.close(read)
         self._pipe = write
-        self.flags = ["--network", f"ns:/proc/{self.holder.pid}/ns/net"]
+        # The PID namespace too: when egress ends, however it ends (SIGKILL included), the pipe
+        # closes, the holder exits, its init with it, and the kernel kills every process left in
+        # the namespace -- the command's container cannot outlive the run (as docker's holder).
+        self.flags = ["--network", f"ns:/proc/{self.holder.pid}/ns/net", "--pid", f"ns:/proc/{self.holder.pid}/ns/pid"]
         self.listen_socket, self.capture = self.holder.listen_socket, self.holder.capture
         self.capture_error = self.holder.capture_error
 

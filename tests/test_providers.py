@@ -583,8 +583,6 @@ def test_a_view_left_by_a_killed_run_is_taken_away_by_the_next_run(tmp_path, pod
     finally:
         if run.poll() is None:
             run.kill()
-        ids = podman.run("ps", "-q", "--filter", f"ancestor={image}").stdout.split()
-        podman.run("rm", "--force", *ids)  # (the orphaned one)
     assert in_container(tmp_path, podman, "true").returncode == 0
     assert not os.path.exists(os.path.join(ct.RUNTIME_DIR, left[0]))
     assert f"/{left[0]}/work " not in open("/proc/self/mountinfo").read()
@@ -738,29 +736,47 @@ def test_rootless_podman_cannot_join_a_namespace_its_user_made_only_one_made_in_
 # ------------------------------------------------------------------ docker: the holder
 
 
-def test_a_killed_egress_leaves_no_container_behind(tmp_path, docker):
+def test_a_killed_egress_leaves_no_container_behind(tmp_path, engine):
     """SIGKILL gives egress no chance to clean up: the holder's stdin closes, it exits, and the
-    kernel ends its PID namespace, the command's container with it; --rm removes both."""
+    kernel ends its PID namespace, the command's container with it; --rm removes them. (podman's
+    container joins the PID namespace of egress's own holder; before it did, this one lived on.)"""
     project = make_project(tmp_path)
     (tmp_path / "policy.toml").write_text(POLICY)
     (tmp_path / "launcher-tmp").mkdir()
     run = subprocess.Popen([*egress_command(), "run", "--policy", str(tmp_path / "policy.toml"), "--state-dir",
-                            str(tmp_path / "state"), "--provider", "docker", "--image", docker.image, "--",
+                            str(tmp_path / "state"), "--provider", engine.name, "--image", engine.image, "--",
                             "sh", "-c", "echo started; sleep 300"], cwd=project, stdout=subprocess.PIPE, text=True,
                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(tmp_path / "launcher-tmp"),
-                                         **docker.env))
+                                         **engine.env))
     try:
         assert run.stdout.readline() == "started\n"
-        assert len(docker.containers()) == 2  # the command's and its holder
+        # docker: the command's and its holder; podman: the command's (its holder is a process)
+        assert len(engine.containers()) == (2 if engine.name == "docker" else 1)
     finally:
         run.kill()
         run.wait()
         run.stdout.close()
     for _ in range(600):
-        if docker.containers() == []:
+        if engine.containers() == []:
             break
         time.sleep(0.1)
-    assert docker.containers() == []
+    assert engine.containers() == []
+
+
+def test_podman_pid_1_is_egress_holder_and_no_way_out(tmp_path, podman):
+    """The container shares the PID namespace of the holder egress made: PID 1 (its init) and
+    PID 2 (the holder) are root's, so the container's user can neither signal them nor read
+    their root folder or environment."""
+    script = ("kill -9 1; echo kill1=$?; kill -9 2; echo kill2=$?; ls /proc/1/root/ >/dev/null; echo root1=$?;"
+              " ls /proc/2/root/ >/dev/null; echo root2=$?; cat /proc/1/environ >/dev/null; echo environ1=$?;"
+              " cat /proc/2/environ >/dev/null; echo environ2=$?; stat -c %u /proc/1 /proc/2")
+    result = in_container(tmp_path, podman, "sh", "-c", script)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stderr
+    for probe in ("kill1", "kill2", "root1", "root2", "environ1", "environ2"):
+        assert f"{probe}=1" in lines, result.stdout
+    assert lines[-2:] == ["0", "0"], result.stdout
+    assert podman.containers() == []
 
 
 def test_the_holder_is_no_way_out(tmp_path, docker, test_host):
