@@ -298,6 +298,10 @@ class Container:
     def environment(self, tmpdir) -> dict[str, str]:
         return {}
 
+    def writable_elsewhere(self) -> list[str]:
+        """The sources of `--mount SRC:DST:rw`: the container writes them as it writes /work."""
+        return [source for source, _, writable in self.chosen.mounts if writable]
+
     def start(self, spec: SandboxSpec, listener) -> ContainerBox:
         way = EngineNamespace if self.engine == "docker" else OwnNamespace
         view = HostView.make(spec)  # before the namespace: a refusal costs nothing else

@@ -457,6 +457,11 @@ def run(options: RunOptions, platform=None) -> int:
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
         own_code = protect_own_code(writable)
+        # every host folder the command can write, a container's writable mounts included
+        writable_anywhere = writable + list(getattr(platform, "writable_elsewhere", list)())
+        refusal = secret_file_refusal(credentials, writable_anywhere, own_code)
+        if refusal is not None:
+            raise LaunchError(refusal)
         spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
                            writable=writable, read_only=own_code,
                            network=networked, proxy_port=listener.port or 3128,  # (any port without network)
@@ -482,7 +487,7 @@ def run(options: RunOptions, platform=None) -> int:
             # From now on files the command can write are read no more (egress.snapshot): the
             # warm proxy gets their texts of now, and builds the run's proxy while the sandbox starts.
             # (Nothing has read a policy file since the user's were loaded, above.)
-            trees = seal_policy(reader, spec.writable, own_code)
+            trees = seal_policy(reader, writable_anywhere, own_code)
             if where == "warm":
                 handover = offer_warm(options, mode, reader, trees, own_code, credentials, caller_env, builder,
                                       run_id)
@@ -641,6 +646,30 @@ def _replaced_files(options: RunOptions, credentials) -> dict[str, bytes]:
     if audit not in (None, "-"):
         shown[os.path.abspath(audit)] = b""
     return shown
+
+
+def secret_file_refusal(credentials, trees: list[str], read_only: list[str]) -> str | None:
+    """Why the run must not start with a secret read from a file the command can change, or None.
+
+    A red-team pass: with the file in the project, the command (which sees only a placeholder
+    there) moved the folder holding it and left a decoy at the path; the next run read the decoy
+    as the secret, no longer knew the real value, and the command read and sent the real file
+    unmasked. An unbound secret's file the command can simply rewrite. So a secret file must lie
+    where nothing the command can write is on its way (sandbox.paths.command_writable: the path,
+    every folder and symlink resolving it steps on, and where it lands)."""
+    if credentials is None:
+        return None
+    from sandbox.paths import command_writable
+
+    for secret in credentials.secrets:
+        if secret.file is not None and command_writable(secret.file, trees, read_only):
+            where = next((t for t in trees if command_writable(secret.file, [t], read_only)), trees[0])
+            return (f"the secret {secret.label!r} is read from {secret.file}, which the command could change: it "
+                    f"lies in (or is reached through) {where}, which the run can write. The command could "
+                    f"move it and leave a decoy that the next run would take for the secret. Keep the file "
+                    f"outside the folders the run writes (e.g. in ~/.config/egress/) and point file = \"...\" "
+                    f"at it; nothing ran")
+    return None
 
 
 def _state_dir(options: RunOptions) -> Path:

@@ -9,6 +9,8 @@ are handed one: tests choose ``MacOS(sandbox_exec=...)`` explicitly) and use onl
                                   where the run's proxy listens, as the command is told
                                   (listener.url: the proxy variables' value, with its secret)
     platform.environment(tmpdir)  variables this platform's commands need on top of the matrix
+    platform.writable_elsewhere() (optional, default none) host folders the command can write besides
+                                  the spec's writable trees (a container's `--mount SRC:DST:rw`)
     platform.holds_until_ready    (optional, default False) start() returns before the command can
                                   run, and box.ready() lets it: files it will read may be written
                                   in between

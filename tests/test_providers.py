@@ -425,12 +425,14 @@ def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path
 
     project = tmp_path / "project"
     project.mkdir()
-    (project / ".token").write_text(FILE_SECRET + "\n")  # inside /work: the real one must stay covered
+    keys = tmp_path / "keys"  # outside the project (inside, the run is refused), shown read-only
+    keys.mkdir()
+    (keys / ".token").write_text(FILE_SECRET + "\n")  # the container sees it at /keys: the real one must stay covered
     policy = ('allow = ["allowed.test", "other.test"]\nallow_private = ["allowed.test", "other.test"]\n'
               '[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\n'
-              f'[[credentials.secret]]\nfile = "{project / ".token"}"\nhosts = ["allowed.test"]\n')
-    headers = '-H "Authorization: token $GITHUB_TOKEN" -H "X-File: $(cat /work/.token)"'
-    script = (f'echo "$GITHUB_TOKEN"; cat /work/.token; '
+              f'[[credentials.secret]]\nfile = "{keys / ".token"}"\nhosts = ["allowed.test"]\n')
+    headers = '-H "Authorization: token $GITHUB_TOKEN" -H "X-File: $(cat /keys/.token)"'
+    script = (f'echo "$GITHUB_TOKEN"; cat /keys/.token; '
               f'curl -sS {headers} {https_upstream.url("allowed.test")}; '
               f'curl -sS -o /dev/null -w "%{{http_code}}\\n" {headers} {https_upstream.url("other.test")}; '
               'tr "\\0" "\\n" < /proc/$$/environ; '  # the command's own (docker's PID 1 is the holder)
@@ -451,7 +453,7 @@ def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path
     watcher.start()
     try:
         result = in_container(tmp_path, engine, "sh", "-c", script, policy=policy, upstream_ca=test_ca_file,
-                              env={"GITHUB_TOKEN": GITHUB})
+                              env={"GITHUB_TOKEN": GITHUB}, extra=["--mount", f"{keys}:/keys"])
     finally:
         ended.set()
         watcher.join()
@@ -469,7 +471,37 @@ def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path
     assert inspected and '"Id"' in inspected[0] and token in inspected[0]
     for text in (result.stdout, result.stderr, inspected[0]):
         assert GITHUB not in text and FILE_SECRET not in text
-    assert (project / ".token").read_text() == FILE_SECRET + "\n"
+    assert (keys / ".token").read_text() == FILE_SECRET + "\n"
+
+
+def test_a_writable_mount_counts_as_the_project_for_secrets_and_policies(tmp_path, engine, http_upstream):
+    """What `--mount SRC:DST:rw` holds the container can change, as it can /work: a secret file
+    there stops the run (it could leave a decoy for the next), and a policy file there keeps the
+    text it started with (the command's edit is not reloaded)."""
+    from egress.live import POLL_SECONDS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chmod(data, 0o777)
+    (data / "token").write_text(FILE_SECRET + "\n")
+    policy = POLICY + f'[[credentials.secret]]\nfile = "{data / "token"}"\nhosts = ["allowed.test"]\n'
+    refused = in_container(tmp_path, engine, "touch", "/work/ran", policy=policy, extra=["--mount", f"{data}:/data:rw"])
+    assert refused.returncode == 125, refused.stderr
+    assert f"the secret 'token' is read from {data / 'token'}, which the command could change" in refused.stderr
+    assert not (tmp_path / "project" / "ran").exists()
+
+    (data / "egress.toml").write_text('allow_private = ["other.test"]\n')
+    os.chmod(data / "egress.toml", 0o666)
+    status = 'curl -s -o /dev/null -w "%{http_code}\\n"'
+    script = (f"{status} {http_upstream.url('blocked.test')}; "
+              "printf 'allow = [\"other.test\"]\\nallow_private = [\"other.test\"]\\n' > /data/egress.toml; "
+              f"sleep {2 * POLL_SECONDS + 0.5}; {status} {http_upstream.url('other.test')}")
+    result = in_container(tmp_path, engine, "sh", "-c", script,
+                          extra=["--mount", f"{data}:/data:rw", "--policy", str(data / "egress.toml")])
+    assert result.stdout.split() == ["403", "403"], result.stderr
+    assert 'allow = ["other.test"]' in (data / "egress.toml").read_text()  # the container could write it
+    assert "changed, but the command can write it" in result.stderr
+    assert http_upstream.connections == 0
 
 
 def test_files_made_in_work_belong_to_the_projects_owner_and_nothing_else_is_writable(tmp_path, engine):

@@ -195,6 +195,53 @@ def test_a_secret_file_bound_to_a_host_shows_its_placeholder(tmp_path, host_dir,
     assert token.read_text() == SECRET + "\n"
 
 
+# Where a secret's file may lie (a red-team finding): the command can change anything a path it
+# can write is on the way to, and then the next run would read its decoy as the secret.
+SECRET_FILE_PLACES = [
+    # (case, how the secret file is laid out under host_dir, refused?)
+    ("in the project", lambda d: _place(d / "project" / "secrets" / "token"), True),
+    ("at the project's top", lambda d: _place(d / "project" / "token"), True),
+    ("in an --add-dir", lambda d: _place(d / "extra" / "token"), True),
+    ("through a link in the project", lambda d: _link(d / "project" / "cfg", _place(d / "outside" / "token").parent)
+     / "token", True),
+    ("through a link outside into the project", lambda d: _link(d / "cfg", (d / "project" / "keys")) / "token", True),
+    ("beside the project", lambda d: _place(d / "outside" / "token"), False),
+]
+
+
+def _place(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SECRET + "\n")
+    return path
+
+
+def _link(link, target):
+    target.mkdir(parents=True, exist_ok=True)
+    _place(target / "token")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    return link
+
+
+@pytest.mark.parametrize("case,layout,refused", SECRET_FILE_PLACES, ids=[c[0] for c in SECRET_FILE_PLACES])
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "unbound"])
+def test_a_secret_file_the_command_could_change_stops_the_run(tmp_path, host_dir, case, layout, refused, bound):
+    (host_dir / "project").mkdir()
+    (host_dir / "extra").mkdir()
+    token = layout(host_dir)
+    hosts = 'hosts = ["allowed.test"]\n' if bound else ""
+    policy = POLICY + f'[[credentials.secret]]\nfile = "{token}"\n{hosts}'
+    result = egress_run(tmp_path, host_dir / "project", "sh", "-c", "echo ran > ran", policy=policy,
+                        extra=["--add-dir", str(host_dir / "extra")])
+    if refused:
+        assert result.returncode == 125, result.stderr
+        assert f"egress: the secret 'token' is read from {token}, which the command could change" in result.stderr
+        assert "nothing ran" in result.stderr and not (host_dir / "project" / "ran").exists()
+    else:
+        assert result.returncode == 0, result.stderr
+        assert (host_dir / "project" / "ran").read_text() == "ran\n"
+
+
 def test_shared_memory_is_private(tmp_path):
     marker = f"egress-run-shm-{os.getpid()}"
     try:
