@@ -30,6 +30,7 @@ class DnsServer:
         self.answers: dict[str, list[str]] = {}
         self.silent: set[str] = set()
         self.queries: list[tuple[str, str]] = []
+        self.ttl = 0  # of every answer (and, for a name with no AAAA, of the SOA saying so)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -51,7 +52,10 @@ class DnsServer:
             elif question.rdtype == dns.rdatatype.A:
                 queue = self.answers[name]
                 address = queue.pop(0) if len(queue) > 1 else queue[0]
-                response.answer.append(dns.rrset.from_text(question.name, 0, "IN", "A", address))
+                response.answer.append(dns.rrset.from_text(question.name, self.ttl, "IN", "A", address))
+            elif self.ttl:  # no data of this type, for that long (RFC 2308: the SOA's TTL and minimum)
+                response.authority.append(dns.rrset.from_text(
+                    question.name, self.ttl, "IN", "SOA", f"ns.test. admin.test. 1 60 60 60 {self.ttl}"))
             self.sock.sendto(response.to_wire(), peer)
 
     def a_queries(self, name: str) -> int:

@@ -368,3 +368,25 @@ def test_a_half_close_is_passed_on_where_mitmproxy_closed_the_whole_connection(s
 
 def echo_then_eof(proxy, ctx):
     return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}"), then=b"ping", shut=True)
+
+
+def test_a_name_resolved_by_dns_is_served_by_the_front_once_its_answer_is_cached(proxy_factory):
+    # The front never asks DNS: the first tunnel to a name goes to mitmproxy, whose guard
+    # resolves it (and refuses or pins as always); later ones, while both answers (A, and the
+    # AAAA's NODATA) are cached, are served by the front at the cached, checked address.
+    from test_dns import DnsServer
+
+    dns_server, echo = DnsServer(), Echo()
+    try:
+        dns_server.ttl = 60
+        dns_server.answers["cached.test"] = ["127.0.0.1"]
+        proxy = proxy_factory('allow = ["cached.test"]\npassthrough = ["cached.test"]\n'
+                              'allow_private = ["cached.test"]\n',
+                              "--dns-server", f"127.0.0.1:{dns_server.port}", names=[])
+        answers = [raw(proxy, connect_head(f"cached.test:{echo.port}") + b"ping") for _ in range(3)]
+        assert answers == [connect_ok(b"ping")] * 3
+        assert front_served(proxy) == 2
+        assert sorted(dns_server.queries) == [("cached.test", "A"), ("cached.test", "AAAA")]
+    finally:
+        dns_server.close()
+        echo.close()
