@@ -167,6 +167,7 @@ class _Conn(asyncio.Protocol):
         self.state = WAIT
         self.transport = None
         self.up = None  # the upstream transport
+        self.dial = None  # the task opening it
         self.buf = b""
         self.timer = None
         self.counted = None  # the client address counted against the per-client limit
@@ -187,7 +188,9 @@ class _Conn(asyncio.Protocol):
                 return
             self.counted = self.peername[0]
         front.open.add(self)
-        self.timer = asyncio.get_running_loop().call_later(HAND_OVER_AFTER, self.hand_over)
+        # at most a quarter of the head timeout, the granularity of the sweep that enforces it
+        wait = min(HAND_OVER_AFTER, limits.head_timeout / 4) if limits.head_timeout > 0 else HAND_OVER_AFTER
+        self.timer = asyncio.get_running_loop().call_later(wait, self.hand_over)
 
     def data_received(self, data: bytes) -> None:
         state = self.state
@@ -316,10 +319,11 @@ class _Conn(asyncio.Protocol):
             self.paused = True
             self.transport.pause_reading()
         loop = asyncio.get_running_loop()
-        task = loop.create_task(loop.create_connection(lambda: _Upstream(self), str(self.ip), self.port))
-        task.add_done_callback(self._dialled)
+        self.dial = loop.create_task(loop.create_connection(lambda: _Upstream(self), str(self.ip), self.port))
+        self.dial.add_done_callback(self._dialled)
 
     def _dialled(self, task: asyncio.Task) -> None:
+        self.dial = None
         if task.cancelled():
             self.close()
             return
@@ -383,6 +387,8 @@ class _Conn(asyncio.Protocol):
         self.transport.close()
         if self.up is not None:
             self.up.close()
+        if self.dial is not None:  # still connecting: stop (a blackholed SYN would take minutes)
+            self.dial.cancel()
         if self.counted is not None:
             front.limits.release(self.counted)
             self.counted = None
