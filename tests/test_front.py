@@ -392,3 +392,58 @@ def test_a_name_resolved_by_dns_is_served_by_the_front_once_its_answer_is_cached
     finally:
         dns_server.close()
         echo.close()
+
+
+def test_a_credential_in_the_host_name_is_refused_by_mitmproxys_guard(proxy_factory):
+    # Allowed, on passthrough, resolvable to an address the policy accepts: only the credential
+    # guard's look at the name stops it; the front leaves it to that guard, whose refusal it is.
+    echo = Echo()
+    name = "AKIAZ7QXJ2VNKD3LH5TW.cred.test"
+    text = 'allow = ["cred.test"]\npassthrough = ["cred.test"]\nallow_private = ["cred.test"]\n'
+    try:
+        seen = []
+        for env in (None, OFF):
+            proxy = proxy_factory(text, names=[name], env=env)
+            events_before = len(proxy.audit())
+            answer = raw(proxy, connect_head(f"{name}:{echo.port}"), then=b"ping")
+            settle(proxy, events_before)
+            events = [(e["decision"], e["reason"], e["host"], e["detail"]) for e in proxy.audit()[events_before:]]
+            seen.append((answer, events, front_served(proxy)))
+        assert seen[0] == seen[1]
+        answer, events, served = seen[0]
+        assert answer.startswith(b"HTTP/1.1 403") and b"reason=credential" in answer
+        assert events == [("block", "credential", "[redacted:aws-access-key-id].cred.test",
+                           "aws-access-key-id in the host name")] and served == 0
+        assert echo.accepted == 0
+    finally:
+        echo.close()
+
+
+def test_a_policy_reload_applies_to_the_next_connect(proxy_factory):
+    # The front reads the policy in force at each CONNECT: once the host is denied, the next one
+    # is mitmproxy's refusal.
+    echo = Echo()
+    try:
+        proxy = proxy_factory(policy(1), names=NAMES)
+        assert raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"a") == connect_ok(b"a")
+        policy_file = proxy.state_dir.parent / "policy.toml"
+        policy_file.write_text(policy(1).replace('deny = ["denied.passthrough.test"]', 'deny = ["passthrough.test"]'))
+        deadline = time.monotonic() + 20
+        while not any("reloaded" in line for line in proxy.stderr_lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answer = raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"b")
+        assert answer.startswith(b"HTTP/1.1 403") and b"reason=denied" in answer
+        assert front_served(proxy) == 1 and echo.accepted == 1
+    finally:
+        echo.close()
+
+
+def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
+    echo = Echo()
+    try:
+        proxy = proxy_factory(policy(1), "--idle-timeout", "1", names=NAMES)
+        answer = raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"a", wait=30)
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\na<EOF>"  # closed, not left open
+        assert front_served(proxy) == 1
+    finally:
+        echo.close()
