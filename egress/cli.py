@@ -371,6 +371,9 @@ def serve(policies, listen, auth, workers, proxy) -> None:
     from .workers import default_count
 
     config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
+    # Passthrough CONNECTs answered before mitmproxy (egress.front); EGRESS_PASSTHROUGH_FRONT=off
+    # leaves every connection to mitmproxy, as before. Not with --auth: every client is mitmproxy's.
+    config = config._replace(front=config.auth is None and os.environ.get("EGRESS_PASSTHROUGH_FRONT") != "off")
     count = workers or default_count()
     if count > 1 and not sys.platform.startswith("linux"):
         raise click.BadParameter("more than 1 needs Linux, whose SO_REUSEPORT spreads connections "

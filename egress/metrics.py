@@ -54,6 +54,9 @@ class Metrics:
         self.passthrough = Counter(
             "egress_passthrough_bytes", "Bytes relayed through passthrough tunnels, by direction "
             "(upload: from the client).", ["direction"], registry=r)
+        self.front_tunnels = Counter(
+            "egress_passthrough_front_tunnels", "Passthrough tunnels answered and relayed by serve's "
+            "front (egress.front) rather than by mitmproxy.", registry=r)
         # Across workers: the sum of the live ones' (a dead worker's connections are gone).
         self.open_connections = Gauge(
             "egress_open_connections", "Client connections currently open.", registry=r,

@@ -57,19 +57,22 @@ class EgressProxy:
         ensure_ca(config.state_dir)
         raise_fd_limit()
         host, port = config.listen or ("127.0.0.1", 0)
+        # With the front (serve), it listens and hands mitmproxy what it does not serve itself.
         self.master, own = mitm.new_master(listen_host=host, listen_port=port, mode=["regular"],
-                                           server=config.listen is not None)
+                                           server=config.listen is not None and not config.front)
         self.proxyserver = own.proxyserver
+        limits = Limits(engine)
+        credential_guard = CredentialGuard(engine, credentials) if credentials is not None else None
         self.master.addons.add(
             own.core,
             own.proxyserver,
             Passthrough(engine),
             own.next_layer,
             ProtocolGuard(engine),
-            Limits(engine),  # after NextLayer and ProtocolGuard: it sees the layer they chose
+            limits,  # after NextLayer and ProtocolGuard: it sees the layer they chose
             own.tls_config,
             PolicyGuard(engine),
-            *([CredentialGuard(engine, credentials)] if credentials is not None else []),
+            *([credential_guard] if credential_guard is not None else []),
             AddressGuard(engine),
             UpstreamErrors(engine),  # before the Reporter: it records the code named here
             InjectionLabel(engine),  # before the Reporter: a body it reads whole is not streamed
@@ -95,14 +98,29 @@ class EgressProxy:
         self.accepted = False  # a connection came through a handed-over socket
         self.on_first_accept = None  # called when it does, the first time (the warm proxy tells egress run)
         self.stopping = False  # stop() was called: /readyz says so while connections drain
+        self.front = None
+        if config.front:
+            from .front import Front
+
+            self.front = Front(engine, mitm.regular_handler(self.proxyserver), limits, credential_guard)
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> list[tuple[str, int]]:
         """Listen; return the bound addresses. Raises ListenError."""
-        return await mitm.start(self.master, self.proxyserver)
+        bound = await mitm.start(self.master, self.proxyserver)
+        if self.front is not None and self.config.listen is not None:
+            try:
+                bound = await self.front.listen(*self.config.listen)
+            except OSError as e:
+                raise ListenError(str(e)) from None
+            self.engine.own_ports.update(port for _, port in bound)
+        return bound
 
     async def serve_socket(self, sock: socket.socket) -> None:
         """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
+        if self.front is not None:
+            await self.front.serve_socket(sock)
+            return
         self._extra_servers.append(await mitm.serve_socket(self.proxyserver, sock, on_accept=self._accepted))
 
     async def serve_capture(self, sockets) -> None:
@@ -128,6 +146,8 @@ class EgressProxy:
         try:
             await mitm.stopped(self.master)
         finally:
+            if self.front is not None:
+                self.front.close()
             for server in self._extra_servers:
                 server.close()
             for capture in self._captures:

@@ -14,6 +14,10 @@ import ipaddress
 
 import dns.asyncresolver
 import dns.exception
+import dns.name
+import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
 import dns.resolver
 
 from .addresses import known_addresses
@@ -49,6 +53,32 @@ class Resolver:
             resolver.cache = dns.resolver.Cache()
             self._dns = resolver
         return self._dns
+
+    def cached(self, host: Host) -> list[IPAddress] | None:
+        """What :meth:`resolve` would return without waiting for anything: a literal, localhost,
+        an override, or both of its DNS questions answered from the cache (an answer, or a cached
+        NoAnswer/NXDOMAIN for one of them, as dnspython's own cache look-up reads them); None when
+        resolve() would have to ask (or would fail). egress.front decides only on these."""
+        known = known_addresses(host)
+        if known is not None:
+            return known
+        if host.name in self.overrides:
+            return list(self.overrides[host.name])
+        if self._dns is None:
+            return None
+        cache = self._dns.cache
+        name = dns.name.from_text(host.name)
+        found: list[IPAddress] = []
+        for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
+            answer = cache.get((name, rdtype, dns.rdataclass.IN))
+            if answer is None:
+                negative = cache.get((name, dns.rdatatype.ANY, dns.rdataclass.IN))
+                if negative is not None and negative.response.rcode() == dns.rcode.NXDOMAIN:
+                    continue  # resolve() gets NXDOMAIN for it: no addresses of this type
+                return None
+            if answer.rrset is not None:  # None: a cached NoAnswer, no addresses of this type
+                found += [ipaddress.ip_address(r.address) for r in answer]
+        return found or None  # none at all: resolve() fails, and says why
 
     async def resolve(self, host: Host) -> list[IPAddress]:
         """All addresses of ``host``; raises ResolveError."""

@@ -35,8 +35,8 @@ DEFAULT_LIMITS = MappingProxyType({"egress_max_client_connections": 256, "egress
 
 class ProxyConfig(namedtuple("ProxyConfig", (
         "listen", "metrics", "audit_log", "resolve", "dns_server", "dns_timeout", "upstream_timeout",
-        "upstream_ca", "state_dir", "extra_options", "auth"),
-        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING, None))):
+        "upstream_ca", "state_dir", "extra_options", "auth", "front"),
+        defaults=(None, None, None, _NOTHING, None, 5.0, 60.0, None, None, _NOTHING, None, False))):
     """Everything that shapes a proxy except its policy and credentials, for serve and run alike.
 
     Keyword fields (``config._replace(listen=...)`` makes a changed copy):
@@ -52,6 +52,7 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     * ``state_dir``: where the CA and control sockets live; None: egress.state.state_dir()
     * ``extra_options``: mitmproxy options on top (tests, benchmarks)
     * ``auth``: (user, password) every client must send (egress.proxyauth); None: none asked
+    * ``front``: passthrough CONNECTs answered and relayed before mitmproxy (egress.front; serve)
 
     A namedtuple, not a dataclass: every `egress run` makes one, and generating a dataclass's
     methods cost ~2 ms of its ~130 ms.
@@ -68,7 +69,7 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                 "upstream_ca": str(self.upstream_ca) if self.upstream_ca is not None else None,
                 "state_dir": str(self.state_dir) if self.state_dir is not None else None,
                 "extra_options": dict(self.extra_options),
-                "auth": list(self.auth) if self.auth is not None else None}
+                "auth": list(self.auth) if self.auth is not None else None, "front": self.front}
 
     @classmethod
     def from_dict(cls, data: dict) -> ProxyConfig:
@@ -84,7 +85,8 @@ class ProxyConfig(namedtuple("ProxyConfig", (
                    upstream_ca=Path(data["upstream_ca"]) if data["upstream_ca"] is not None else None,
                    state_dir=Path(data["state_dir"]) if data["state_dir"] is not None else None,
                    extra_options=data["extra_options"],
-                   auth=tuple(data["auth"]) if data.get("auth") is not None else None)
+                   auth=tuple(data["auth"]) if data.get("auth") is not None else None,
+                   front=bool(data.get("front", False)))
 
 
 class BuildError(Exception):

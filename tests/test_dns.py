@@ -7,6 +7,7 @@ rebinding answer cannot redirect it), and failures answer 502/504 with the reaso
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,7 @@ class DnsServer:
         self.answers: dict[str, list[str]] = {}
         self.silent: set[str] = set()
         self.queries: list[tuple[str, str]] = []
+        self.ttl = 0  # of every answer (and, for a name with no AAAA, of the SOA saying so)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -51,7 +53,10 @@ class DnsServer:
             elif question.rdtype == dns.rdatatype.A:
                 queue = self.answers[name]
                 address = queue.pop(0) if len(queue) > 1 else queue[0]
-                response.answer.append(dns.rrset.from_text(question.name, 0, "IN", "A", address))
+                response.answer.append(dns.rrset.from_text(question.name, self.ttl, "IN", "A", address))
+            elif self.ttl:  # no data of this type, for that long (RFC 2308: the SOA's TTL and minimum)
+                response.authority.append(dns.rrset.from_text(
+                    question.name, self.ttl, "IN", "SOA", f"ns.test. admin.test. 1 60 60 60 {self.ttl}"))
             self.sock.sendto(response.to_wire(), peer)
 
     def a_queries(self, name: str) -> int:
@@ -171,3 +176,34 @@ def test_silent_dns_answers_504_dns_timeout(proxy_factory, dns_server):
     response = proxied_session(proxy).get("http://slow.test/", timeout=30)
     assert response.status_code == 504
     assert response.headers["X-Egress-Error"] == "slow.test; reason=dns-timeout"
+
+
+def test_the_resolvers_cached_answer_is_what_resolve_returned(dns_server):
+    # egress.front decides only on Resolver.cached: it must give what resolve() would, or None.
+    import asyncio
+
+    from egress.hosts import parse_host
+    from egress.resolver import ResolveError, Resolver
+
+    dns_server.ttl = 60
+    dns_server.answers["kept.test"] = ["127.0.0.7"]
+    resolver = Resolver(timeout=5, nameserver=("127.0.0.1", dns_server.port))
+    kept, missing = parse_host("kept.test"), parse_host("missing.test")
+    assert resolver.cached(kept) is None  # nothing asked yet
+
+    async def main():
+        first = await resolver.resolve(kept)
+        with pytest.raises(ResolveError):
+            await resolver.resolve(missing)
+        return first
+
+    first = asyncio.run(main())
+    assert resolver.cached(kept) == first == [ipaddress.ip_address("127.0.0.7")]
+    assert resolver.cached(missing) is None  # resolve() fails for it: that is the guard's to say
+    assert resolver.cached(parse_host("127.0.0.9")) == [ipaddress.ip_address("127.0.0.9")]
+    assert resolver.cached(parse_host("localhost")) is not None
+
+    dns_server.ttl = 0  # answers that may not be kept are not
+    dns_server.answers["brief.test"] = ["127.0.0.8"]
+    asyncio.run(resolver.resolve(parse_host("brief.test")))
+    assert resolver.cached(parse_host("brief.test")) is None

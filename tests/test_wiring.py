@@ -200,7 +200,8 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
                                 overrides=("a.test:127.0.0.1",), dns_server="127.0.0.1:5353", dns_timeout=2,
                                 upstream_timeout=3, state_dir=tmp_path / "state")
     listen = ("127.0.0.1", 8080) if command == "serve" else None
-    assert config == expected._replace(listen=listen)
+    # serve's front (egress.front) answers passthrough CONNECTs; run's proxy has none
+    assert config == expected._replace(listen=listen, front=command == "serve")
 
 
 def test_importing_the_wiring_imports_nothing_heavy():
@@ -219,7 +220,7 @@ def test_importing_the_wiring_imports_nothing_heavy():
                                                                            ipaddress.ip_address("::1")]},
                 dns_server=("127.0.0.1", 5353), dns_timeout=1.5, upstream_timeout=0.0,
                 upstream_ca=Path("/etc/ca.pem"), state_dir=Path("/srv/state"),
-                extra_options={"egress_max_client_connections": 7}),
+                extra_options={"egress_max_client_connections": 7}, front=True),
 ])
 def test_a_config_survives_the_trip_to_the_warm_proxy(config):
     # egress run sends its proxy's configuration to the warm proxy as JSON.

@@ -86,6 +86,17 @@ _BAD_HEAD = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\n[ \t]")
 _WHAT = {b"\r": "a bare CR", b"\x00": "a NUL byte"}
 
 
+def bad_head(lines) -> str | None:
+    """What makes a request head's lines (line ends removed) unacceptable, in words: obs-fold,
+    a bare CR, NUL or another control character; None if nothing does."""
+    bad = _BAD_HEAD.search(b"\n".join(lines))
+    if bad is None:
+        return None
+    found = bad.group()
+    return "obs-fold (a header line starting with whitespace)" if found[:1] == b"\n" else \
+        _WHAT.get(found, f"the control character {found!r}")
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit; return (soft before, soft now).
 
@@ -115,6 +126,9 @@ class Limits:
         self.max_head_bytes = MAX_HEAD_BYTES
         self._sweeper: asyncio.Task | None = None
         self.reclaimer = Reclaimer()
+        # (peername, sockname) -> (counted address, waiting since): connections egress.front
+        # counted and handed over, until mitmproxy's client_connected takes them
+        self.carried: dict[tuple, tuple[str | None, float]] = {}
 
     def load(self, loader) -> None:
         loader.add_option("egress_max_client_connections", int, MAX_CLIENT_CONNECTIONS,
@@ -149,26 +163,47 @@ class Limits:
     def client_connected(self, client: connection.Client) -> None:
         self.reclaimer.opened()
         state = self.engine.conn(client)
+        carried = self.carried.pop((client.peername, client.sockname), None) if self.carried else None
+        if carried is not None:  # egress.front counted it when it took it, and handed it over
+            state.counted, state.waiting_since = carried
+            mitm.set_idle_timeout(client, self.idle_timeout)
+            return
         state.waiting_since = time.monotonic()
         address = client.peername[0] if client.peername else None
         if address is not None and self.max_client_connections > 0:
-            count = self.per_client.get(address, 0)
-            if count >= self.max_client_connections:
+            if not self.admit(address):
                 client.error = f"more than {self.max_client_connections} connections from {address}"
                 self.metrics.connections_limited.labels("client-connections").inc()
                 return
-            self.per_client[address] = count + 1
             state.counted = address
         mitm.set_idle_timeout(client, self.idle_timeout)
+
+    def admit(self, address: str) -> bool:
+        """Count one more open connection from ``address``; False (nothing counted) past the limit."""
+        count = self.per_client.get(address, 0)
+        if count >= self.max_client_connections:
+            return False
+        self.per_client[address] = count + 1
+        return True
+
+    def release(self, address: str) -> None:
+        """One connection counted by :meth:`admit` has closed."""
+        left = self.per_client.get(address, 1) - 1
+        if left > 0:
+            self.per_client[address] = left
+        else:
+            self.per_client.pop(address, None)
+
+    def carry(self, peername, sockname, counted: str | None, since: float) -> None:
+        """A connection egress.front took (counted against ``counted``, waiting for its head since
+        ``since``) goes to mitmproxy: its client_connected takes both over instead of counting
+        it again, so the limit and the head timeout run from when it was accepted."""
+        self.carried[(peername, sockname)] = (counted, since)
 
     def client_disconnected(self, client: connection.Client) -> None:
         state = self.engine.connections.get(client)
         if state is not None and state.counted is not None:
-            left = self.per_client.get(state.counted, 1) - 1
-            if left > 0:
-                self.per_client[state.counted] = left
-            else:
-                self.per_client.pop(state.counted, None)
+            self.release(state.counted)
             state.counted = None
         self.engine.forget(client)
         self.reclaimer.closed_one()
@@ -258,11 +293,8 @@ class StrictHttp1Server(Http1Server):
         if sum(map(len, lines)) + 2 * len(lines) > limit:
             yield from self._refuse_head(431, "protocol", f"a request head larger than {limit} bytes", lines[0])
             return
-        bad = _BAD_HEAD.search(b"\n".join(lines))
-        if bad is not None:
-            found = bad.group()
-            what = "obs-fold (a header line starting with whitespace)" if found[:1] == b"\n" else \
-                _WHAT.get(found, f"the control character {found!r}")
+        what = bad_head(lines)
+        if what is not None:
             yield from self._refuse_head(400, "protocol", f"{what} in the request head", lines[0])
             return
         try:

@@ -1,0 +1,449 @@
+"""serve's front (egress.front) against mitmproxy's own path, case by case.
+
+Every case runs through two real `egress serve` processes with the same policy and the same
+upstreams on 127.0.0.1: one with the front (the default), one with EGRESS_PASSTHROUGH_FRONT=off,
+i.e. every connection served by mitmproxy as before. What the client receives, the audit
+events (but the client's port and the time) and every metric's change must be the same;
+``egress_passthrough_front_tunnels_total`` says which path served it.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import clean_env
+
+NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
+OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
+
+
+def policy(narrow_port: int) -> str:
+    # private.passthrough.test is allowed and on passthrough, but resolves to 127.0.0.1, which
+    # only the exact name passthrough.test may reach; narrow.test is passthrough on one port only.
+    return f"""
+allow = ["allowed.test", "passthrough.test", "narrow.test"]
+deny = ["denied.passthrough.test"]
+passthrough = ["passthrough.test", "narrow.test:{narrow_port}"]
+allow_private = ["allowed.test", "=passthrough.test", "narrow.test"]
+"""
+
+
+class Echo:
+    """A raw TCP server on 127.0.0.1:0 that echoes what it reads, each connection in a thread."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn):
+        with conn:
+            try:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+# ------------------------------------------------------------------ observing one proxy
+
+_SKIP = re.compile(r"_created|_bucket|_sum\b|egress_policy_rules|egress_passthrough_front_tunnels")
+
+
+def metric_values(proxy) -> dict[str, float]:
+    values = {}
+    for line in proxy.metrics().splitlines():
+        if line.startswith("egress_") and not _SKIP.search(line.split(" ")[0]):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def front_served(proxy) -> float:
+    found = re.search(r"^egress_passthrough_front_tunnels_total (\S+)$", proxy.metrics(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def settle(proxy, before_events: int) -> None:
+    """Wait until no client connection is open and the audit log stops growing."""
+    deadline = time.monotonic() + 20
+    last, still = -1, 0
+    while time.monotonic() < deadline:
+        open_now = metric_values(proxy).get("egress_open_connections", 0)
+        count = len(proxy.audit())
+        still = still + 1 if (count == last and not open_now) else 0
+        if still >= 3:
+            return
+        last = count
+        time.sleep(0.1)
+
+
+def observe(proxy, case, ctx) -> dict:
+    events_before, metrics_before, served_before = len(proxy.audit()), metric_values(proxy), front_served(proxy)
+    seen = case(proxy, ctx)
+    if isinstance(seen, bytes):  # an upstream's Date header may cross a second between the two
+        seen = re.sub(rb"\r\nDate: [^\r]*", b"\r\nDate: -", seen)
+    settle(proxy, events_before)
+    after = metric_values(proxy)
+    changed = {k: v - metrics_before.get(k, 0.0) for k, v in after.items() if v != metrics_before.get(k, 0.0)}
+    events = [{k: v for k, v in e.items() if k != "time"} | {"client": e["client"].rsplit(":", 1)[0]}
+              | {"rule": re.sub(r"/proxy\d+/", "/proxyN/", e["rule"] or "")}
+              | {"port": "own" if e["port"] == proxy.port else e["port"]} for e in proxy.audit()[events_before:]]
+    if getattr(case, "tls", False):  # a TLS handshake's size varies by a byte or two (signatures)
+        for key in [k for k in changed if k.startswith("egress_passthrough_bytes_total")]:
+            changed[key] = changed[key] > 0
+    return {"client": seen, "events": events, "metrics": changed,
+            "served_by_front": front_served(proxy) - served_before}
+
+
+# ------------------------------------------------------------------------- clients
+
+def raw(proxy, data: bytes, *, then: bytes = b"", shut: bool = False, wait: float = 1.5) -> bytes:
+    """Send ``data`` (then ``then`` a moment later), read until the proxy closes or ``wait``
+    passes; what came back, with <EOF> or <open> at the end."""
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    try:
+        sock.sendall(data)
+        if then:
+            time.sleep(0.2)
+            sock.sendall(then)
+        if shut:
+            sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(wait)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+            out += b"<EOF>"
+        except socket.timeout:
+            out += b"<open>"
+        except ConnectionResetError:
+            out += b"<reset>"
+        return out
+    finally:
+        sock.close()
+
+
+def connect_head(target: str, version: str = "HTTP/1.1", extra: str = "") -> bytes:
+    return f"CONNECT {target} {version}\r\nHost: {target}\r\n{extra}\r\n".encode()
+
+
+# ------------------------------------------------------------------------ the cases
+
+def allowed_with_curl(proxy, ctx):
+    url = f"https://passthrough.test:{ctx['https'].port}/small"
+    result = subprocess.run([ctx["curl"], "-sS", "--max-time", "20", "--proxy", proxy.url, "--cacert",
+                             str(ctx["test_ca"]), url], capture_output=True, env=clean_env(ctx["home"]), timeout=60)
+    return result.returncode, result.stdout
+
+
+allowed_with_curl.tls = True
+
+
+def allowed_echo(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}"), then=b"ping")
+
+
+def pipelined(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}") + b"ping")
+
+
+def denied_subdomain(proxy, ctx):
+    return raw(proxy, connect_head(f"denied.passthrough.test:{ctx['echo'].port}"))
+
+
+def private_address(proxy, ctx):
+    return raw(proxy, connect_head(f"private.passthrough.test:{ctx['echo'].port}"))
+
+
+def narrow_on_its_port(proxy, ctx):
+    return raw(proxy, connect_head(f"narrow.test:{ctx['echo'].port}"), then=b"ping")
+
+
+def wrong_port(proxy, ctx):
+    # allowed, but not its passthrough port: mitmproxy's intercepted tunnel, plain HTTP inside
+    port = ctx["http"].port
+    return raw(proxy, connect_head(f"narrow.test:{port}"),
+               then=f"GET /small HTTP/1.1\r\nHost: narrow.test:{port}\r\nConnection: close\r\n\r\n".encode())
+
+
+def own_port(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{proxy.port}"), then=b"ping")
+
+
+def upstream_closed(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['closed']}"), then=b"ping")
+
+
+def http_1_0(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", "HTTP/1.0"), then=b"ping")
+
+
+def no_port(proxy, ctx):
+    return raw(proxy, b"CONNECT passthrough.test HTTP/1.1\r\n\r\n")
+
+
+def bad_port(proxy, ctx):
+    return raw(proxy, b"CONNECT passthrough.test:99999 HTTP/1.1\r\n\r\n")
+
+
+def bare_lf(proxy, ctx):
+    return raw(proxy, f"CONNECT passthrough.test:{ctx['echo'].port} HTTP/1.1\n\n".encode(), then=b"ping")
+
+
+def obs_fold(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="X-A: 1\r\n  folded\r\n"))
+
+
+def nul_in_header(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="X-A: a\x00b\r\n"))
+
+
+def body_header(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="Content-Length: 4\r\n") + b"ping")
+
+
+def head_in_pieces(proxy, ctx):
+    head = connect_head(f"passthrough.test:{ctx['echo'].port}")
+    return raw(proxy, head[:11], then=head[11:] + b"ping")
+
+
+def closes_mid_head(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}")[:20], shut=True)
+
+
+def closes_after_head(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}"), shut=True)
+
+
+def closes_at_once(proxy, ctx):
+    return raw(proxy, b"", shut=True)
+
+
+def plain_http(proxy, ctx):
+    port = ctx["http"].port
+    return raw(proxy, f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test:{port}\r\n"
+                      f"Connection: close\r\n\r\n".encode())
+
+
+def intercepted(proxy, ctx):
+    return raw(proxy, connect_head(f"allowed.test:{ctx['echo'].port}"), then=b"SSH-2.0-x\r\n")
+
+
+CASES = [  # (case, served by the front)
+    (allowed_with_curl, 1),
+    (allowed_echo, 1),
+    (pipelined, 1),
+    (upstream_closed, 1),
+    (head_in_pieces, 1),
+    (denied_subdomain, 0),
+    (private_address, 0),
+    (narrow_on_its_port, 1),
+    (wrong_port, 0),
+    (own_port, 0),
+    (http_1_0, 0),
+    (no_port, 0),
+    (bad_port, 0),
+    (bare_lf, 0),
+    (obs_fold, 0),
+    (nul_in_header, 0),
+    (body_header, 0),
+    (closes_mid_head, 0),
+    (closes_at_once, 0),
+    (plain_http, 0),
+    (intercepted, 0),
+]
+
+
+@pytest.fixture
+def setup(proxy_factory, https_upstream, http_upstream, test_ca_file, curl_path, tmp_path):
+    echo = Echo()
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        closed = s.getsockname()[1]
+    text = policy(echo.port)
+    front = proxy_factory(text, names=NAMES)
+    mitm = proxy_factory(text, names=NAMES, env=OFF)
+    ctx = {"https": https_upstream, "http": http_upstream, "echo": echo, "closed": closed,
+           "test_ca": test_ca_file, "curl": curl_path, "home": tmp_path}
+    yield front, mitm, ctx
+    echo.close()
+
+
+@pytest.mark.parametrize("case,by_front", CASES, ids=[c.__name__ for c, _ in CASES])
+def test_the_front_answers_as_mitmproxy_does(setup, case, by_front):
+    front, mitm, ctx = setup
+    expected = observe(mitm, case, ctx)
+    got = observe(front, case, ctx)
+    assert expected["served_by_front"] == 0
+    assert got["served_by_front"] == by_front, got
+    del expected["served_by_front"], got["served_by_front"]
+    if got != expected:  # the whole of both, not pytest's abbreviated diff
+        pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def test_the_client_connection_limit_counts_front_tunnels(proxy_factory, test_ca_file):
+    # Two tunnels held open through the front, then a third connection from the same address:
+    # refused at once, as mitmproxy refuses it, counted once; when one closes, a new one is served.
+    echo = Echo()
+    try:
+        results = {}
+        for name, env in (("front", None), ("mitmproxy", OFF)):
+            proxy = proxy_factory(policy(1), "--max-client-connections", "2", names=NAMES, env=env)
+            held = []
+            for _ in range(2):
+                sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+                sock.sendall(connect_head(f"passthrough.test:{echo.port}") + b"hi")
+                got = b""
+                while not got.endswith(b"hi"):
+                    got += sock.recv(100)
+                held.append(sock)
+            third = raw(proxy, connect_head(f"passthrough.test:{echo.port}"), wait=5)
+            # closed unanswered: a reset when the close found the head still unread in the socket
+            third = third.replace(b"<reset>", b"<EOF>")
+            held.pop().close()
+            time.sleep(0.5)
+            fourth = raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"ok")
+            for sock in held:
+                sock.close()
+            limited = metric_values(proxy).get('egress_connections_limited_total{limit="client-connections"}')
+            results[name] = (third, fourth, limited, front_served(proxy))
+        assert results["front"][:3] == results["mitmproxy"][:3] == (b"<EOF>", connect_ok(b"ok"), 1.0)
+        assert results["front"][3] == 3 and results["mitmproxy"][3] == 0
+    finally:
+        echo.close()
+
+
+def connect_ok(tail: bytes) -> bytes:
+    return b"HTTP/1.1 200 Connection established\r\n\r\n" + tail + b"<open>"
+
+
+def test_a_silent_front_tunnel_is_closed_by_the_head_timeout(proxy_factory):
+    # 200 given, then nothing: closed after the head timeout and counted, as mitmproxy does.
+    echo = Echo()
+    try:
+        for env, served in ((None, 1), (OFF, 0)):
+            proxy = proxy_factory(policy(1), "--head-timeout", "0.5", names=NAMES, env=env)
+            answer = raw(proxy, connect_head(f"passthrough.test:{echo.port}"), wait=10)
+            assert answer == b"HTTP/1.1 200 Connection established\r\n\r\n<EOF>"
+            assert metric_values(proxy)['egress_connections_limited_total{limit="head-timeout"}'] == 1
+            assert front_served(proxy) == served
+            assert echo.accepted == 0  # never dialled
+    finally:
+        echo.close()
+
+
+def test_a_half_close_is_passed_on_where_mitmproxy_closed_the_whole_connection(setup):
+    # mitmproxy's asyncio streams close a client's whole connection at its EOF (half-close), so
+    # what was still to come back (the 200, the echo) never arrived; the front passes the EOF on
+    # to the upstream and relays the answer, as a TCP relay (squid) does. Same events and metrics.
+    front, mitm, ctx = setup
+    for case, answered in ((closes_after_head, b""), (echo_then_eof, b"ping")):
+        expected, got = observe(mitm, case, ctx), observe(front, case, ctx)
+        assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
+        assert got.pop("client") == b"HTTP/1.1 200 Connection established\r\n\r\n" + answered + b"<EOF>"
+        assert expected.pop("client") in (b"<EOF>", b"HTTP/1.1 200 Connection established\r\n\r\n<EOF>")
+        if answered:  # bytes the front relayed back that mitmproxy dropped
+            assert got["metrics"].pop('egress_passthrough_bytes_total{direction="download"}') == len(answered)
+        if got != expected:
+            pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def echo_then_eof(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}"), then=b"ping", shut=True)
+
+
+def test_a_name_resolved_by_dns_is_served_by_the_front_once_its_answer_is_cached(proxy_factory):
+    # The front never asks DNS: the first tunnel to a name goes to mitmproxy, whose guard
+    # resolves it (and refuses or pins as always); later ones, while both answers (A, and the
+    # AAAA's NODATA) are cached, are served by the front at the cached, checked address.
+    from test_dns import DnsServer
+
+    dns_server, echo = DnsServer(), Echo()
+    try:
+        dns_server.ttl = 60
+        dns_server.answers["cached.test"] = ["127.0.0.1"]
+        proxy = proxy_factory('allow = ["cached.test"]\npassthrough = ["cached.test"]\n'
+                              'allow_private = ["cached.test"]\n',
+                              "--dns-server", f"127.0.0.1:{dns_server.port}", names=[])
+        answers = [raw(proxy, connect_head(f"cached.test:{echo.port}") + b"ping") for _ in range(3)]
+        assert answers == [connect_ok(b"ping")] * 3
+        assert front_served(proxy) == 2
+        assert sorted(dns_server.queries) == [("cached.test", "A"), ("cached.test", "AAAA")]
+    finally:
+        dns_server.close()
+        echo.close()
+
+
+def test_a_credential_in_the_host_name_is_refused_by_mitmproxys_guard(proxy_factory):
+    # Allowed, on passthrough, resolvable to an address the policy accepts: only the credential
+    # guard's look at the name stops it; the front leaves it to that guard, whose refusal it is.
+    echo = Echo()
+    name = "AKIAZ7QXJ2VNKD3LH5TW.cred.test"
+    text = 'allow = ["cred.test"]\npassthrough = ["cred.test"]\nallow_private = ["cred.test"]\n'
+    try:
+        seen = []
+        for env in (None, OFF):
+            proxy = proxy_factory(text, names=[name], env=env)
+            events_before = len(proxy.audit())
+            answer = raw(proxy, connect_head(f"{name}:{echo.port}"), then=b"ping")
+            settle(proxy, events_before)
+            events = [(e["decision"], e["reason"], e["host"], e["detail"]) for e in proxy.audit()[events_before:]]
+            seen.append((answer, events, front_served(proxy)))
+        assert seen[0] == seen[1]
+        answer, events, served = seen[0]
+        assert answer.startswith(b"HTTP/1.1 403") and b"reason=credential" in answer
+        assert events == [("block", "credential", "[redacted:aws-access-key-id].cred.test",
+                           "aws-access-key-id in the host name")] and served == 0
+        assert echo.accepted == 0
+    finally:
+        echo.close()
+
+
+def test_a_policy_reload_applies_to_the_next_connect(proxy_factory):
+    # The front reads the policy in force at each CONNECT: once the host is denied, the next one
+    # is mitmproxy's refusal.
+    echo = Echo()
+    try:
+        proxy = proxy_factory(policy(1), names=NAMES)
+        assert raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"a") == connect_ok(b"a")
+        policy_file = proxy.state_dir.parent / "policy.toml"
+        policy_file.write_text(policy(1).replace('deny = ["denied.passthrough.test"]', 'deny = ["passthrough.test"]'))
+        deadline = time.monotonic() + 20
+        while not any("reloaded" in line for line in proxy.stderr_lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answer = raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"b")
+        assert answer.startswith(b"HTTP/1.1 403") and b"reason=denied" in answer
+        assert front_served(proxy) == 1 and echo.accepted == 1
+    finally:
+        echo.close()
+
+
+def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
+    echo = Echo()
+    try:
+        proxy = proxy_factory(policy(1), "--idle-timeout", "1", names=NAMES)
+        answer = raw(proxy, connect_head(f"passthrough.test:{echo.port}") + b"a", wait=30)
+        assert answer == b"HTTP/1.1 200 Connection established\r\n\r\na<EOF>"  # closed, not left open
+        assert front_served(proxy) == 1
+    finally:
+        echo.close()
