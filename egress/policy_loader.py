@@ -493,7 +493,7 @@ class _Loader:
             if not isinstance(entries, list):
                 problem(f"{key}: expected a list of strings, e.g. {key} = [\"example.com\"]", key=key)
                 continue
-            add = policy.adder(key, source)
+            add = policy.adder(key, source, len(entries), self.pause)
             # the line of each entry, noted while reading (0: not known); none for a mapping
             key_lines = lines.get(key) or [0] * len(entries)
             for start in range(0, len(entries), BATCH):
