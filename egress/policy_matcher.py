@@ -104,18 +104,19 @@ class Entry(NamedTuple):
 # Python object per entry. The last design (a dict per shard, name -> packed int) kept two small
 # objects per entry (the name, shared with the rule's text, and the int); built while requests
 # allocate their own, they interleave in pymalloc's arenas, and the few request objects that live
-# on pin those arenas once the policy is freed: RSS stepped from 259 to ~380 MB at the second
+# on pin those arenas once the policy is freed: RSS stepped from 268 to ~390 MB at the second
 # reload of a 1M-entry policy and stayed there (bench/README.md, "Policy"). Arrays and a bytearray
-# are a few large buffers from malloc (mmap at this size): a reload frees them whole.
+# are large buffers from malloc, not the small-object allocator: freed, malloc_trim gives their
+# pages back. 20,000 entries keep 126 allocator blocks (the dicts: 58,115).
 #
 # A table is open addressing with linear probing on the key's hash (Python's own, of the name or
 # of a network's bytes), a power-of-two number of slots at most a quarter full: a miss looks at
-# ~1.4 slots (half full: ~2.5, and lookups were 10% slower). A slot holds a tag (30 bits of the
-# hash, never 0: 0 is a free slot) and the newest record of its key, in two arrays: ints that
-# fit in 30 bits are CPython's cheapest (one packed int per slot made a 1M-entry build 15% slower).
-# A key's records are chained, newest first. The key itself is in the blob (inside the rule's text where the entry wrote it
-# as is, else appended): a hash that matches is checked against it, so a collision never makes
-# a host match another's rule.
+# ~1.4 slots on average (half full: ~2.5; Knuth's 1/2 (1 + 1/(1 - load)^2)). A slot holds a tag
+# (30 bits of the hash, never 0: 0 is a free slot) and the newest record of its key, in two
+# arrays: ints of 30 bits are CPython's cheapest (one 64-bit int per slot cost 257 against 214
+# ns per insert). A key's records are chained, newest first. The key itself is in the blob
+# (inside the rule's text where the entry wrote it as is, else appended): a tag that matches is
+# checked against it, so a hash collision never makes a host match another's rule.
 
 EXACT, DOMAIN, SUBDOMAINS, NET = 0, 1, 2, 3  # kinds of entry; at one name the lower kind wins
 KIND = {"exact": EXACT << 16, "domain": DOMAIN << 16, "subdomains": SUBDOMAINS << 16, "net": NET << 16}
@@ -377,8 +378,9 @@ class Policy:
 
     def dismantle(self, pause: Callable[[], None]) -> None:
         """Empty this policy a piece at a time, calling ``pause()`` between pieces: a few large
-        buffers, each given back to the system whole. For a policy no one else can reach any
-        more (egress.live, after a reload); even so, half emptied it refuses more, never less:
+        buffers (~95 MB for 1M entries; the free of each holds the GIL while the system takes its
+        pages back). For a policy no one else can reach any more
+        (egress.live, after a reload); even so, half emptied it refuses more, never less:
         network mode "all" off first, then the allow lists."""
         self.allow_all = False
         for rules in self._lists.values():  # allow first (LIST_KEYS)
