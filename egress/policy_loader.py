@@ -27,7 +27,7 @@ from .contract import NETWORK_MODES
 from .hosts import InvalidHost, parse_host, split_host_port
 from .hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of parse_entry must agree with parse_host
 from .policy_matcher import LIST_KEYS, Entry, Policy
-from .policy_text import Lines, read_toml
+from .policy_text import Lines, Strings, read_toml
 from .public_suffix import is_icann_suffix, is_public_suffix
 
 # "container": egress run --provider podman|docker's image and mounts (sandbox/launcher.py reads it)
@@ -490,10 +490,10 @@ class _Loader:
 
         for key in LIST_KEYS:
             entries = data.get(key, [])
-            if not isinstance(entries, list):
+            if not isinstance(entries, (list, Strings)):
                 problem(f"{key}: expected a list of strings, e.g. {key} = [\"example.com\"]", key=key)
                 continue
-            add = policy.adder(key, source)
+            add = policy.adder(key, source, len(entries), self.pause)
             # the line of each entry, noted while reading (0: not known); none for a mapping
             key_lines = lines.get(key) or [0] * len(entries)
             for start in range(0, len(entries), BATCH):

@@ -17,8 +17,9 @@ Semantics:
   resolving; ``egress check`` asks it for what needs no lookup (IP literals, localhost).
 
 Lookups cost O(labels of the host) for names and O(distinct prefix lengths) for
-addresses, whatever the number of rules: entries live in dictionaries keyed by
-the name (or the masked network), never in a list that is scanned.
+addresses, whatever the number of rules: entries live in hash tables keyed by the
+name (or the masked network), never in a list that is scanned; the tables are flat
+arrays and one byte blob, no Python object per entry (see "tables" below).
 
 Policies are built by egress.policy_loader (files, includes, problems with file:line).
 """
@@ -28,8 +29,10 @@ from __future__ import annotations
 import ipaddress
 from array import array
 from bisect import bisect_right
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, count
+from operator import add as add_, or_
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from . import reasons
 from .addresses import address_class, classify
@@ -97,132 +100,182 @@ class Entry(NamedTuple):
 
 # ---------------------------------------------------------------------- tables
 
-# A table maps a name (or a masked network) to its rules, each packed in one int,
-# ``rule index << 16 | port`` (port 0: any; entries never have port 0), or a list of
-# them for a name with several entries, in the order written. 1M entries used to cost a
-# list, a tuple and an Entry each (~450 MB and ~4,000 garbage collections to load); ints
-# and strings are not tracked by the collector, so a full collection no longer walks them.
+# A list's entries live in a handful of flat arrays and the policy's one byte blob, never in a
+# Python object per entry. The last design (a dict per shard, name -> packed int) kept two small
+# objects per entry (the name, shared with the rule's text, and the int); built while requests
+# allocate their own, they interleave in pymalloc's arenas, and the few request objects that live
+# on pin those arenas once the policy is freed: RSS stepped from 268 to ~390 MB at the second
+# reload of a 1M-entry policy and stayed there (bench/README.md, "Policy"). Arrays and a bytearray
+# are large buffers from malloc, not the small-object allocator: freed, malloc_trim gives their
+# pages back. 20,000 entries keep 126 allocator blocks (the dicts: 58,115).
 #
-# A table is SHARDS dicts, a key's chosen by hash(key) % SHARDS: a reload builds its tables
-# in a thread while the proxy's loop runs, and growing one 1M-key dict moves every key in one
-# call that holds the GIL (29 ms at 800k keys); a shard of ~8k keys grows in well under 1 ms.
-# A prime count spreads network keys too (their low bits are 0). Costs a hash per lookup.
-SHARDS = 127
-Table = list  # of SHARDS dicts: key -> int | list[int]
+# A table is open addressing with linear probing on the key's hash (Python's own, of the name or
+# of a network's bytes), a power-of-two number of slots at most a quarter full: a miss looks at
+# ~1.4 slots on average (half full: ~2.5; Knuth's 1/2 (1 + 1/(1 - load)^2)). A slot holds a tag
+# (30 bits of the hash, never 0: 0 is a free slot) and the newest record of its key, in two
+# arrays: ints of 30 bits are CPython's cheapest (one 64-bit int per slot cost 257 against 214
+# ns per insert). A key's records are chained, newest first. The key itself is in the blob
+# (inside the rule's text where the entry wrote it as is, else appended): a tag that matches is
+# checked against it, so a hash collision never makes a host match another's rule.
+
+EXACT, DOMAIN, SUBDOMAINS, NET = 0, 1, 2, 3  # kinds of entry; at one name the lower kind wins
+KIND = {"exact": EXACT << 16, "domain": DOMAIN << 16, "subdomains": SUBDOMAINS << 16, "net": NET << 16}
+PORT = {None: 0}  # PORT.get(port, port): 0 (any) for None; entries never have port 0
+_hash = hash  # the one hash of keys, for building and lookups alike (tests make every key collide)
 
 
-def _table() -> Table:
-    return [{} for _ in range(SHARDS)]
+def _no_pause() -> None:
+    pass
 
 
-def _first(held: int | list[int], port: int | None) -> int | None:
-    """The first of a name's rules that covers ``port``."""
-    if type(held) is int:
-        return held >> 16 if not held & 0xFFFF or held & 0xFFFF == port else None
-    for packed in held:
-        if not packed & 0xFFFF or packed & 0xFFFF == port:
-            return packed >> 16
-    return None
+class _Keys:
+    """One list's entries: key -> its records, each ``kind << 16 | port`` and the rule's index."""
 
+    def __init__(self, blob: bytearray) -> None:
+        self.blob = blob  # the policy's: rules' texts, and keys not found in their text
+        self.mask = 7
+        self.tags = array("i", [0]) * 8  # per slot: the tag, hash >> 34 | 1, or 0: free
+        self.slots = array("I", [0]) * 8  # per slot: the newest record of its key
+        # per record (record 0 unused: 0 ends a chain)
+        self.codes = array("I", [0])  # kind << 16 | port
+        self.older = array("I", [0])  # the previous record of the same key, or 0
+        self.key_at = array("Q", [0])  # where the key's bytes are in the blob
+        self.key_len = array("B", [0])  # a name is at most 253 bytes, a network's key 18
+        # record -> rule: from run_starts[n] on, rule = record + shifts[n] (a file's list is one run)
+        self.run_starts = array("Q")
+        self.shifts = array("q")
+        self.keys = 0  # distinct keys
 
-def _put(table: Table, key, rule: int, port: int | None) -> None:
-    """Add a rule to ``key``'s, unless an earlier one shadows it (any port, or the same
-    port: it would always be found first)."""
-    shard = table[hash(key) % SHARDS]
-    packed = rule << 16 | (port or 0)
-    held = shard.get(key)
-    if held is None:
-        shard[key] = packed
-        return
-    for earlier in ((held,) if type(held) is int else held):
-        if not earlier & 0xFFFF or earlier & 0xFFFF == packed & 0xFFFF:
+    def rule(self, record: int) -> int:
+        return record + self.shifts[bisect_right(self.run_starts, record) - 1]
+
+    def key(self, record: int) -> str | bytes:
+        at = self.key_at[record]
+        key = bytes(self.blob[at:at + self.key_len[record]])
+        return key if self.codes[record] >> 16 == NET else key.decode("ascii")
+
+    def is_key(self, record: int, key: str | bytes) -> bool:
+        """Whether ``record``'s key is ``key`` (a name is ASCII: hosts.parse_host makes it so)."""
+        if self.key_len[record] != len(key):
+            return False
+        return self.blob.startswith(key.encode() if type(key) is str else key, self.key_at[record])
+
+    def find(self, h: int, key: str | bytes) -> int:
+        """The newest record of ``key`` (hashed ``h``), or 0."""
+        tags, mask, tag = self.tags, self.mask, h >> 34 | 1
+        i = h & mask
+        while held := tags[i]:
+            if held == tag and self.is_key(record := self.slots[i], key):
+                return record
+            i = (i + 1) & mask
+        return 0
+
+    def first(self, record: int, port: int | None, lowest: int, highest: int) -> int | None:
+        """The rule of a key's records that covers ``port``, of a kind in ``lowest..highest``: the
+        lowest kind, and of that kind the first written (the chain runs newest first)."""
+        best_kind, best = highest, 0
+        codes, older = self.codes, self.older
+        while record:
+            code = codes[record]
+            kind = code >> 16
+            if lowest <= kind <= best_kind and (not code & 0xFFFF or code & 0xFFFF == port):
+                best_kind, best = kind, record
+            record = older[record]
+        return self.rule(best) if best else None
+
+    def reserve(self, records: int, pause: Callable[[], None]) -> None:
+        """Room for ``records`` more records: a table never grows while a batch is added. Growing
+        (a list spread over several files) rehashes every key, paced by ``pause()``."""
+        size = self.mask + 1
+        while size < 4 * (self.keys + records):
+            size *= 2
+        if size == self.mask + 1:
             return
-    if type(held) is int:
-        shard[key] = [held, packed]
-    else:
-        held.append(packed)
+        tags, slots, mask = array("i", [0]) * size, array("I", [0]) * size, size - 1
+        for start in range(0, len(self.tags), 1024):
+            for tag, record in zip(self.tags[start:start + 1024], self.slots[start:start + 1024]):
+                if tag:
+                    i = _hash(self.key(record)) & mask
+                    while tags[i]:
+                        i = (i + 1) & mask
+                    tags[i], slots[i] = tag, record
+            pause()
+        self.tags, self.slots, self.mask = tags, slots, mask
+
+    def extend(self, first_rule: int, keys: list, places: list[int], codes: Iterable[int]) -> None:
+        """Add a record per key, for rules ``first_rule`` on: ``keys[n]`` (a name, or a network's
+        bytes) is at ``places[n]`` in the blob, ``codes[n]`` its kind and port. After :meth:`reserve`."""
+        first = len(self.codes)
+        if not self.shifts or self.shifts[-1] != first_rule - first:
+            self.run_starts.append(first)
+            self.shifts.append(first_rule - first)
+        self.codes.extend(codes)
+        self.key_at.extend(places)
+        self.key_len.extend(map(len, keys))
+        self.older.frombytes(bytes(self.older.itemsize * len(keys)))
+        tags, slots, older, mask, seen = self.tags, self.slots, self.older, self.mask, 0
+        for record, h, key in zip(count(first), map(_hash, keys), keys):
+            i, tag = h & mask, h >> 34 | 1
+            while held := tags[i]:
+                if held == tag and self.is_key(slots[i], key):  # a key seen before: chained
+                    older[record], slots[i] = slots[i], record
+                    seen += 1
+                    break
+                i = (i + 1) & mask
+            else:
+                tags[i], slots[i] = tag, record
+        self.keys += len(keys) - seen
 
 
-class _DomainTable:
-    """Domain entries keyed by name: a lookup walks the host's parents, O(labels)."""
-
-    def __init__(self) -> None:
-        # a table per kind of domain entry
-        self.apex_and_subdomains: Table = _table()
-        self.subdomains_only: Table = _table()
-        self.exact: Table = _table()
-
-    def match(self, name: str, port: int | None) -> int | None:
-        """The most specific rule covering ``name`` (and ``port``), or None."""
-        held = self.exact[hash(name) % SHARDS].get(name)  # only the host itself, never a parent
-        if held is not None and (rule := _first(held, port)) is not None:
-            return rule
-        apex, subdomains = self.apex_and_subdomains, self.subdomains_only
-        for depth, candidate in enumerate(parent_domains(name)):
-            shard = hash(candidate) % SHARDS
-            held = apex[shard].get(candidate)
-            if held is not None and (rule := _first(held, port)) is not None:
-                return rule
-            if depth:
-                held = subdomains[shard].get(candidate)
-                if held is not None and (rule := _first(held, port)) is not None:
-                    return rule
-        return None
-
-    def __len__(self) -> int:
-        return sum(len(shard) for table in (self.apex_and_subdomains, self.subdomains_only, self.exact)
-                   for shard in table)
+def _net_key(version: int, prefixlen: int, network: int) -> bytes:
+    return bytes((version, prefixlen)) + network.to_bytes(16, "big")
 
 
-class _NetTable:
-    """IP and CIDR entries keyed by masked network: O(distinct prefix lengths) per lookup."""
-
-    def __init__(self) -> None:
-        # (version, prefixlen) -> table of network int -> packed rules
-        self.by_prefix: dict[tuple[int, int], Table] = {}
-        self._order: dict[int, list[tuple[int, Table]]] | None = None
-
-    def add(self, net: ipaddress.IPv4Network | ipaddress.IPv6Network, port: int | None, rule: int) -> None:
-        key = (net.version, net.prefixlen)
-        bucket = self.by_prefix.get(key)
-        if bucket is None:
-            bucket = self.by_prefix[key] = _table()
-        _put(bucket, int(net.network_address), rule, port)
-        self._order = None
-
-    def _prefixes(self, version: int) -> list[tuple[int, Table]]:
-        if self._order is None:
-            # Longest prefix first: the most specific rule is the one reported.
-            order: dict[int, list[tuple[int, Table]]] = {4: [], 6: []}
-            for (ver, plen), bucket in sorted(self.by_prefix.items(), key=lambda kv: -kv[0][1]):
-                order[ver].append((plen, bucket))
-            # Published only when complete: a concurrent first lookup must never
-            # see a half-built (say, empty) list and miss a deny rule.
-            self._order = order
-        return self._order[version]
-
-    def match(self, ip: IPAddress, port: int | None) -> int | None:
-        value, bits = int(ip), ip.max_prefixlen
-        for plen, bucket in self._prefixes(ip.version):
-            masked = (value >> (bits - plen)) << (bits - plen) if plen else 0
-            held = bucket[hash(masked) % SHARDS].get(masked)
-            if held is not None and (rule := _first(held, port)) is not None:
-                return rule
-        return None
-
-    def __len__(self) -> int:
-        return sum(len(shard) for bucket in self.by_prefix.values() for shard in bucket)
-
-
-@dataclass
 class _List:
-    domains: _DomainTable = field(default_factory=_DomainTable)
-    nets: _NetTable = field(default_factory=_NetTable)
+    """A list's entries: names (the host, then each parent: O(labels)) and networks (one probe
+    per distinct prefix length of the host's version, longest first)."""
+
+    def __init__(self, blob: bytearray) -> None:
+        self.keys = _Keys(blob)
+        self.prefixes: dict[int, list[int]] = {4: [], 6: []}  # prefix lengths in use, longest first
 
     def match(self, host: Host, port: int | None) -> int | None:
         if host.ip is not None:
-            return self.nets.match(host.ip, port)
-        return self.domains.match(host.name, port)
+            return self.match_ip(host.ip, port)
+        return self.match_name(host.name, port)
+
+    def match_name(self, name: str, port: int | None) -> int | None:
+        """The most specific rule covering ``name`` (and ``port``), or None: at the host itself an
+        exact entry, then a domain one; at a parent a domain entry, then a ``*.`` one."""
+        keys = self.keys
+        tags, slots, mask = keys.tags, keys.slots, keys.mask
+        lowest, highest = EXACT, DOMAIN
+        for candidate in parent_domains(name):
+            h = _hash(candidate)
+            i, tag = h & mask, h >> 34 | 1
+            # _Keys.find, inline: a call per label cost ~8% of a decision
+            while held := tags[i]:
+                if held == tag and keys.is_key(record := slots[i], candidate):
+                    if (rule := keys.first(record, port, lowest, highest)) is not None:
+                        return rule
+                    break
+                i = (i + 1) & mask
+            lowest, highest = DOMAIN, SUBDOMAINS
+        return None
+
+    def match_ip(self, ip: IPAddress, port: int | None) -> int | None:
+        value, bits, version, keys = int(ip), ip.max_prefixlen, ip.version, self.keys
+        for plen in self.prefixes[version]:
+            key = _net_key(version, plen, (value >> (bits - plen)) << (bits - plen) if plen else 0)
+            record = keys.find(_hash(key), key)
+            if record and (rule := keys.first(record, port, NET, NET)) is not None:
+                return rule
+        return None
+
+    def add_prefix(self, version: int, prefixlen: int) -> None:
+        if prefixlen not in self.prefixes[version]:
+            # a new list, published whole: a lookup never sees one half sorted
+            self.prefixes = {**self.prefixes, version: sorted((*self.prefixes[version], prefixlen), reverse=True)}
 
 
 # ---------------------------------------------------------------------- policy
@@ -232,14 +285,17 @@ class Policy:
     """A loaded policy. Built by egress.policy_loader (load_policy, policy_from_mapping)."""
 
     def __init__(self) -> None:
-        # Rules by index: the entry as written and its line (0: not known) side by side, and
-        # the (key, file) of each run of consecutive rules: a file's list is added in one run.
-        self._texts: list[str] = []
+        # Rules by index: where the entry as written is in the blob (UTF-8), its size and its
+        # line (0: not known) side by side, and the (key, file) of each run of consecutive
+        # rules: a file's list is added in one run. No Python object per rule (see "tables").
+        self._blob = bytearray()
+        self._text_at = array("Q")
+        self._text_len = array("I")
         self._lines = array("I")
         self._run_starts: list[int] = []
         self._runs: list[tuple[str, int]] = []  # (key, source index)
         self._sources: list[str] = []
-        self._lists = {key: _List() for key in LIST_KEYS}
+        self._lists = {key: _List(self._blob) for key in LIST_KEYS}
         self.files: list[str] = []  # every file that went into this policy, in load order
         # network mode "all": every destination not denied is allowed (addresses are still checked)
         self.allow_all = False
@@ -264,62 +320,94 @@ class Policy:
         self._sources.append(path)
         return len(self._sources) - 1
 
-    def adder(self, key: str, source: int) -> Callable[[list, list, Sequence[int]], None]:
+    def adder(self, key: str, source: int, expected: int = 0, pause: Callable[[], None] | None = None
+              ) -> Callable[[list, list, Sequence[int]], None]:
         """``add(entries, texts, lines)``: adds ``key`` rules from ``source`` (a list of one file:
         one run of rules), a batch at a time: each entry's parts (an Entry, or None to leave that
         one out), the entry as written, its line (0 if not known). A call per entry cost ~0.2 s
-        of a 1M-entry load."""
-        texts, lines = self._texts, self._lines
-        self._run_starts.append(len(texts))
+        of a 1M-entry load. ``expected``: how many entries will come, room made for them now
+        (the making paced by ``pause()``)."""
+        blob, text_at, text_len, lines = self._blob, self._text_at, self._text_len, self._lines
+        self._run_starts.append(len(text_at))
         self._runs.append((key, source))
-        domains, nets = self._lists[key].domains, self._lists[key].nets
-        tables = {"domain": domains.apex_and_subdomains, "subdomains": domains.subdomains_only,
-                  "exact": domains.exact}
+        rules = self._lists[key]
+        rules.keys.reserve(expected, pause or _no_pause)
 
         def add(entries: list, written: list, at: Sequence[int]) -> None:
             if None in entries:
                 kept = [i for i, entry in enumerate(entries) if entry is not None]
                 entries, written, at = [entries[i] for i in kept], [written[i] for i in kept], [at[i] for i in kept]
-            index = len(texts)
-            texts.extend(written)
+            if not entries:
+                return
+            table = rules.keys
+            table.reserve(len(entries), _no_pause)  # nothing to do when the loader said how many
+            first = len(text_at)
+            # the batch's texts at once; an ASCII text (every plain entry) is its own bytes
+            joined = "".join(written)
+            encoded = joined.encode()
+            ascii = len(encoded) == len(joined)
+            sizes = list(map(len, written)) if ascii else [len(text.encode()) for text in written]
+            starts = list(accumulate(sizes, initial=len(blob)))
+            blob.extend(encoded)
+            text_at.extend(starts[:-1])
+            text_len.extend(sizes)
             lines.extend(at)
-            for index, (kind, value, port) in enumerate(entries, index):
-                if kind == "net":
-                    nets.add(value, port, index)
-                    continue
-                shard = tables[kind][hash(value) % SHARDS]
-                if value in shard:
-                    _put(tables[kind], value, index, port)
-                else:  # the common case, inline: a name's first entry
-                    shard[value] = index << 16 | (port or 0)
+            # Each key's place in the blob: a name is found as is in its text (every plain entry),
+            # one call for the batch; a name written otherwise (=, upper case, IDN) and a network
+            # are appended.
+            kinds, keys, ports = zip(*entries)
+            keys = list(keys)
+            nets = [n for n, kind in enumerate(kinds) if kind == "net"] if "net" in kinds else ()
+            for n in nets:
+                keys[n] = ""  # found at 0 below; its key comes after
+            found = list(map(str.find, written, keys))
+            for n in nets:
+                net = entries[n][1]
+                keys[n], found[n] = _net_key(net.version, net.prefixlen, int(net.network_address)), -1
+                rules.add_prefix(net.version, net.prefixlen)
+            if not ascii:  # character and byte offsets differ, but in an ASCII text
+                found = [where if text.isascii() else -1 for where, text in zip(found, written)]
+            places = list(map(add_, found, starts))
+            if -1 in found:
+                for n in [n for n, where in enumerate(found) if where < 0]:
+                    places[n] = len(blob)
+                    blob.extend(keys[n] if type(keys[n]) is bytes else keys[n].encode())
+            table.extend(first, keys, places, map(or_, map(KIND.__getitem__, kinds), map(PORT.get, ports, ports)))
 
         return add
 
     def dismantle(self, pause: Callable[[], None]) -> None:
-        """Empty this policy a piece at a time, calling ``pause()`` between pieces: its last
-        reference dropped at once would free 1M entries in one call (~40 ms holding the GIL).
-        For a policy no one else can reach any more (egress.live, after a reload); even so, half
-        emptied it refuses more, never less: network mode "all" off first, then the allow lists."""
+        """Empty this policy a piece at a time, calling ``pause()`` between pieces: a few large
+        buffers (~95 MB for 1M entries; the free of each holds the GIL while the system takes its
+        pages back). For a policy no one else can reach any more
+        (egress.live, after a reload); even so, half emptied it refuses more, never less:
+        network mode "all" off first, then the allow lists."""
         self.allow_all = False
-        tables = [table for rules in self._lists.values()
-                  for table in (rules.domains.apex_and_subdomains, rules.domains.subdomains_only,
-                                rules.domains.exact, *rules.nets.by_prefix.values())]
-        for shard in (shard for table in tables for shard in table if shard):
-            shard.clear()  # ~8k keys
+        for rules in self._lists.values():  # allow first (LIST_KEYS)
+            old, rules.keys = rules.keys, _Keys(self._blob)
+            pieces = [old.tags, old.slots, old.codes, old.older, old.key_at, old.key_len]
+            del old
+            while pieces:
+                pieces.pop()
+                pause()
+        for name in ("_text_at", "_text_len", "_lines"):
+            setattr(self, name, array(getattr(self, name).typecode))
             pause()
-        while self._texts:
-            del self._texts[-65536:]
-            pause()
+        for rules in self._lists.values():
+            rules.keys.blob = bytearray()
+        self._blob = bytearray()
 
     def _rule(self, index: int | None) -> Rule | None:
         if index is None:
             return None
         key, source = self._runs[bisect_right(self._run_starts, index) - 1]
-        return Rule(key, self._texts[index], self._sources[source], self._lines[index] or None)
+        at = self._text_at[index]
+        text = self._blob[at:at + self._text_len[index]].decode()
+        return Rule(key, text, self._sources[source], self._lines[index] or None)
 
     @property
     def rule_count(self) -> int:
-        return len(self._texts)
+        return len(self._text_at)
 
     @property
     def size(self) -> str:
@@ -361,11 +449,11 @@ class Policy:
         cloud metadata service, which must be named by address.
         """
         private = self._lists["allow_private"]
-        by_net = private.nets.match(ip, None)
+        by_net = private.match_ip(ip, None)
         if by_net is not None:
             return self._rule(by_net)
         if kind != "metadata" and host.ip is None:
-            return self._rule(private.domains.match(host.name, None))
+            return self._rule(private.match_name(host.name, None))
         return None
 
     def choose_address(self, host: Host, port: int | None, addresses) -> IPAddress | Decision:

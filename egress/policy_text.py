@@ -45,7 +45,8 @@ import os
 import re
 import tomllib
 from array import array
-from itertools import compress
+from collections.abc import Sequence
+from itertools import accumulate, chain, compress, islice
 from typing import Callable
 
 CHUNK = 1 << 16  # characters per regular-expression call: ~1,700 lines, well under a millisecond
@@ -69,6 +70,45 @@ _TOKEN = re.compile(rf"""[ \t]+|{_COMMENT}|(\n)|({_BASIC}|{_LITERAL})|(,)|(\])""
 Lines = array  # array("I"): the line of each entry of a list, in order; 0 where it is not known
 
 
+class Strings(Sequence):
+    """A list's string entries as :func:`read_toml` reads them: one text, and where each entry
+    ends in it. A slice is a list of str. A list of 1M str objects lived for a whole reload's
+    build, and requests' objects allocated among them pinned the allocator's arenas when they
+    went: RSS rose ~50 MB at the second reload of a 1M-entry policy (bench/README.md, "Policy").
+    Made a slice at a time, the entries live for a batch each."""
+
+    __slots__ = ("_text", "_ends")
+
+    def __init__(self, text: str, ends: array) -> None:
+        self._text, self._ends = text, ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            ends, text = self._ends[start:max(start, stop)], self._text
+            return [text[a:b] for a, b in zip(chain((self._ends[start - 1] if start else 0,), ends), ends)]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("Strings index out of range")
+        return self._text[self._ends[index - 1] if index else 0:self._ends[index]]
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (list, Strings)):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # as a list
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, Lines]]:
     """The file's values (as ``tomllib.loads``, which raises the same errors) and, for each
     list key whose value is a list, the line of each of its entries. ``pause()`` is called
@@ -77,7 +117,7 @@ def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict
     if "\r" in src:  # a bare carriage return, which tomllib refuses wherever it is; and tomllib
         return _tomllib_alone(text)  # given src would replace again: "\r\r\n" read as "\n" (found by the differential test)
     marker = f"egress-list-{os.urandom(8).hex()}"  # not `secrets`: it imports hashlib and random
-    taken: dict[str, tuple[list, Lines]] = {}
+    taken: dict[str, tuple[Strings, Lines]] = {}
     rest: list[str] = []  # the text with each array taken replaced by the marker
     copied = 0  # src[:copied] is in rest
     line, counted = 1, 0  # the line at position `counted`
@@ -135,10 +175,11 @@ def _next_array(src: str, pos: int) -> re.Match | None:
 
 
 def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
-                ) -> tuple[list[str], Lines, int, int] | None:
+                ) -> tuple[Strings, Lines, int, int] | None:
     """The strings of the array whose ``[`` ends at ``pos`` (on ``line``), their lines, the
     position after its ``]`` and the line there; None if it holds anything but one-line strings."""
-    values: list[str] = []
+    pieces: list[str] = []  # the values, a chunk's joined in one
+    ends = array("Q")  # where each value ends in the pieces joined
     lines = array("I")
     state = _VALUE
     size = len(src)
@@ -152,7 +193,9 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
                 found = _ONE_LINE.findall(src, pos, end)
             if found:
                 pause()
-                values += [quoted[1:-1] for quoted in found if quoted]
+                values = [quoted[1:-1] for quoted in found if quoted]
+                pieces.append("".join(values))
+                ends.extend(islice(accumulate(map(len, values), initial=ends[-1] if ends else 0), 1, None))
                 lines.extend(compress(range(line, line + len(found)), found))
                 line += len(found)
                 pos = end
@@ -171,7 +214,8 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
         elif kind == 2:
             if state is not _VALUE:
                 return None
-            values.append(token.group(2)[1:-1])
+            pieces.append(token.group(2)[1:-1])
+            ends.append((ends[-1] if ends else 0) + len(pieces[-1]))
             lines.append(line)
             state = _AFTER
         elif kind == 3:
@@ -179,7 +223,7 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
                 return None
             state = _VALUE
         else:
-            return values, lines, pos, line
+            return Strings("".join(pieces), ends), lines, pos, line
 
 
 # _read_array's states: a value or the end may come (after `[` or a comma); a comma or the end

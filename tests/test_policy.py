@@ -1116,3 +1116,68 @@ def test_the_first_entry_covering_the_port_decides(tmp_path, host, port, allowed
     decision = load_policy([str(path)]).decide(host, port)
     assert decision.allowed is allowed
     assert (str(decision.rule) if decision.rule else None) == (rule and f"{rule} ({path.resolve()}:{line})")
+
+
+# ------------------------------------------------------------- the tables themselves
+
+# Policies whose decisions must not depend on how keys hash: names, wildcards, exact entries,
+# ports, several entries per name, IDN, networks of several prefix lengths.
+TABLE_POLICIES = [MATCHING, SAME_NAME, EXACT]
+TABLE_HOSTS = sorted({c[1] for c in MATCHING_CASES + EXACT_CASES} | {c[0] for c in SAME_NAME_CASES}
+                     | {"10.1.2.3", "10.2.0.1", "b.example", "www.a.example", "x.a.example", "y.x.a.example"})
+
+
+def _decisions(path: Path) -> list[tuple]:
+    policy = load_policy([str(path)])
+    return [(host, port, d.allowed, d.reason, str(d.rule)) for host in TABLE_HOSTS for port in (None, 22, 80, 443, 8443)
+            for d in [policy.decide(host, port)]]
+
+
+@pytest.mark.parametrize("text", TABLE_POLICIES, ids=["matching", "same-name", "exact"])
+def test_keys_that_all_collide_decide_as_keys_that_do_not(tmp_path, monkeypatch, text):
+    # Every key hashed alike: one probe run holds them all, and only the key kept in the blob
+    # tells them apart. A hash match alone must never make a host match another's rule.
+    from egress import policy_matcher
+
+    path = write(tmp_path, "p.toml", text)
+    spread = _decisions(path)
+    monkeypatch.setattr(policy_matcher, "_hash", lambda key: 0x5EED_0000_0000_0001)
+    assert _decisions(path) == spread
+
+
+def test_a_list_spread_over_files_keeps_every_rule_and_its_line(tmp_path):
+    # Each file's list is reserved for as it comes; the next file's grows the table (a rehash).
+    names = [f"host{i}.part{i % 7}.example" for i in range(600)]
+    includes = []
+    for part in range(6):
+        chunk = names[part * 100:(part + 1) * 100]
+        write(tmp_path, f"part{part}.toml", "allow = [\n" + "".join(f'  "{n}",\n' for n in chunk) + "]\n")
+        includes.append(f"part{part}.toml")
+    main = write(tmp_path, "main.toml", f"include = {includes!r}\n" + 'allow = ["=part0.example"]\n')
+    policy = load_policy([str(main)])
+    assert policy.rule_count == 601
+    for i, name in enumerate(names):
+        rule = policy.decide(f"www.{name}", 443).rule
+        assert str(rule) == f"{name} ({(tmp_path / f'part{i // 100}.toml').resolve()}:{i % 100 + 2})"
+    assert str(policy.decide("part0.example").rule) == f"=part0.example ({main.resolve()}:2)"
+    assert not policy.decide("www.part0.example").allowed
+
+
+def test_a_loaded_policy_keeps_no_small_object_per_entry(tmp_path):
+    # The reason for the tables' shape (policy_matcher, "tables"): small objects that outlive a
+    # reload's build pin the allocator's arenas. 20,000 entries (names, wildcards, ports,
+    # networks, IDN) may keep a few arrays and a blob, not an object each.
+    import sys
+
+    entries = []
+    for i in range(20_000):
+        entries.append([f"h{i}.example.com", f"*.w{i}.example.org", f"p{i}.example.net:443",
+                        f"10.{i >> 8 & 255}.{i & 255}.0/24", f"bücher{i}.de"][i % 5])
+    path = write(tmp_path, "big.toml", "allow = [\n" + "".join(f'  "{e}",\n' for e in entries) + "]\n")
+    load_policy([str(path)])  # imports, caches (the public suffix list), warm
+    gc.collect()
+    before = sys.getallocatedblocks()
+    policy = load_policy([str(path)])
+    gc.collect()
+    kept = sys.getallocatedblocks() - before
+    assert policy.rule_count == 20_000 and kept < 500, kept

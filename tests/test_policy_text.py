@@ -508,3 +508,17 @@ def test_random_policies_read_as_tomllib_reads_them(monkeypatch, chunk):
     # Not vacuous: each side read a good share.
     total = sum(who.values())
     assert all(n > total // 10 for n in who.values()), who
+
+
+def test_a_list_read_is_sliced_as_a_list():
+    # The loader takes a list's entries a batch at a time, as slices (policy_text.Strings).
+    text = 'allow = [\n' + "".join(f'  "e{i}.example",\n' for i in range(10)) + '  "",\n]\n'
+    data, _ = read_toml(text)
+    entries, expected = data["allow"], tomllib.loads(text)["allow"]
+    assert not isinstance(entries, list) and entries == expected and len(entries) == 11
+    for piece in (slice(0, 4), slice(4, 8), slice(8, 256), slice(3, 3), slice(5, 2), slice(None, None, 3),
+                  slice(-3, None), slice(20, 30)):
+        assert entries[piece] == expected[piece], piece
+    assert [entries[i] for i in (0, 9, 10, -1, -11)] == [expected[i] for i in (0, 9, 10, -1, -11)]
+    with pytest.raises(IndexError):
+        entries[11]
