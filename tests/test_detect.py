@@ -1067,6 +1067,18 @@ def test_escape_segments_are_the_ones_a_search_per_segment_found(buf):
             assert lo <= span(seg, 0, max(1, len(seg[0])))[0] <= span(seg, 0, max(1, len(seg[0])))[1] <= hi
 
 
+@pytest.mark.parametrize("data", [b"", b"abc", "é".encode(), "©x".encode(), "\U0010ffff".encode(), b"\x89PNG\r\n",
+                                  b"\xff\xd8\xff", b"\x80a", b"\xc0\xaf", b"\xc1\xbf", b"\xc2\xa9", b"\xf4\x8f\xbf\xbf",
+                                  b"\xf5\x80\x80\x80", b"\x1f\x8b\x08", b"GIF89a\xff", b"a\xc3"])
+def test_decoded_text_is_what_utf8_decodes(data):
+    try:
+        data.decode("utf-8")
+        expected = True
+    except UnicodeDecodeError:
+        expected = False
+    assert detect._is_text(data) is expected
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_a_json_segment_ends_where_its_pattern_says(seed):
     from egress.decode import _json_right
