@@ -18,7 +18,6 @@ import binascii
 import re
 import zlib
 from bisect import bisect_right
-from typing import Callable
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
            "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE", "RUN_TRIGGERS", "RUN_END", "run_starts", "run_start", "run_ends", "run_segments"]
@@ -294,13 +293,10 @@ _JSON_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", 
 # or ``\\/`` escape) and the rest of the segment to its right in one call: up to the
 # first delimiter, or for JSON the first quote not after a backslash or a line break
 # (what ``(?<!\\)"|[\r\n]`` finds: a pattern that starts with a look-behind is tried at
-# every byte, where ``[^"\r\n]*`` runs in a tight loop). _PCT_LEFT and _JSON_LEFT find the
-# last delimiter before the evidence: ``.*`` jumps to the end of the window and steps back.
+# every byte, where ``[^"\r\n]*`` runs in a tight loop).
 _JSON_RIGHT = rb'[^"\r\n]*(?:(?<=\\)"[^"\r\n]*)*'
 _PCT_SEGMENT = re.compile(rb"%[0-9A-Fa-f]{2}[^ \t\r\n\"'<>]*")
 _JSON_SEGMENT = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)" + _JSON_RIGHT)
-_PCT_LEFT = re.compile(rb"(?s:.*)[ \t\r\n\"'<>]").match
-_JSON_LEFT = re.compile(rb"(?s:.*)[{\[,\r\n]").match
 
 
 def _json_right(buf: bytes, pos: int, _right=re.compile(_JSON_RIGHT).match) -> int:
@@ -357,8 +353,7 @@ _JSON_MARKS = _marks(b"{[,\r\n")
 
 def _far_left_edge(buf: bytes, floor: int, hi: int, marks: bytes) -> int:
     """The position after the last delimiter (per ``marks``) in buf[floor:hi], or floor,
-    512 bytes at a time: ~1 ns a byte, where _PCT_LEFT's step back costs ~7 (a long
-    stretch without a delimiter before an escape is rare, but costs no more this way)."""
+    512 bytes at a time."""
     while hi > floor:
         lo = max(floor, hi - 512)
         k = buf[lo:hi].translate(marks).rfind(b"|")
@@ -373,25 +368,30 @@ def _far_left_edge(buf: bytes, floor: int, hi: int, marks: bytes) -> int:
 _JOIN = b"\0"
 
 
-def _escape_segments(buf: bytes, lead: bytes, segment: re.Pattern, last: Callable, marks: bytes, decode,
+def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks: bytes, decode,
                      decode_all) -> list[Segment]:
     """Segments around the evidence that ``segment`` matches, with the rest of the segment
-    to its right (searched for from each ``lead`` byte on, which ``find`` (memchr) reaches
-    faster than the regex engine's search); on the left, out to the last delimiter before
-    it (``last`` in the 64 bytes before it, a JSON member's key is near; further back, per
-    ``marks``), never into the segment before. Decoded all at once by ``decode_all(raws)``,
-    or if it returns None one by one by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``.
+    to its right; on the left, out to the last delimiter (per ``marks``) before it, never
+    into the segment before. ``lead``: the byte the evidence starts with, where it is rare
+    in text (``%``), so that ``find`` (memchr) gets to the next one faster than the regex
+    engine's search; None: ``finditer`` (JSON's backslashes come close together, and a
+    Python step per search cost more). Decoded all at once by ``decode_all(raws)``, or if
+    it returns None one by one by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``.
     The map back (which needs the pieces) is only worked out for a segment something is
     found in."""
     spans = []
     floor = 0
-    search, find = segment.search, buf.find
-    while (k := find(lead, floor)) >= 0 and (m := search(buf, k)) is not None:
+    if lead is None:
+        matches = segment.finditer(buf)
+    else:
+        matches = _led(buf, lead, segment.search)
+    for m in matches:
         first, hi = m.span()
+        # the delimiter is looked for in the 64 bytes before first (a JSON member's key is near)
         lo = first - 64 if first - 64 > floor else floor
-        d = last(buf, lo, first)
-        if d is not None:
-            lo = d.end()
+        k = buf[lo:first].translate(marks).rfind(b"|")
+        if k >= 0:
+            lo += k + 1
         elif lo > floor:
             lo = _far_left_edge(buf, floor, lo, marks)
         spans.append((lo, hi))
@@ -401,6 +401,15 @@ def _escape_segments(buf: bytes, lead: bytes, segment: re.Pattern, last: Callabl
     if decoded is None:
         decoded = [decode(raw, 0, False)[0] for raw in raws]
     return [(text, _linear_span, [raw, lo, decode, None]) for text, raw, (lo, _) in zip(decoded, raws, spans)]
+
+
+def _led(buf: bytes, lead: bytes, search):
+    """What ``finditer`` yields, each search started at the next ``lead`` byte."""
+    floor = 0
+    find = buf.find
+    while (k := find(lead, floor)) >= 0 and (m := search(buf, k)) is not None:
+        yield m
+        floor = m.end()
 
 
 def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
@@ -703,11 +712,11 @@ def basic_segment(buf: bytes, pos: int) -> Segment | None:
 
 
 def percent_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, b"%", _PCT_SEGMENT, _PCT_LEFT, _PCT_MARKS, _percent_decode, _percent_decode_all)
+    return _escape_segments(buf, b"%", _PCT_SEGMENT, _PCT_MARKS, _percent_decode, _percent_decode_all)
 
 
 def json_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, b"\\", _JSON_SEGMENT, _JSON_LEFT, _JSON_MARKS, _json_decode, _json_decode_all)
+    return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all)
 
 
 def layer_segments(buf: bytes, run_starts: list[int] | None = None, run_ends: dict[int, int] | None = None) -> list[Segment]:
