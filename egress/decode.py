@@ -465,18 +465,8 @@ _JSON_SIMPLE_ORDER = tuple((b"\\" + k, v) for k, v in _JSON_SIMPLE.items() if k 
 
 
 def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
-    if not want_pieces and b"\\u" not in raw and b"\\\\" not in raw:
-        # Every backslash starts a one-character escape: plain replaces do it ("\/"
-        # alone, from PHP-style encoders, is the common case).
-        # ("\\/" and "\\"" first: a replace is ~1 ns a byte where a backslash is common,
-        # "in" a memchr where it is not.)
-        raw = raw.replace(b"\\/", b"/")
-        if b"\\" in raw:
-            raw = raw.replace(b'\\"', b'"')
-            if b"\\" in raw:
-                for escape, char in _JSON_SIMPLE_ORDER:
-                    raw = raw.replace(escape, char)
-        return raw, []
+    if not want_pieces and _JSON_HARD(raw) is None:
+        return _json_simple(raw), []
     out = []
     pieces = []
     last = 0
@@ -512,13 +502,30 @@ def _percent_decode_all(raws: list[bytes]) -> list[bytes] | None:
     return joined.split(_JOIN) if joined.count(_JOIN) == len(raws) - 1 else None
 
 
+def _json_simple(raw: bytes) -> bytes:
+    """``raw`` decoded when every backslash in it starts a one-character escape (no
+    ``\\u``, no ``\\\\``): plain replaces do it. ("\\/" alone, from PHP-style encoders, is
+    the common case; it and "\\"" go first: a replace is ~1 ns a byte where a backslash is
+    common, ``in`` a memchr where it is not.)"""
+    raw = raw.replace(b"\\/", b"/")
+    if b"\\" in raw:
+        raw = raw.replace(b'\\"', b'"')
+        if b"\\" in raw:
+            for escape, char in _JSON_SIMPLE_ORDER:
+                raw = raw.replace(escape, char)
+    return raw
+
+
+_JSON_HARD = re.compile(rb"\\[u\\]").search  # one search, not two "in": half the time
+
+
 def _json_decode_all(raws: list[bytes]) -> list[bytes] | None:
-    """_json_decode of each of ``raws`` when all are one-character escapes (the replaces
-    of its fast path, on all of them at once), else None."""
+    """_json_decode of each of ``raws`` when all are one-character escapes (_json_simple on
+    all of them at once), else None."""
     joined = _JOIN.join(raws)
-    if b"\\u" in joined or b"\\\\" in joined or joined.count(_JOIN) != len(raws) - 1:
+    if _JSON_HARD(joined) is not None or joined.count(_JOIN) != len(raws) - 1:
         return None
-    return _json_decode(joined, 0, False)[0].split(_JOIN)
+    return _json_simple(joined).split(_JOIN)
 
 
 def _b64_point(lines: list[tuple[int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
