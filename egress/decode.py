@@ -20,7 +20,7 @@ import zlib
 from bisect import bisect_right
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
-           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE", "RUN_TRIGGERS", "RUN_END", "run_starts", "run_start", "run_ends", "run_segments"]
+           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE", "RUN_TRIGGERS", "run_starts", "run_start", "run_segments"]
 
 
 # ------------------------------------------------------------------ content-encoding
@@ -596,9 +596,6 @@ def run_start(buf: bytes, end: int) -> int:
 # Each is (expression, distance from the match's end back to the run's start; 0: unknown).
 # The first two leave out a run at the very start of the buffer (Hyperscan ran them ~20%
 # slower with "^|"): the caller adds position 0 when a run starts there.
-# A fifth (back RUN_END) matches the first's runs once more, at the character after the
-# run: where the run ends. Finding that end with a regex at each start cost ~7.5 ms on a
-# clean 16 MiB (4.9 MB of base64 images, ~1.5 ns a byte); the fifth costs the pass ~4.5.
 _R = rb"[A-Za-z0-9+/_\-]"
 _NOT_R = rb"[^A-Za-z0-9+/_\-]"
 _RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
@@ -609,51 +606,30 @@ def _times(chars: bytes, n: int) -> bytes:
     return chars + b"{%d}" % n if n else b""  # Hyperscan refuses {0}
 
 
-_UPPER_IN_20 = b"(?:" + b"|".join(_times(_NOT_UPPER, k) + b"[A-Z]" + _times(_R, B64_MIN_RUN - 1 - k)
-                                  for k in range(B64_MIN_RUN)) + b")"
-RUN_END = -1
 RUN_TRIGGERS: tuple[tuple[bytes, int], ...] = (
-    (_NOT_R + _UPPER_IN_20, B64_MIN_RUN),
+    (_NOT_R + b"(?:" + b"|".join(_times(_NOT_UPPER, k) + b"[A-Z]" + _times(_R, B64_MIN_RUN - 1 - k)
+                                 for k in range(B64_MIN_RUN)) + b")", B64_MIN_RUN),
     (_NOT_R + _NOT_UPPER + b"{%d,}[A-Z]" % B64_MIN_RUN, 0),
     (_RUN_EDGE + rb"[0-9+/_\-]{%d}" % B64_MIN_RUN, B64_MIN_RUN),
     (_RUN_EDGE + rb"(?:[0-7][0-9a-fA-F]){%d}" % (HEX_MIN_RUN // 2), HEX_MIN_RUN),
-    (_NOT_R + _UPPER_IN_20 + _R + b"*" + _NOT_R, RUN_END),
 )
 
 
-def run_ends(starts: list[int], ends: list[int]) -> dict[int, int]:
-    """Each of ``starts`` (runs the first trigger matched) with its end, where the fifth
-    reported one (``ends``: the offsets it matched at, the character after each run): the
-    first end after a start is its run's, since runs do not overlap and the fifth matches
-    every run the first does that does not reach the end of the buffer."""
-    out = {}
-    ends = sorted(ends)
-    for s in starts:
-        i = bisect_right(ends, s)
-        if i < len(ends):
-            out[s] = ends[i] - 1
-    return out
-
-
-def run_segments(buf: bytes, starts: list[int] | None = None, ends: dict[int, int] | None = None) -> list[Segment]:
+def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
     """Base64 runs (mixed case, at least B64_MIN_RUN characters; the lines of a wrapped
     base64 text are joined) and hex runs (at least HEX_MIN_RUN digits that decode to
     ASCII), decoded. ``starts``: where runs start, at least every one that decodes
-    (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`). ``ends``: where
-    some of them end (:func:`run_ends`); the others' ends are matched here."""
+    (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`)."""
     out: list[Segment] = []
     n = len(buf)
     hex_ascii = _HEX_ASCII.fullmatch
     run_at = _ANY_RUN_RAW.match
-    known = ends or {}
     pos = 0
     for s in run_starts(buf) if starts is None else sorted(set(starts)):
         if s < pos:
             continue  # a line already joined to the run before
-        e = known.get(s)
-        if e is None:
-            m = run_at(buf, s)
-            e = m.end() if m else s
+        m = run_at(buf, s)
+        e = m.end() if m else s
         if e - s < B64_MIN_RUN:
             continue
         run = buf[s:e]
@@ -743,7 +719,7 @@ def json_segments(buf: bytes) -> list[Segment]:
     return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all)
 
 
-def layer_segments(buf: bytes, run_starts: list[int] | None = None, run_ends: dict[int, int] | None = None) -> list[Segment]:
-    """Every encoded segment of ``buf`` there is evidence for, decoded (``run_starts``,
-    ``run_ends``: see :func:`run_segments`)."""
-    return percent_segments(buf) + json_segments(buf) + run_segments(buf, run_starts, run_ends)
+def layer_segments(buf: bytes, run_starts: list[int] | None = None) -> list[Segment]:
+    """Every encoded segment of ``buf`` there is evidence for, decoded (``run_starts``:
+    see :func:`run_segments`)."""
+    return percent_segments(buf) + json_segments(buf) + run_segments(buf, run_starts)

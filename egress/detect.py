@@ -66,8 +66,8 @@ from itertools import accumulate, compress
 from typing import Callable, Iterable, NamedTuple
 
 from . import multimatch
-from .decode import (B64_MIN_RUN, RUN_END, RUN_TABLE, RUN_TRIGGERS, Segment, UndecodableBody, basic_segment, decode_content,
-                     layer_segments, run_ends, run_start, span)
+from .decode import (B64_MIN_RUN, RUN_TABLE, RUN_TRIGGERS, Segment, UndecodableBody, basic_segment, decode_content,
+                     layer_segments, run_start, span)
 
 __all__ = ["Finding", "Detector", "StreamScanner", "StreamRedactor", "UndecodableBody", "decode_content",
            "is_secret_name", "MIN_SECRET_LENGTH", "RULES", "KINDS", "ENV_SECRET_KIND"]
@@ -793,15 +793,12 @@ class Detector:
         """A scanner for data that arrives in chunks (``batch``: see StreamScanner)."""
         return StreamScanner(self, batch)
 
-    def _find(self, data: bytes, runs: bool = True) -> tuple[list[int], list[int], dict[int, int]]:
+    def _find(self, data: bytes, runs: bool = True) -> tuple[list[int], list[int]]:
         """Candidates: positions where an anchor's lead character may be (every one where
         a pass regex matches, and some more), and with ``runs`` the starts of the base64/hex
-        runs that may need decoding (decode.RUN_TRIGGERS; unsorted, perhaps repeated) and
-        the ends of those the first trigger found (decode.run_ends)."""
+        runs that may need decoding (decode.RUN_TRIGGERS); unsorted, perhaps repeated."""
         leads: list[int] = []
         starts: list[int] = []
-        ends: list[int] = []
-        upper_starts: list[int] = []
         db, backs, run_backs = _static_database(runs)
         n = len(backs)
         for i, start, end in db.scan(data, []):
@@ -810,25 +807,20 @@ class Detector:
                 leads.append(end - back if back > 0 else start - back)
             else:
                 back = run_backs[i - n]
-                if back == RUN_END:
-                    ends.append(end)
-                elif i == n:  # the first trigger: its runs' ends are known
-                    upper_starts.append(end - back)
-                else:
-                    starts.append(end - back if back else run_start(data, end))
+                starts.append(end - back if back else run_start(data, end))
         if runs and data and RUN_TABLE[data[0]] == 0x61:
             starts.append(0)  # the triggers that want a character before the run miss this one
         if self._secret_db.size:
             backs = self._secret_backs
             for i, start, end in self._secret_db.scan(data, []):
                 leads.append(end - backs[i])
-        return leads, starts + upper_starts, run_ends(upper_starts, ends)
+        return leads, starts
 
     def _scan(self, data: bytes, depth: int) -> list[Finding]:
         found: list[Finding] = []
         segments: list[Segment] = []
         actions = self._actions
-        leads, runs, ends = self._find(data, depth < _MAX_DEPTH)
+        leads, runs = self._find(data, depth < _MAX_DEPTH)
         by_pass: dict[int, list[int]] = {}
         pass_of = self._pass_of
         for pos in leads:
@@ -856,7 +848,7 @@ class Detector:
                         _, label, n = action
                         found.append(Finding(label, start, start + n))
         if depth < _MAX_DEPTH:
-            segments += layer_segments(data, runs, ends)
+            segments += layer_segments(data, runs)
             if segments:
                 found += self._scan_segments(segments, depth + 1)
         return found
