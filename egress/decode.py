@@ -716,7 +716,8 @@ def percent_segments(buf: bytes) -> list[Segment]:
 
 
 def json_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all)
+    # (finditer's own search would step through a buffer without a backslash at ~0.3 ns a byte)
+    return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all) if b"\\" in buf else []
 
 
 def layer_segments(buf: bytes, run_starts: list[int] | None = None) -> list[Segment]:

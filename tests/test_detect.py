@@ -998,6 +998,25 @@ def test_the_compiled_pass_at_the_edges_of_the_buffer():
             assert run_segments(data, DET._find(data)[1]) == run_segments(data), data
 
 
+RUN_EDGES = [
+    b"Q" + b"a" * 19,  # a run at the start of the buffer that reaches its end
+    b" " + b"a" * 19 + b"Q",  # the upper case last of 20; and the run reaches the end
+    b" " + b"a" * 19 + b"Q ",
+    b" " + b"a" * 20 + b"Q" + b"b" * 30 + b'"',  # the first upper case comes late
+    b" " + b"a" * 18 + b"Q",  # 19: too short
+    b'"' + b"aB" * 40 + b'"' + b"cD" * 12 + b"=",  # runs one character apart; "=" padding after
+    b" " + b"QUJD" * 20 + b"\n" + b"QUJD" * 5 + b"\n",  # wrapped base64: the second line joined
+    b" " + b"4142434445464748494A4B4C4D4E4F50" + b".",  # hex with upper-case letters (an ASCII layer)
+    b" " + b"0123456789+/_-0123456789" + b" " + b"a" * 25 + b"Z" * 25,
+    b"x-" + b"aZ" * 2000 + b"|",  # longer than a 4 KiB step back
+]
+
+
+@pytest.mark.parametrize("data", RUN_EDGES, ids=lambda b: repr(b[:24]))
+def test_the_run_triggers_at_the_edges_of_a_run(data):
+    assert run_segments(data, DET._find(data)[1]) == run_segments(data)
+
+
 def test_an_error_inside_a_compiled_scan_raises():
     # Fail closed: a scan that cannot finish raises (the guard refuses), never returns
     # what it had so far. An exception in the match callback stops Hyperscan's scan.
