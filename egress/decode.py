@@ -413,7 +413,7 @@ def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks:
     if not los:
         return []
     raws = list(map(buf.__getitem__, map(slice, los, his)))
-    decoded = decode_all(raws)
+    decoded = decode_all(raws) if len(raws) > 1 else None  # (a header or URL: one segment)
     if decoded is None:
         decoded = [decode(raw, 0, False)[0] for raw in raws]
     back = _Escaped(buf, los, his, decode).span
@@ -712,7 +712,7 @@ def basic_segment(buf: bytes, pos: int) -> Segment | None:
 
 
 def percent_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, b"%", _PCT_SEGMENT, _PCT_MARKS, _percent_decode, _percent_decode_all)
+    return _escape_segments(buf, b"%", _PCT_SEGMENT, _PCT_MARKS, _percent_decode, _percent_decode_all) if b"%" in buf else []
 
 
 def json_segments(buf: bytes) -> list[Segment]:
