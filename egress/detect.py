@@ -30,10 +30,12 @@ How it is fast
     character each contains, ``_ - . : ~ A J B p``; one-character gates and look-arounds
     after it); only where it matches does a rule's full pattern run. Those lead regexes
     were the prefilter itself before (nine passes of CPython's engine; a whole scan went
-    52-63 MB/s a core on clean text, ~110 now): the compiled pass only has to find every
+    52-63 MB/s a core on clean text, ~150 now): the compiled pass only has to find every
     place one of them matches, and the tests check that it does. JSON and percent
-    escapes are found with literal searches (``\\``, ``%``); decoding the layers is
-    most of what is left (bench/README.md, Scanner). ``bench/scanner_bench.py`` measures it.
+    escapes are found with literal searches (``\\``, ``%``) and one regex call a segment,
+    and all of a buffer's segments are decoded at once; the layers' Python step per
+    segment or run is most of what is left (bench/README.md, Scanner).
+    ``bench/scanner_bench.py`` measures it.
 
 Findings carry a kind and a span, never a value. A finding inside an encoded layer spans
 the encoded text that carries it (for base64: the characters holding its bits).
