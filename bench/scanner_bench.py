@@ -393,10 +393,11 @@ def load_base(rev: str, tmp: str):
     return importlib.import_module("egress_base.detect"), commit
 
 
-def side_by_side(args, sets, repeat: int) -> None:
+def side_by_side(args, sets, repeat: int, secrets) -> None:
     """The same data through the detector at --base and this one, interleaved: scan,
     stream (64 KiB chunks) and body (64 KiB chunks as the proxy's body scanner feeds them,
-    with its SCAN_BATCH where the detector has one)."""
+    with its SCAN_BATCH where the detector has one); the stored-secrets set with both
+    detectors holding ``secrets``."""
     import inspect
     import tempfile
 
@@ -414,8 +415,9 @@ def side_by_side(args, sets, repeat: int) -> None:
         print("|" + "|".join("---" for _ in head) + "|")
         for name, data, _ in sets:
             if "stored" in name:
-                continue
-            old, new = base.Detector(), Detector()
+                old, new = base.Detector(secrets), Detector(secrets)
+            else:
+                old, new = base.Detector(), Detector()
             n = len(data) / 2**20
             cells, same = [], True
             for work in ("scan", "stream", "body"):
@@ -496,7 +498,7 @@ def main() -> None:
         print(f"| {name} | {n:.0f} | {scan:.1f} | {stream:.1f} | {raw:.1f} | {alt:.1f} | {prefix:.1f} | {naive:.2f} "
               f"| {r1:.0f}x | {r2:.0f}x | {f} | {sf} | {planted} |")
     if args.base:
-        side_by_side(args, sets, repeat)
+        side_by_side(args, sets, repeat, secrets)
 
 
 if __name__ == "__main__":

@@ -282,41 +282,27 @@ def span(segment: Segment, s: int, e: int) -> tuple[int, int]:
 B64_MIN_RUN = 20  # base64 runs shorter than this are decoded only after "Basic "
 HEX_MIN_RUN = 32  # hex runs: 16 decoded bytes
 
-_PCT = re.compile(rb"%[0-9A-Fa-f]{2}")
-_JSON_EVIDENCE = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)")
 _JSON_ESCAPE = re.compile(rb'\\(?:u([dD][89abAB][0-9A-Fa-f]{2})\\u([dD][c-fC-F][0-9A-Fa-f]{2})'  # a surrogate pair
                           rb'|u([0-9A-Fa-f]{4})|(["\\\\/bfnrt]))')
 _JSON_SIMPLE = {b'"': b'"', b"\\": b"\\", b"/": b"/", b"b": b"\b", b"f": b"\f", b"n": b"\n", b"r": b"\r", b"t": b"\t"}
 # An escaped segment reaches out to these (never past the previous segment). A percent
 # segment is a run of URL/form text; a JSON one is a whole member, `"key": "value"`, so
 # that a value keeps its key as context (`"SecretAccessKey": "…\/…"`).
-def _marks(chars: bytes) -> bytes:
-    """A translate table that maps ``chars`` to ``|`` and everything else to ``.``."""
-    return bytes(ord("|") if c in chars else ord(".") for c in range(256))
+#
+# _PCT_SEGMENT and _JSON_SEGMENT match the evidence (``%`` + two hex digits; a ``\\u``
+# or ``\\/`` escape) and the rest of the segment to its right in one call: up to the
+# first delimiter, or for JSON the first quote not after a backslash or a line break
+# (what ``(?<!\\)"|[\r\n]`` finds: a pattern that starts with a look-behind is tried at
+# every byte, where ``[^"\r\n]*`` runs in a tight loop).
+_JSON_RIGHT = rb'[^"\r\n]*(?:(?<=\\)"[^"\r\n]*)*'
+_PCT_SEGMENT = re.compile(rb"%[0-9A-Fa-f]{2}[^ \t\r\n\"'<>]*")
+_JSON_SEGMENT = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)" + _JSON_RIGHT)
 
 
-_PCT_LEFT = _marks(b" \t\r\n\"'<>")
-_PCT_STOP = re.compile(rb"[ \t\r\n\"'<>]").search
-_JSON_LEFT = _marks(b"{[,\r\n")
-_JSON_STOP = re.compile(rb'["\r\n]').search
-
-
-def _pct_right(buf: bytes, pos: int) -> int:
-    d = _PCT_STOP(buf, pos)
-    return d.start() if d else len(buf)
-
-
-def _json_right(buf: bytes, pos: int) -> int:
-    """The first quote not after a backslash, or line break, from ``pos`` on (what
-    ``(?<!\\)"|[\\r\\n]`` finds): sre skips to a member of a leading character set in a
-    tight loop, where a pattern that starts with a look-behind is tried at every byte."""
-    d = _JSON_STOP(buf, pos)
-    while d is not None:
-        k = d.start()
-        if buf[k] != 0x22 or buf[k - 1] != 0x5C:
-            return k
-        d = _JSON_STOP(buf, k + 1)
-    return len(buf)
+def _json_right(buf: bytes, pos: int, _right=re.compile(_JSON_RIGHT).match) -> int:
+    """Where a JSON segment whose evidence ends at ``pos`` ends (for the tests: _JSON_SEGMENT
+    matches it with the evidence)."""
+    return _right(buf, pos).end()
 
 
 _HEX_BYTE = {bytes(f"{i:02x}".encode()): bytes([i]) for i in range(256)}
@@ -345,50 +331,102 @@ def _linear_point(pieces: list[tuple[int, int, int, int]], dec_starts: list[int]
     return re_ + (d - de)
 
 
-def _linear_span(arg: list, s: int, e: int) -> tuple[int, int]:
-    """Map for a text decoded escape by escape. ``arg`` is [raw, raw_start, decode,
-    pieces]; the pieces -- (dec_start, dec_end, raw_start, raw_end) of each escape, in
-    order, the text around them copied 1:1 -- are worked out on the first call only."""
-    if arg[3] is None:
-        pieces = arg[2](arg[0], arg[1], True)[1]
-        arg[3] = (pieces, [p[0] for p in pieces])
-    pieces, dec_starts = arg[3]
-    return _linear_point(pieces, dec_starts, s, False), _linear_point(pieces, dec_starts, e, True)
+class _Escaped:
+    """The map back for the segments one call of _escape_segments found: segment ``i`` was
+    decoded from buf[los[i]:his[i]] escape by escape. Its pieces -- (dec_start, dec_end,
+    raw_start, raw_end) of each escape, in order, the text around them copied 1:1 -- are
+    worked out when a finding is mapped, and kept. (A segment is then one tuple with an
+    index: a list and a tuple more per segment, as before, cost a clean 16 MiB's scan ~1 ms.)"""
+
+    __slots__ = ("buf", "los", "his", "decode", "pieces")
+
+    def __init__(self, buf: bytes, los: list[int], his: list[int], decode):
+        self.buf, self.los, self.his, self.decode = buf, los, his, decode
+        self.pieces: dict[int, tuple] = {}
+
+    def span(self, i: int, s: int, e: int) -> tuple[int, int]:
+        known = self.pieces.get(i)
+        if known is None:
+            lo = self.los[i]
+            pieces = self.decode(self.buf[lo:self.his[i]], lo, True)[1]
+            known = self.pieces[i] = (pieces, [p[0] for p in pieces])
+        pieces, dec_starts = known
+        return _linear_point(pieces, dec_starts, s, False), _linear_point(pieces, dec_starts, e, True)
 
 
-def _left_edge(buf: bytes, floor: int, first: int, marks: bytes) -> int:
-    """The position after the last delimiter (per ``marks``) in buf[floor:first], or floor.
-    Looked for 64 bytes back first (a JSON member's key is near), then 512 at a time."""
-    hi = first
-    step = 64
+def _marks(chars: bytes) -> bytes:
+    """A translate table that maps ``chars`` to ``|`` and everything else to ``.``."""
+    return bytes(ord("|") if c in chars else ord(".") for c in range(256))
+
+
+_PCT_MARKS = _marks(b" \t\r\n\"'<>")
+_JSON_MARKS = _marks(b"{[,\r\n")
+
+
+def _far_left_edge(buf: bytes, floor: int, hi: int, marks: bytes) -> int:
+    """The position after the last delimiter (per ``marks``) in buf[floor:hi], or floor,
+    512 bytes at a time."""
     while hi > floor:
-        lo = max(floor, hi - step)
+        lo = max(floor, hi - 512)
         k = buf[lo:hi].translate(marks).rfind(b"|")
         if k >= 0:
             return lo + k + 1
         hi = lo
-        step = 512
     return floor
 
 
-def _escape_segments(buf: bytes, evidence: re.Pattern, decode, left: bytes, right,
-                     lead: bytes | None = None) -> list[Segment]:
-    """Segments around the matches of ``evidence``: out to the nearest delimiter on each
-    side, decoded whole by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``. The map
-    back (which needs the pieces) is only worked out for a segment something is found in.
-    ``lead``: the byte every match starts with, when it is mostly evidence where it occurs
-    (``%``): ``find`` (memchr) gets to the next one faster than the regex engine's search."""
-    out: list[Segment] = []
+# Between segments decoded together: no escape contains it, and in both layers a decoded
+# NUL comes only from an escape ("%00", "\u0000"), which the count before splitting sees.
+_JOIN = b"\0"
+
+
+def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks: bytes, decode,
+                     decode_all) -> list[Segment]:
+    """Segments around the evidence that ``segment`` matches, with the rest of the segment
+    to its right; on the left, out to the last delimiter (per ``marks``) before it, never
+    into the segment before. ``lead``: the byte the evidence starts with, where it is rare
+    in text (``%``), so that ``find`` (memchr) gets to the next one faster than the regex
+    engine's search; None: ``finditer`` (JSON's backslashes come close together, and a
+    Python step per search cost more). Decoded all at once by ``decode_all(raws)``, or if
+    it returns None one by one by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``.
+    The map back (which needs the pieces) is only worked out for a segment something is
+    found in."""
+    los: list[int] = []  # two lists of ints, not a tuple per segment (see _Escaped)
+    his: list[int] = []
     floor = 0
-    search, find = evidence.search, buf.find
-    while (k := find(lead, floor) if lead else floor) >= 0 and (m := search(buf, k)) is not None:
-        first = m.start()
-        lo = _left_edge(buf, floor, first, left)
-        hi = right(buf, m.end())
-        raw = buf[lo:hi]
-        out.append((decode(raw, lo, False)[0], _linear_span, [raw, lo, decode, None]))
+    if lead is None:
+        matches = segment.finditer(buf)
+    else:
+        matches = _led(buf, lead, segment.search)
+    for m in matches:
+        first, hi = m.span()
+        # the delimiter is looked for in the 64 bytes before first (a JSON member's key is near)
+        lo = first - 64 if first - 64 > floor else floor
+        k = buf[lo:first].translate(marks).rfind(b"|")
+        if k >= 0:
+            lo += k + 1
+        elif lo > floor:
+            lo = _far_left_edge(buf, floor, lo, marks)
+        los.append(lo)
+        his.append(hi)
         floor = hi
-    return out
+    if not los:
+        return []
+    raws = list(map(buf.__getitem__, map(slice, los, his)))
+    decoded = decode_all(raws) if len(raws) > 1 else None  # (a header or URL: one segment)
+    if decoded is None:
+        decoded = [decode(raw, 0, False)[0] for raw in raws]
+    back = _Escaped(buf, los, his, decode).span
+    return [(text, back, i) for i, text in enumerate(decoded)]
+
+
+def _led(buf: bytes, lead: bytes, search):
+    """What ``finditer`` yields, each search started at the next ``lead`` byte."""
+    floor = 0
+    find = buf.find
+    while (k := find(lead, floor)) >= 0 and (m := search(buf, k)) is not None:
+        yield m
+        floor = m.end()
 
 
 def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
@@ -427,14 +465,8 @@ _JSON_SIMPLE_ORDER = tuple((b"\\" + k, v) for k, v in _JSON_SIMPLE.items() if k 
 
 
 def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
-    if not want_pieces and b"\\u" not in raw and b"\\\\" not in raw:
-        # Every backslash starts a one-character escape: plain replaces do it ("\/"
-        # alone, from PHP-style encoders, is the common case).
-        raw = raw.replace(b"\\/", b"/")
-        if b"\\" in raw:
-            for escape, char in _JSON_SIMPLE_ORDER:
-                raw = raw.replace(escape, char)
-        return raw, []
+    if not want_pieces and _JSON_HARD(raw) is None:
+        return _json_simple(raw), []
     out = []
     pieces = []
     last = 0
@@ -456,6 +488,44 @@ def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]
         last = m.end()
     out.append(raw[last:])
     return b"".join(out), pieces
+
+
+def _percent_decode_all(raws: list[bytes]) -> list[bytes] | None:
+    """_percent_decode of each of ``raws``, as one buffer (a Python step per escape, not per
+    segment), or None if a raw holds a NUL or one decodes to it (decoding never removes one)."""
+    joined = _JOIN.join(raws)
+    # A space cannot be part of another escape, so decoding "%20" first changes nothing
+    # else, and it is most of them (form and query text).
+    joined = joined.replace(b"%20", b" ")
+    if b"%" in joined:
+        joined = _percent_decode(joined, 0, False)[0]
+    return joined.split(_JOIN) if joined.count(_JOIN) == len(raws) - 1 else None
+
+
+def _json_simple(raw: bytes) -> bytes:
+    """``raw`` decoded when every backslash in it starts a one-character escape (no
+    ``\\u``, no ``\\\\``): plain replaces do it. ("\\/" alone, from PHP-style encoders, is
+    the common case; it and "\\"" go first: a replace is ~1 ns a byte where a backslash is
+    common, ``in`` a memchr where it is not.)"""
+    raw = raw.replace(b"\\/", b"/")
+    if b"\\" in raw:
+        raw = raw.replace(b'\\"', b'"')
+        if b"\\" in raw:
+            for escape, char in _JSON_SIMPLE_ORDER:
+                raw = raw.replace(escape, char)
+    return raw
+
+
+_JSON_HARD = re.compile(rb"\\[u\\]").search  # one search, not two "in": half the time
+
+
+def _json_decode_all(raws: list[bytes]) -> list[bytes] | None:
+    """_json_decode of each of ``raws`` when all are one-character escapes (_json_simple on
+    all of them at once), else None."""
+    joined = _JOIN.join(raws)
+    if _JSON_HARD(joined) is not None or joined.count(_JOIN) != len(raws) - 1:
+        return None
+    return _json_simple(joined).split(_JOIN)
 
 
 def _b64_point(lines: list[tuple[int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
@@ -526,6 +596,13 @@ def run_start(buf: bytes, end: int) -> int:
 # Each is (expression, distance from the match's end back to the run's start; 0: unknown).
 # The first two leave out a run at the very start of the buffer (Hyperscan ran them ~20%
 # slower with "^|"): the caller adds position 0 when a run starts there.
+# On the bench's clean 16 MiB the four cost the pass ~37 ms (the first two ~25 together,
+# the last two ~13). Weighed and measured, none cheaper: the first two as one expression
+# (25-26), all four as one (43-60: the automaton grows), hex on lower case only (37, the
+# same), the first as one expression per position of its upper-case letter (31 against
+# 24), and a fifth reporting where the first's runs end, to spare run_segments its regex
+# to the end (clean -4 ms, but a callback per run cost near-miss text 1.12x; bounded to
+# long runs, +8 ms, as much as it spares).
 _R = rb"[A-Za-z0-9+/_\-]"
 _NOT_R = rb"[^A-Za-z0-9+/_\-]"
 _RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
@@ -642,11 +719,12 @@ def basic_segment(buf: bytes, pos: int) -> Segment | None:
 
 
 def percent_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, _PCT, _percent_decode, _PCT_LEFT, _pct_right, b"%") if b"%" in buf else []
+    return _escape_segments(buf, b"%", _PCT_SEGMENT, _PCT_MARKS, _percent_decode, _percent_decode_all) if b"%" in buf else []
 
 
 def json_segments(buf: bytes) -> list[Segment]:
-    return _escape_segments(buf, _JSON_EVIDENCE, _json_decode, _JSON_LEFT, _json_right) if b"\\" in buf else []
+    # (finditer's own search would step through a buffer without a backslash at ~0.3 ns a byte)
+    return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all) if b"\\" in buf else []
 
 
 def layer_segments(buf: bytes, run_starts: list[int] | None = None) -> list[Segment]:

@@ -998,6 +998,25 @@ def test_the_compiled_pass_at_the_edges_of_the_buffer():
             assert run_segments(data, DET._find(data)[1]) == run_segments(data), data
 
 
+RUN_EDGES = [
+    b"Q" + b"a" * 19,  # a run at the start of the buffer that reaches its end
+    b" " + b"a" * 19 + b"Q",  # the upper case last of 20; and the run reaches the end
+    b" " + b"a" * 19 + b"Q ",
+    b" " + b"a" * 20 + b"Q" + b"b" * 30 + b'"',  # the first upper case comes late
+    b" " + b"a" * 18 + b"Q",  # 19: too short
+    b'"' + b"aB" * 40 + b'"' + b"cD" * 12 + b"=",  # runs one character apart; "=" padding after
+    b" " + b"QUJD" * 20 + b"\n" + b"QUJD" * 5 + b"\n",  # wrapped base64: the second line joined
+    b" " + b"4142434445464748494A4B4C4D4E4F50" + b".",  # hex with upper-case letters (an ASCII layer)
+    b" " + b"0123456789+/_-0123456789" + b" " + b"a" * 25 + b"Z" * 25,
+    b"x-" + b"aZ" * 2000 + b"|",  # longer than a 4 KiB step back
+]
+
+
+@pytest.mark.parametrize("data", RUN_EDGES, ids=lambda b: repr(b[:24]))
+def test_the_run_triggers_at_the_edges_of_a_run(data):
+    assert run_segments(data, DET._find(data)[1]) == run_segments(data)
+
+
 def test_an_error_inside_a_compiled_scan_raises():
     # Fail closed: a scan that cannot finish raises (the guard refuses), never returns
     # what it had so far. An exception in the match callback stops Hyperscan's scan.
@@ -1011,6 +1030,70 @@ def test_an_error_inside_a_compiled_scan_raises():
     assert db.scan(b"x ghp_ y", []) == [(0, 0, 6)]
     with pytest.raises(MemoryError):
         db.scan(b"x ghp_ y", Full())
+
+
+# The escape segments as they were found one regex search, one translate and one decode
+# per segment (before 2026-12-04): the reference for the one-call segment regexes and the
+# decoding of all segments at once.
+
+def _reference_escape_segments(buf: bytes, evidence: bytes, left: bytes, right: bytes, decode):
+    evidence, right = re.compile(evidence), re.compile(right)
+    marks = bytes(ord("|") if c in left else ord(".") for c in range(256))
+    out, floor = [], 0
+    while (m := evidence.search(buf, floor)) is not None:
+        lo = floor + buf[floor:m.start()].translate(marks).rfind(b"|") + 1
+        d = right.search(buf, m.end())
+        hi = d.start() if d else len(buf)
+        out.append((decode(buf[lo:hi], lo, False)[0], lo, hi))
+        floor = hi
+    return out
+
+
+def _reference_layers(buf: bytes):
+    from egress.decode import _json_decode, _percent_decode
+    return (_reference_escape_segments(buf, rb"%[0-9A-Fa-f]{2}", b" \t\r\n\"'<>", rb"[ \t\r\n\"'<>]", _percent_decode),
+            _reference_escape_segments(buf, rb"\\(?:u[0-9A-Fa-f]{4}|/)", b"{[,\r\n", rb'(?<!\\)"|[\r\n]', _json_decode))
+
+
+ESCAPE_EDGES = [
+    b"%41",  # evidence at the start and the end of the buffer
+    b"\\/",
+    b"\\u0041",
+    b'{"a": "x\\/y", "b": "W\\/\\"abc\\"", "c": "\\"q\\" \\/"}',  # escaped quotes inside and after
+    b'"k": "\\\\"\\/"',  # an escaped backslash before a quote still reads as an escape
+    b'"k": "a\\/b"x\\/y"',  # the next segment starts at the quote that ended the last
+    b"q=a%20b c=%2F%2f d=%zz%4 e=%%41 f=%2541",  # percent runs at delimiters, bad and double escapes
+    b"<a href='/p?q=%41'>%42</a>\t%43\r\n%44\"%45\"",
+    b"x" * 70 + b"%41" + b" " + b"y" * 600 + b"\\/" + b"z" * 5000 + b"%42",  # no delimiter in 64, 512, 4096 bytes
+    b", " + b"w" * 63 + b"\\/ ,\n" + b"v" * 64 + b"\\/",  # a delimiter 64 and 65 bytes back
+    # NULs (what joins the segments decoded at once) in the raw text or from an escape:
+    # those segments are decoded one by one
+    b"a%00b c%41 %00", b"a%41b c%41\x00d %42", b'"k": "\\u0000\\/"', b'"k": "a\\/", "j": "\\/\x00", "i": "\\/"',
+    b'"k": "\\ud83d\\ude00\\/", "j": "\\n\\t\\b\\f\\r\\/"',  # a surrogate pair; every one-character escape
+    b'"k": "a\\\\/b", "j": "\\x\\/"',  # an escaped backslash; an escape JSON does not know
+]
+
+
+@pytest.mark.parametrize("buf", ESCAPE_EDGES + [generated(seed) for seed in range(40)]
+                         + [bytes(random.Random(seed).choice(b'ab"\\\r\n/u%20{,[ <\x00') for _ in range(60))
+                            for seed in range(200)], ids=lambda b: repr(b[:24]))
+def test_escape_segments_are_the_ones_a_search_per_segment_found(buf):
+    from egress.decode import json_segments, percent_segments, span
+    for segments, reference in zip((percent_segments(buf), json_segments(buf)), _reference_layers(buf)):
+        # the whole of a segment maps back to the whole of its raw text (it starts with an escape)
+        assert [(seg[0], *span(seg, 0, len(seg[0]))) for seg in segments] == reference
+
+
+@pytest.mark.parametrize("data", [b"", b"abc", "é".encode(), "©x".encode(), "\U0010ffff".encode(), b"\x89PNG\r\n",
+                                  b"\xff\xd8\xff", b"\x80a", b"\xc0\xaf", b"\xc1\xbf", b"\xc2\xa9", b"\xf4\x8f\xbf\xbf",
+                                  b"\xf5\x80\x80\x80", b"\x1f\x8b\x08", b"GIF89a\xff", b"a\xc3"])
+def test_decoded_text_is_what_utf8_decodes(data):
+    try:
+        data.decode("utf-8")
+        expected = True
+    except UnicodeDecodeError:
+        expected = False
+    assert detect._is_text(data) is expected
 
 
 @pytest.mark.parametrize("seed", range(5))
