@@ -270,12 +270,7 @@ class _Conn(asyncio.Protocol):
         """Give the connection to mitmproxy's handler with every byte read so far."""
         if self.state is not WAIT:
             return None
-        self.state = HANDED
-        front = self.front
-        front.open.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        front = self._leave(HANDED)
         if carry:
             front.limits.carry(self.peername, self.sockname, self.counted, self.accepted)
         transport = self.transport
@@ -373,17 +368,21 @@ class _Conn(asyncio.Protocol):
         if delays:
             self.timer = asyncio.get_running_loop().call_later(max(0.01, min(delays)), self._tick)
 
+    def _leave(self, state: int) -> Front:
+        """This connection is no longer the front's to time or to close at its close()."""
+        self.state = state
+        self.front.open.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        return self.front
+
     def close(self) -> None:
         """End both connections (what is queued is still written) and give back what was counted."""
         state = self.state
         if state is DONE or state is HANDED:
             return
-        self.state = DONE
-        front = self.front
-        front.open.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        front = self._leave(DONE)
         self.transport.close()
         if self.up is not None:
             self.up.close()
