@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+import time
 import types
 import typing
 from pathlib import Path
@@ -91,6 +92,52 @@ def fast_message_typecheck() -> None:
     """Install :class:`_FieldTypecheck` for mitmproxy.http (idempotent)."""
     if not isinstance(http.typecheck, _FieldTypecheck):
         http.typecheck = _FieldTypecheck(typecheck.check_option_type)
+
+
+# ------------------------------------------------- an answer before a streamed body
+
+
+def _answer_before_body(original):
+    """HttpStream.start_request_stream, able to send an answer an addon set at requestheaders.
+
+    A body over stream_large_bodies (or a chunked one that grows past it) is streamed. When
+    an addon had already answered the request (every refusal at the head: a host not
+    allowed, a private address, a credential in the URL), mitmproxy raised "Can't set a
+    response and enable streaming at the same time", crashed again on each chunk of the body
+    that followed (211 times for an 11 MB upload), and never answered: the client hung to the
+    idle timeout and got an empty reply, not EGRESS_BLOCKED. Here that answer is sent at
+    once, as mitmproxy sends one set later (the responseheaders and response hooks), and the
+    body still coming is read and dropped: nothing is dialled, nothing relayed or kept. An
+    HTTP/1 answer says ``Connection: close``, so the connection ends with the body (clients
+    such as curl stop sending on an error answer and close).
+    """
+    from mitmproxy.proxy.layers.http import HttpResponseHeadersHook, ResponseEndOfMessage, SendHttp
+
+    def start_request_stream(self):
+        if self.flow.response is None:
+            return (yield from original(self))
+        response = self.flow.response
+        if not (self.flow.request.is_http2 or self.flow.request.is_http3):
+            response.headers["connection"] = "close"
+        response.timestamp_start = time.time()
+        self.client_state = self.state_errored  # from now on: every event of the request dropped
+        yield HttpResponseHeadersHook(self.flow)
+        if (yield from self.check_killed(True)):
+            return
+        yield from self.send_response()  # the response hook, then the answer's head and body
+        self.flow.live = False
+        yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+
+    start_request_stream.egress_original = original
+    return start_request_stream
+
+
+def answer_before_streamed_body() -> None:
+    """Install :func:`_answer_before_body` (idempotent)."""
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    if not hasattr(HttpStream.start_request_stream, "egress_original"):
+        HttpStream.start_request_stream = _answer_before_body(HttpStream.start_request_stream)
 
 
 @dataclass(frozen=True)
@@ -186,6 +233,7 @@ def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
     """
     _load_ca_once()
     fast_message_typecheck()
+    answer_before_streamed_body()
     master = _master.Master(_options.Options(**option_values))
     master.addons.__class__ = _HookTable  # same state, faster dispatch
     return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),

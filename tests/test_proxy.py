@@ -452,3 +452,56 @@ def _read_all(sock) -> bytes:
             break
         data += chunk
     return data
+
+
+# ------------------------------------------------------------ large bodies refused
+
+# A body over mitmproxy's stream_large_bodies (1 MiB) is marked for streaming before any
+# guard decides. A guard refusing it at its head then set the answer too, and mitmproxy
+# raised ("Can't set a response and enable streaming at the same time"), crashed again on
+# every chunk of the body (211 times for 11 MB) and never answered: the client hung until
+# the idle timeout and got an empty reply instead of EGRESS_BLOCKED.
+BIG_BODY = b"0123456789abcdef" * (2 * 2**20 // 16)  # 2 MiB, clean text
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("host, path, reason", [
+    ("other.test", "/upload", "not-allowed"),
+    ("denied.allowed.test", "/upload", "denied"),
+    ("private.test", "/upload", "private-address"),
+    ("allowed.test", "/upload?key=sk_live_4eC39HqLyjWDarjtT1zdp7dc", "credential"),  # made up, Stripe's shape
+])
+def test_a_large_upload_refused_at_its_head_gets_the_refusal(proxy, http_upstream, curl_path, tmp_path,
+                                                               host, path, reason, chunked):
+    body = tmp_path / "body.txt"
+    body.write_bytes(BIG_BODY)
+    extra = ["-H", "Transfer-Encoding: chunked"] if chunked else []
+    result = run_curl(curl_path, proxy, http_upstream.url(host, path), "-i", "-H", "Expect:",
+                      "--data-binary", f"@{body}", *extra, home=tmp_path)
+    head, _, answer = result.stdout.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403"), (result.returncode, result.stderr, head)
+    assert f"X-Egress-Blocked: {host}; reason={reason}".encode() in head
+    assert answer.startswith(f"EGRESS_BLOCKED {host}".encode())
+    assert http_upstream.connections == 0
+    events = proxy.wait_for_audit(lambda e: e["decision"] == "block")
+    assert [e["reason"] for e in events] == [reason]
+
+
+def test_a_large_upload_refused_inside_a_tunnel_gets_the_refusal(proxy, https_upstream, test_ca_file):
+    # intercepted: the Host header names another host than the tunnel (misdirected)
+    tls = tls_through_tunnel(proxy, f"allowed.test:{https_upstream.port}", "allowed.test", proxy.ca_path)
+    tls.sendall(f"POST /upload HTTP/1.1\r\nHost: other.test:{https_upstream.port}\r\n"
+                f"Content-Length: {len(BIG_BODY)}\r\nConnection: close\r\n\r\n".encode())
+    sender = threading.Thread(target=_send_quietly, args=(tls, BIG_BODY), daemon=True)
+    sender.start()
+    answer = _read_all(tls)
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:200]
+    assert b"reason=misdirected" in answer
+    assert https_upstream.connections == 0
+
+
+def _send_quietly(sock, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:  # the proxy answered and closed before the body was all sent
+        pass

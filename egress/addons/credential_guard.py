@@ -445,10 +445,8 @@ class CredentialGuard:
         """Every refusal of this guard: one event (reason=credential, the detail naming the
         kind and where, never the value), then the flow stopped as its stage allows:
 
-        * ``request``: nothing has left; the client gets the documented 403 -- unless its
-          body is still to come and may stream (over 1 MiB, or chunked): mitmproxy cannot
-          answer such a request (it crashes: "Can't set a response and enable streaming"),
-          so it is killed and the client connection closed;
+        * ``request``: nothing has left; the client gets the documented 403 (a body still
+          to come is dropped: egress.mitm.answer_before_streamed_body);
         * ``stream``: an upload is under way; both connections are closed;
         * ``response``: a response to the command; killed before its body (or, streaming,
           both connections closed);
@@ -463,10 +461,7 @@ class CredentialGuard:
         flow_state(flow).refused = True
         host = self.clean(host)
         if stage == "request":
-            if flow.request.raw_content is None and (flow.request.stream or _chunked(flow)):
-                flow.kill()
-            else:
-                flow.response = refusal.refusal(host, "credential", detail)
+            flow.response = refusal.refusal(host, "credential", detail)
         elif stage == "websocket" and flow.metadata.get(_CLOSE) is not None:
             flow.metadata[_CLOSE] = True
         elif stage == "response" and flow.killable and not callable(flow.response.stream):
@@ -702,10 +697,6 @@ def _guard_frames(guard: CredentialGuard, flow: http.HTTPFlow, from_client: bool
 
 def _host(flow: http.HTTPFlow) -> str:
     return flow_state(flow).host_name or flow.request.host
-
-
-def _chunked(flow: http.HTTPFlow) -> bool:
-    return "chunked" in flow.request.headers.get("transfer-encoding", "").lower()
 
 
 def _forms(fake: str, real: str):
