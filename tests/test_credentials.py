@@ -538,6 +538,7 @@ def test_a_large_upload_refused_by_its_head_is_answered_before_it_streams(guarde
             try:
                 for _ in range(40):
                     tls.sendall(b"10000\r\n" + b"x" * 65536 + b"\r\n")
+                tls.sendall(b"0\r\n\r\n")  # the body's end: the answered connection closes then
             except OSError:
                 pass
             answer = read_all(tls)

@@ -464,7 +464,7 @@ def _read_all(sock) -> bytes:
 BIG_BODY = b"0123456789abcdef" * (2 * 2**20 // 16)  # 2 MiB, clean text
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "expect-100-continue"])
 @pytest.mark.parametrize("host, path, reason", [
     ("other.test", "/upload", "not-allowed"),
     ("denied.allowed.test", "/upload", "denied"),
@@ -472,13 +472,14 @@ BIG_BODY = b"0123456789abcdef" * (2 * 2**20 // 16)  # 2 MiB, clean text
     ("allowed.test", "/upload?key=sk_live_4eC39HqLyjWDarjtT1zdp7dc", "credential"),  # made up, Stripe's shape
 ])
 def test_a_large_upload_refused_at_its_head_gets_the_refusal(proxy, http_upstream, curl_path, tmp_path,
-                                                               host, path, reason, chunked):
+                                                               host, path, reason, framing):
     body = tmp_path / "body.txt"
     body.write_bytes(BIG_BODY)
-    extra = ["-H", "Transfer-Encoding: chunked"] if chunked else []
-    result = run_curl(curl_path, proxy, http_upstream.url(host, path), "-i", "-H", "Expect:",
+    extra = {"content-length": ["-H", "Expect:"], "chunked": ["-H", "Expect:", "-H", "Transfer-Encoding: chunked"],
+             "expect-100-continue": []}[framing]  # curl asks for 100-continue itself over 1 MiB
+    result = run_curl(curl_path, proxy, http_upstream.url(host, path), "-i",
                       "--data-binary", f"@{body}", *extra, home=tmp_path)
-    head, _, answer = result.stdout.partition(b"\r\n\r\n")
+    head, _, answer = result.stdout.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n").partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 403"), (result.returncode, result.stderr, head)
     assert f"X-Egress-Blocked: {host}; reason={reason}".encode() in head
     assert answer.startswith(f"EGRESS_BLOCKED {host}".encode())
