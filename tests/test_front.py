@@ -9,11 +9,15 @@ events (but the client's port and the time) and every metric's change must be th
 
 from __future__ import annotations
 
+import os
 import re
+import struct
 import socket
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -555,3 +559,175 @@ def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
         assert front_served(proxy) == 1
     finally:
         echo.close()
+
+
+# ------------------------------------------------------------- an upstream that never answers
+
+class Unanswered:
+    """A listener on 127.0.0.1:0 whose accept queue is full: backlog 0 holds one connection
+    (Linux admits backlog + 1), made here and never accepted, so the kernel drops every further
+    SYN and a connect() to it hangs until the dialler gives up (its SYN retries, ~2 min)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.filler = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        probe = socket.socket()
+        probe.settimeout(0.5)
+        try:
+            probe.connect(("127.0.0.1", self.port))
+        except socket.timeout:
+            pass
+        else:
+            self.close()
+            pytest.skip("a connect() to a listener with a full accept queue did not hang here")
+        finally:
+            probe.close()
+
+    def close(self):
+        self.filler.close()
+        self.sock.close()
+
+
+def open_fds(proxy) -> int:
+    """The serve process's descriptors, once the count holds still for half a second (a metrics
+    scrape's socket, or one a close() just scheduled, comes and goes)."""
+    counts: list[int] = []
+    deadline = time.monotonic() + 20
+    while len(counts) < 5 or len(set(counts[-5:])) > 1:
+        counts.append(len(os.listdir(f"/proc/{proxy.process.pid}/fd")))
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return counts[-1]
+
+
+@contextmanager
+def own_network(syn_retries: int):
+    """The calling thread (and what it starts) in a network namespace of its own, its loopback up
+    and the kernel's SYN retries there set to ``syn_retries`` (a connect() to an unanswered
+    listener fails after 2**(n+1)-1 s: 3 s for 1, where the default 6 takes 127 s); back after."""
+    from sandbox import _libc, namespaces
+
+    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _libc.unshare(namespaces.CLONE_NEWNET)
+    except OSError as e:
+        os.close(original)
+        pytest.skip(f"no network namespace of the test's own: {e}")
+    try:
+        namespaces.loopback_up()
+        Path("/proc/sys/net/ipv4/tcp_syn_retries").write_text(str(syn_retries))
+        yield
+    finally:
+        _libc.setns(original, namespaces.CLONE_NEWNET)
+        os.close(original)
+
+
+def dials_pending(port: int) -> int:
+    """Sockets of this network namespace still dialling 127.0.0.1:``port`` (SYN_SENT, /proc/net/tcp)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2] == f"0100007F:{port:04X}" and line.split()[3] == "02")
+
+
+# The client's bytes follow the head, so the dial starts at once (the head timeout is over).
+
+def dial_times_out(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping", wait=30)
+
+
+def client_closes_while_dialling(proxy, ctx):  # a FIN: to TCP, a half-close like any other
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping", wait=0.5)
+
+
+def client_resets_while_dialling(proxy, ctx):
+    sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
+    sock.sendall(connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping")
+    got = read_until(sock, b"\r\n\r\n")
+    time.sleep(0.5)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends RST
+    sock.close()
+    return got + b"<reset sent>"
+
+
+UNANSWERED = [dial_times_out, client_closes_while_dialling, client_resets_while_dialling]
+
+
+def through_unanswered(proxy, case, ctx) -> dict:
+    """observe() one case, then what it left behind: open connections, descriptors of the serve
+    process against before it (after a first tunnel opened whatever a first one opens), and
+    whether the client's one connection slot (--max-client-connections 1) is free again."""
+    assert raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}") + b"warm", wait=0.5) == connect_ok(b"warm")
+    settle(proxy, len(proxy.audit()))
+    fds = open_fds(proxy)
+    seen = observe(proxy, case, ctx)
+    seen["left"] = {"open connections": metric_values(proxy).get("egress_open_connections"),
+                    "dials": dials_pending(ctx["unanswered"].port), "descriptors": open_fds(proxy) - fds,
+                    "next tunnel": raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}") + b"ok", wait=0.5)}
+    return seen
+
+
+@pytest.mark.parametrize("case", UNANSWERED, ids=[c.__name__ for c in UNANSWERED])
+def test_an_unanswered_dial_ends_as_on_mitmproxys_path(proxy_factory, case):
+    # An upstream whose SYNs are dropped, in a network namespace of the test's own where the
+    # kernel gives a connect() up after 3 s (tcp_syn_retries 1). Neither path has a dial timeout
+    # of its own: the dial ends when the kernel gives up (127 s at Linux's default) or at the
+    # idle timeout, whichever comes first (the next test). Then both close the client's
+    # connection with no event beyond the CONNECT's allow, as for a refused dial; nothing is left.
+    # A client's FIN is not a reason to stop dialling: TCP cannot tell it from a half-close,
+    # whose answer the front passes back (and mitmproxy's path, too, waits for the dial).
+    with own_network(syn_retries=1):
+        echo, unanswered = Echo(), Unanswered()
+        try:
+            ctx = {"echo": echo, "unanswered": unanswered}
+            got, expected = [through_unanswered(proxy_factory(policy(1), "--max-client-connections", "1",
+                                                              names=NAMES, env=env), case, ctx)
+                             for env in (None, OFF)]
+        finally:
+            echo.close()
+            unanswered.close()
+    assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
+    assert got["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0, "next tunnel": connect_ok(b"ok")}
+    assert got["client"] == {dial_times_out: connect_ok(b"")[:-6] + b"<EOF>",
+                             client_closes_while_dialling: connect_ok(b""),
+                             client_resets_while_dialling: connect_ok(b"")[:-6] + b"<reset sent>"}[case]
+    assert [e["decision"] for e in got["events"]] == ["allow"]
+    if got != expected:
+        pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def test_the_idle_timeout_ends_an_unanswered_dial_as_on_mitmproxys_path(proxy_factory):
+    # Linux's default SYN retries (2 min) here: the idle timeout (1 s) comes first on both paths.
+    echo, unanswered = Echo(), Unanswered()
+    try:
+        ctx = {"echo": echo, "unanswered": unanswered}
+        got, expected = [through_unanswered(proxy_factory(policy(1), "--max-client-connections", "1",
+                                                          "--idle-timeout", "1", names=NAMES, env=env),
+                                            dial_times_out, ctx) for env in (None, OFF)]
+    finally:
+        echo.close()
+        unanswered.close()
+    assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
+    assert got["client"] == connect_ok(b"")[:-6] + b"<EOF>"
+    assert got["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0, "next tunnel": connect_ok(b"ok")}
+    if got != expected:
+        pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def test_a_client_reset_cancels_the_fronts_pending_dial_at_once(proxy_factory):
+    # Linux's default SYN retries: the dial would hang 2 min. A reset from the client ends the
+    # front's connection (the dial cancelled, its socket closed, the slot given back) at once;
+    # mitmproxy's path let its dial run to the kernel's end, holding the slot (not asserted).
+    echo, unanswered = Echo(), Unanswered()
+    try:
+        proxy = proxy_factory(policy(1), "--max-client-connections", "1", names=NAMES)
+        ctx = {"echo": echo, "unanswered": unanswered}
+        seen = through_unanswered(proxy, client_resets_while_dialling, ctx)
+        assert seen["served_by_front"] == 1
+        assert seen["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0,
+                                "next tunnel": connect_ok(b"ok")}
+    finally:
+        echo.close()
+        unanswered.close()
