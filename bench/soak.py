@@ -1,7 +1,7 @@
 """Soak: 10,000 held tunnels and 1,000,000 requests through one `egress serve`, 0 errors, RSS given back.
 
 Run:  .venv/bin/python bench/soak.py [--tunnels 10000] [--cycles 2] [--requests 1000000]
-                                     [--connections 16] [--phases tunnels,requests]
+                                     [--connections 16] [--phases tunnels,requests] [--front on,off]
       Needs prlimit (util-linux); nginx and wrk for the requests phase. Run it as root (it raises its
       own hard descriptor limit to what the tunnels need), or with a hard limit of 2 x tunnels + 2000.
       Everything is on 127.0.0.1, every port bound as 0 and read back; every process started here is
@@ -25,6 +25,10 @@ Phase B, requests: ``wrk --connections`` keep-alive plain-HTTP requests (absolut
 ``--requests`` responses have arrived (a Lua counter stops each wrk thread at its share; ``-d``
 is only an upper bound). Non-2xx responses are counted by the script, socket errors by wrk.
 egress's RSS is sampled every second. Before it, a 2 s warm-up with the same load.
+
+``--front on,off`` runs all of it once per setting, one after the other, each in a serve of its
+own (``off``: ``EGRESS_PASSTHROUGH_FRONT=off``, every connection on mitmproxy's path as before
+egress/front.py), and prints each one's figures and then the front's against mitmproxy's.
 
 Errors anywhere (a tunnel that did not open or echo, a non-2xx, a socket error, a connection
 egress limited, egress leaving the gauge above 0) make the exit status 1.
@@ -157,10 +161,10 @@ def raise_own_limit(tunnels: int, workers: int) -> int:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, tmp: Path, procs: Procs):
-        self.args, self.tmp, self.procs = args, tmp, procs
+    def __init__(self, args: argparse.Namespace, tmp: Path, procs: Procs, front: str = "on"):
+        self.args, self.tmp, self.procs, self.front = args, tmp, procs, front
         self.results: dict = {"machine": f"{platform.node()} {os.cpu_count()} CPUs, {platform.platform()}, "
-                                         f"Python {platform.python_version()}"}
+                                         f"Python {platform.python_version()}", "front": front}
         self.failures: list[str] = []
 
     # ------------------------------------------------------------- processes
@@ -222,6 +226,8 @@ http {{
                 "--resolve", "allowed.test:127.0.0.1", "--resolve", "pass.test:127.0.0.1",
                 "--policy", str(policy), "--state-dir", str(self.tmp / "state")]
         env = {"PATH": os.environ["PATH"], "HOME": str(self.tmp), "LANG": "C.UTF-8"}
+        if self.front == "off":
+            env["EGRESS_PASSTHROUGH_FRONT"] = "off"
         self.egress_log = self.tmp / "egress.log"
         with open(self.egress_log, "wb") as out:
             proc = self.procs.start("egress", argv, stdout=out, stderr=out, env=env, cwd=self.tmp)
@@ -481,10 +487,11 @@ http {{
             self.phase_requests()
         self.results["egress_log_lines"] = len(self.egress_log.read_text(errors="replace").splitlines())
         self.results["failures"] = self.failures
+        self.procs.stop(self.egress_proc)  # before the next setting's serve
 
 
 def summary(results: dict) -> list[str]:
-    lines = [f"soak of egress serve on {results['machine']}",
+    lines = [f"soak of egress serve (front {results.get('front', 'on')}) on {results['machine']}",
              f"descriptors: serve started with nofile {results['nofile']['started_with']}, "
              f"its proxies run with {', '.join(results['nofile']['proxies_run_with'])}"]
     if t := results.get("tunnels"):
@@ -518,6 +525,24 @@ def summary(results: dict) -> list[str]:
     return lines
 
 
+def compare(by_front: dict) -> list[str]:
+    """The front's tunnel figures against mitmproxy's path (--front on,off)."""
+    on, off = by_front["on"].get("tunnels"), by_front["off"].get("tunnels")
+    if not on or not off:
+        return []
+    lines = ["tunnels, front on against off (RSS as x its own rest):"]
+    for c, (a, b) in enumerate(zip(on["cycles"], off["cycles"]), 1):
+        def ratios(t, row):
+            rest = t["rest"]["rss_mb"]
+            peak = max(row["held"]["rss_mb"], row["held_after_round_trips"]["rss_mb"])
+            return (f"held {peak / rest:.2f}x, closed {row['closed']['rss_mb'] / rest:.2f}x, "
+                    f"settled {row['settled']['rss_mb'] / rest:.2f}x ({peak - rest:.0f} MB taken, "
+                    f"{row['settled']['rss_mb'] - rest:.0f} MB kept)")
+        lines.append(f"  cycle {c}: on: {ratios(on, a)}; off: {ratios(off, b)}")
+    lines.append(f"  RSS at rest: on {on['rest']['rss_mb']} MB, off {off['rest']['rss_mb']} MB")
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tunnels", type=int, default=10_000)
@@ -529,15 +554,24 @@ def main() -> int:
     p.add_argument("--request-bound", type=float, default=1800, help="wrk's -d: seconds at most")
     p.add_argument("--settle", type=float, default=10, help="seconds to wait after closing before reading RSS")
     p.add_argument("--phases", default="tunnels,requests")
+    p.add_argument("--front", default="on", help="on, off (EGRESS_PASSTHROUGH_FRONT=off) or on,off: a serve each, in turn")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()
     args.phases = set(args.phases.split(","))
+    fronts = args.front.split(",")
+    if not fronts or set(fronts) - {"on", "off"} or len(set(fronts)) != len(fronts):
+        p.error(f"--front {args.front!r}: on, off or on,off")
     procs = Procs()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the processes started here are stopped
     tmp = Path(tempfile.mkdtemp(prefix="egress-soak-"))
-    soak = Soak(args, tmp, procs)
+    by_front: dict = {}
     try:
-        soak.run()
+        for front in fronts:
+            log(f"front {front}")
+            (tmp / front).mkdir()
+            soak = Soak(args, tmp / front, procs, front)
+            soak.run()
+            by_front[front] = soak.results
     except SoakError as e:
         print(f"soak: {e}", file=sys.stderr)
         return 2
@@ -546,10 +580,13 @@ def main() -> int:
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n".join(summary(soak.results)))
+    for results in by_front.values():
+        print("\n".join(summary(results)))
+    if len(by_front) == 2:
+        print("\n".join(compare(by_front)))
     if args.json:
-        args.json.write_text(json.dumps(soak.results, indent=1))
-    return 1 if soak.results["failures"] else 0
+        args.json.write_text(json.dumps(by_front[fronts[0]] if len(fronts) == 1 else by_front, indent=1))
+    return 1 if any(results["failures"] for results in by_front.values()) else 0
 
 
 if __name__ == "__main__":

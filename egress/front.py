@@ -31,7 +31,9 @@ from the accept, as they did.
 A tunnel served here does what the mitmproxy path does, in its order: the same ``allow``
 event (Reporter's fields), 200 with mitmproxy's bytes, the head timeout until the client's
 first bytes, then the upstream dialled at the pinned address (no event if that fails: the
-client's connection is closed, as mitmproxy closes it), the connect latency observed, both
+client's connection is closed, as mitmproxy closes it; no dial timeout, as mitmproxy has none:
+the kernel's SYN retries or the idle timeout end a dial nobody answers, and a client's reset
+cancels it, but not its FIN, which TCP cannot tell from a half-close), the connect latency observed, both
 directions relayed transport to transport and counted into the passthrough byte metrics,
 half-closes passed on, the idle timeout, the open-connections gauge, and the per-client
 count released at the end.

@@ -9,11 +9,15 @@ events (but the client's port and the time) and every metric's change must be th
 
 from __future__ import annotations
 
+import os
 import re
+import struct
 import socket
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -21,24 +25,57 @@ from conftest import clean_env
 
 NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
+V6_NAME = "v6.passthrough.test"  # resolved to ::1 (--resolve), where an echo server listens
 
 
 def policy(narrow_port: int) -> str:
     # private.passthrough.test is allowed and on passthrough, but resolves to 127.0.0.1, which
     # only the exact name passthrough.test may reach; narrow.test is passthrough on one port only.
+    # v6.passthrough.test and the literal [::1] reach ::1 (allowed there by name and by address).
     return f"""
-allow = ["allowed.test", "passthrough.test", "narrow.test"]
+allow = ["allowed.test", "passthrough.test", "narrow.test", "[::1]"]
 deny = ["denied.passthrough.test"]
-passthrough = ["passthrough.test", "narrow.test:{narrow_port}"]
-allow_private = ["allowed.test", "=passthrough.test", "narrow.test"]
+passthrough = ["passthrough.test", "narrow.test:{narrow_port}", "[::1]"]
+allow_private = ["allowed.test", "=passthrough.test", "narrow.test", "={V6_NAME}", "[::1]"]
 """
 
 
-class Echo:
-    """A raw TCP server on 127.0.0.1:0 that echoes what it reads, each connection in a thread."""
+def _no_ipv6_loopback() -> str | None:
+    """Why this machine cannot listen on [::1]; None when it can."""
+    if not socket.has_ipv6:
+        return "Python was built without IPv6"
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return None
+    except OSError as e:
+        return f"no IPv6 loopback: binding [::1] failed ({e})"
 
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
+
+NO_IPV6 = _no_ipv6_loopback()
+needs_ipv6 = pytest.mark.skipif(NO_IPV6 is not None, reason=NO_IPV6 or "")
+LOOPBACKS = [pytest.param("127.0.0.1", id="ipv4"), pytest.param("::1", id="ipv6", marks=needs_ipv6)]
+
+
+def listen_arg(host: str) -> str:
+    return f"[{host}]:0" if ":" in host else f"{host}:0"
+
+
+def listen_host(proxy) -> str:
+    """The address serve printed it listens on (``[::1]:PORT`` or ``127.0.0.1:PORT``)."""
+    line = next(line for line in proxy.stderr_lines if "proxy listening on" in line)
+    return line.split("proxy listening on ", 1)[1].strip().rsplit(":", 1)[0].strip("[]")
+
+
+def proxy_url(proxy) -> str:
+    host = listen_host(proxy)
+    return f"http://[{host}]:{proxy.port}" if ":" in host else f"http://{host}:{proxy.port}"
+
+
+class Echo:
+    """A raw TCP server on 127.0.0.1:0 (or ``host``) that echoes what it reads, each connection in a thread."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         threading.Thread(target=self._serve, daemon=True).start()
@@ -121,7 +158,7 @@ def observe(proxy, case, ctx) -> dict:
 def raw(proxy, data: bytes, *, then: bytes = b"", shut: bool = False, wait: float = 1.5) -> bytes:
     """Send ``data`` (then ``then`` a moment later), read until the proxy closes or ``wait``
     passes; what came back, with <EOF> or <open> at the end."""
-    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
     try:
         sock.sendall(data)
         if then:
@@ -152,7 +189,7 @@ def connect_head(target: str, version: str = "HTTP/1.1", extra: str = "") -> byt
 
 def allowed_with_curl(proxy, ctx):
     url = f"https://passthrough.test:{ctx['https'].port}/small"
-    result = subprocess.run([ctx["curl"], "-sS", "--max-time", "20", "--proxy", proxy.url, "--cacert",
+    result = subprocess.run([ctx["curl"], "-sS", "--max-time", "20", "--proxy", proxy_url(proxy), "--cacert",
                              str(ctx["test_ca"]), url], capture_output=True, env=clean_env(ctx["home"]), timeout=60)
     return result.returncode, result.stdout
 
@@ -250,6 +287,21 @@ def intercepted(proxy, ctx):
     return raw(proxy, connect_head(f"allowed.test:{ctx['echo'].port}"), then=b"SSH-2.0-x\r\n")
 
 
+def to_ipv6_by_name(proxy, ctx):
+    return raw(proxy, connect_head(f"{V6_NAME}:{ctx['echo6'].port}"), then=b"ping")
+
+
+def to_ipv6_literal(proxy, ctx):
+    return raw(proxy, connect_head(f"[::1]:{ctx['echo6'].port}"), then=b"ping")
+
+
+def ipv6_literal_own_port(proxy, ctx):
+    return raw(proxy, connect_head(f"[::1]:{proxy.port}"), then=b"ping")
+
+
+to_ipv6_by_name.ipv6 = to_ipv6_literal.ipv6 = ipv6_literal_own_port.ipv6 = True
+
+
 CASES = [  # (case, served by the front)
     (allowed_with_curl, 1),
     (allowed_echo, 1),
@@ -272,26 +324,38 @@ CASES = [  # (case, served by the front)
     (closes_at_once, 0),
     (plain_http, 0),
     (intercepted, 0),
+    (to_ipv6_by_name, 1),
+    (to_ipv6_literal, 1),
+    (ipv6_literal_own_port, 0),
 ]
 
 
-@pytest.fixture
-def setup(proxy_factory, https_upstream, http_upstream, test_ca_file, curl_path, tmp_path):
+@pytest.fixture(params=LOOPBACKS)
+def setup(request, proxy_factory, https_upstream, http_upstream, test_ca_file, curl_path, tmp_path):
+    # Both serves listen on request.param (127.0.0.1 or ::1); upstreams are on 127.0.0.1, and
+    # with IPv6, an echo server on ::1 too.
     echo = Echo()
+    echo6 = Echo("::1") if NO_IPV6 is None else None
     with socket.create_server(("127.0.0.1", 0)) as s:
         closed = s.getsockname()[1]
     text = policy(echo.port)
-    front = proxy_factory(text, names=NAMES)
-    mitm = proxy_factory(text, names=NAMES, env=OFF)
-    ctx = {"https": https_upstream, "http": http_upstream, "echo": echo, "closed": closed,
+    extra = ("--listen", listen_arg(request.param), "--resolve", f"{V6_NAME}:[::1]")
+    front = proxy_factory(text, *extra, names=NAMES)
+    mitm = proxy_factory(text, *extra, names=NAMES, env=OFF)
+    assert listen_host(front) == listen_host(mitm) == request.param
+    ctx = {"https": https_upstream, "http": http_upstream, "echo": echo, "echo6": echo6, "closed": closed,
            "test_ca": test_ca_file, "curl": curl_path, "home": tmp_path}
     yield front, mitm, ctx
     echo.close()
+    if echo6 is not None:
+        echo6.close()
 
 
 @pytest.mark.parametrize("case,by_front", CASES, ids=[c.__name__ for c, _ in CASES])
 def test_the_front_answers_as_mitmproxy_does(setup, case, by_front):
     front, mitm, ctx = setup
+    if getattr(case, "ipv6", False) and NO_IPV6 is not None:
+        pytest.skip(NO_IPV6)
     expected = observe(mitm, case, ctx)
     got = observe(front, case, ctx)
     assert expected["served_by_front"] == 0
@@ -301,17 +365,19 @@ def test_the_front_answers_as_mitmproxy_does(setup, case, by_front):
         pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
 
 
-def test_the_client_connection_limit_counts_front_tunnels(proxy_factory, test_ca_file):
+@pytest.mark.parametrize("loopback", LOOPBACKS)
+def test_the_client_connection_limit_counts_front_tunnels(proxy_factory, test_ca_file, loopback):
     # Two tunnels held open through the front, then a third connection from the same address:
     # refused at once, as mitmproxy refuses it, counted once; when one closes, a new one is served.
     echo = Echo()
     try:
         results = {}
         for name, env in (("front", None), ("mitmproxy", OFF)):
-            proxy = proxy_factory(policy(1), "--max-client-connections", "2", names=NAMES, env=env)
+            proxy = proxy_factory(policy(1), "--max-client-connections", "2", "--listen", listen_arg(loopback),
+                                  names=NAMES, env=env)
             held = []
             for _ in range(2):
-                sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+                sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
                 sock.sendall(connect_head(f"passthrough.test:{echo.port}") + b"hi")
                 got = b""
                 while not got.endswith(b"hi"):
@@ -331,6 +397,52 @@ def test_the_client_connection_limit_counts_front_tunnels(proxy_factory, test_ca
         assert results["front"][3] == 3 and results["mitmproxy"][3] == 0
     finally:
         echo.close()
+
+
+@pytest.mark.parametrize("loopback", LOOPBACKS)
+def test_a_connection_handed_over_after_waiting_is_counted_once(proxy_factory, loopback):
+    # Silent past HAND_OVER_AFTER (1 s), then a passthrough CONNECT: mitmproxy serves it, taking
+    # over the front's count of it (Limits.carry, keyed by the socket's addresses: on IPv6 the
+    # 4-tuples asyncio gives). Were the count not taken over, each such connection would leave
+    # one behind and the limit of 2 would refuse the two tunnels held afterwards.
+    echo = Echo()
+    try:
+        results = {}
+        for name, env in (("front", None), ("mitmproxy", OFF)):
+            proxy = proxy_factory(policy(1), "--max-client-connections", "2", "--listen", listen_arg(loopback),
+                                  names=NAMES, env=env)
+            late = []
+            for _ in range(3):
+                sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
+                time.sleep(1.3)
+                sock.sendall(connect_head(f"passthrough.test:{echo.port}") + b"late")
+                late.append(read_until(sock, b"late"))
+                sock.close()
+            time.sleep(0.5)
+            held = [socket.create_connection((listen_host(proxy), proxy.port), timeout=10) for _ in range(2)]
+            answers = []
+            for sock in held:
+                sock.sendall(connect_head(f"passthrough.test:{echo.port}") + b"held")
+                answers.append(read_until(sock, b"held"))
+            for sock in held:
+                sock.close()
+            limited = metric_values(proxy).get('egress_connections_limited_total{limit="client-connections"}', 0.0)
+            results[name] = (late, answers, limited, front_served(proxy))
+        assert results["front"][:3] == results["mitmproxy"][:3] == ([connect_ok(b"late")[:-6]] * 3,
+                                                                    [connect_ok(b"held")[:-6]] * 2, 0.0)
+        assert results["front"][3] == 2 and results["mitmproxy"][3] == 0
+    finally:
+        echo.close()
+
+
+def read_until(sock, tail: bytes) -> bytes:
+    got = b""
+    while not got.endswith(tail):
+        chunk = sock.recv(100)
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def connect_ok(tail: bytes) -> bytes:
@@ -447,3 +559,175 @@ def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
         assert front_served(proxy) == 1
     finally:
         echo.close()
+
+
+# ------------------------------------------------------------- an upstream that never answers
+
+class Unanswered:
+    """A listener on 127.0.0.1:0 whose accept queue is full: backlog 0 holds one connection
+    (Linux admits backlog + 1), made here and never accepted, so the kernel drops every further
+    SYN and a connect() to it hangs until the dialler gives up (its SYN retries, ~2 min)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.filler = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        probe = socket.socket()
+        probe.settimeout(0.5)
+        try:
+            probe.connect(("127.0.0.1", self.port))
+        except socket.timeout:
+            pass
+        else:
+            self.close()
+            pytest.skip("a connect() to a listener with a full accept queue did not hang here")
+        finally:
+            probe.close()
+
+    def close(self):
+        self.filler.close()
+        self.sock.close()
+
+
+def open_fds(proxy) -> int:
+    """The serve process's descriptors, once the count holds still for half a second (a metrics
+    scrape's socket, or one a close() just scheduled, comes and goes)."""
+    counts: list[int] = []
+    deadline = time.monotonic() + 20
+    while len(counts) < 5 or len(set(counts[-5:])) > 1:
+        counts.append(len(os.listdir(f"/proc/{proxy.process.pid}/fd")))
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return counts[-1]
+
+
+@contextmanager
+def own_network(syn_retries: int):
+    """The calling thread (and what it starts) in a network namespace of its own, its loopback up
+    and the kernel's SYN retries there set to ``syn_retries`` (a connect() to an unanswered
+    listener fails after 2**(n+1)-1 s: 3 s for 1, where the default 6 takes 127 s); back after."""
+    from sandbox import _libc, namespaces
+
+    original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _libc.unshare(namespaces.CLONE_NEWNET)
+    except OSError as e:
+        os.close(original)
+        pytest.skip(f"no network namespace of the test's own: {e}")
+    try:
+        namespaces.loopback_up()
+        Path("/proc/sys/net/ipv4/tcp_syn_retries").write_text(str(syn_retries))
+        yield
+    finally:
+        _libc.setns(original, namespaces.CLONE_NEWNET)
+        os.close(original)
+
+
+def dials_pending(port: int) -> int:
+    """Sockets of this network namespace still dialling 127.0.0.1:``port`` (SYN_SENT, /proc/net/tcp)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[2] == f"0100007F:{port:04X}" and line.split()[3] == "02")
+
+
+# The client's bytes follow the head, so the dial starts at once (the head timeout is over).
+
+def dial_times_out(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping", wait=30)
+
+
+def client_closes_while_dialling(proxy, ctx):  # a FIN: to TCP, a half-close like any other
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping", wait=0.5)
+
+
+def client_resets_while_dialling(proxy, ctx):
+    sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
+    sock.sendall(connect_head(f"passthrough.test:{ctx['unanswered'].port}") + b"ping")
+    got = read_until(sock, b"\r\n\r\n")
+    time.sleep(0.5)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends RST
+    sock.close()
+    return got + b"<reset sent>"
+
+
+UNANSWERED = [dial_times_out, client_closes_while_dialling, client_resets_while_dialling]
+
+
+def through_unanswered(proxy, case, ctx) -> dict:
+    """observe() one case, then what it left behind: open connections, descriptors of the serve
+    process against before it (after a first tunnel opened whatever a first one opens), and
+    whether the client's one connection slot (--max-client-connections 1) is free again."""
+    assert raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}") + b"warm", wait=0.5) == connect_ok(b"warm")
+    settle(proxy, len(proxy.audit()))
+    fds = open_fds(proxy)
+    seen = observe(proxy, case, ctx)
+    seen["left"] = {"open connections": metric_values(proxy).get("egress_open_connections"),
+                    "dials": dials_pending(ctx["unanswered"].port), "descriptors": open_fds(proxy) - fds,
+                    "next tunnel": raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}") + b"ok", wait=0.5)}
+    return seen
+
+
+@pytest.mark.parametrize("case", UNANSWERED, ids=[c.__name__ for c in UNANSWERED])
+def test_an_unanswered_dial_ends_as_on_mitmproxys_path(proxy_factory, case):
+    # An upstream whose SYNs are dropped, in a network namespace of the test's own where the
+    # kernel gives a connect() up after 3 s (tcp_syn_retries 1). Neither path has a dial timeout
+    # of its own: the dial ends when the kernel gives up (127 s at Linux's default) or at the
+    # idle timeout, whichever comes first (the next test). Then both close the client's
+    # connection with no event beyond the CONNECT's allow, as for a refused dial; nothing is left.
+    # A client's FIN is not a reason to stop dialling: TCP cannot tell it from a half-close,
+    # whose answer the front passes back (and mitmproxy's path, too, waits for the dial).
+    with own_network(syn_retries=1):
+        echo, unanswered = Echo(), Unanswered()
+        try:
+            ctx = {"echo": echo, "unanswered": unanswered}
+            got, expected = [through_unanswered(proxy_factory(policy(1), "--max-client-connections", "1",
+                                                              names=NAMES, env=env), case, ctx)
+                             for env in (None, OFF)]
+        finally:
+            echo.close()
+            unanswered.close()
+    assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
+    assert got["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0, "next tunnel": connect_ok(b"ok")}
+    assert got["client"] == {dial_times_out: connect_ok(b"")[:-6] + b"<EOF>",
+                             client_closes_while_dialling: connect_ok(b""),
+                             client_resets_while_dialling: connect_ok(b"")[:-6] + b"<reset sent>"}[case]
+    assert [e["decision"] for e in got["events"]] == ["allow"]
+    if got != expected:
+        pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def test_the_idle_timeout_ends_an_unanswered_dial_as_on_mitmproxys_path(proxy_factory):
+    # Linux's default SYN retries (2 min) here: the idle timeout (1 s) comes first on both paths.
+    echo, unanswered = Echo(), Unanswered()
+    try:
+        ctx = {"echo": echo, "unanswered": unanswered}
+        got, expected = [through_unanswered(proxy_factory(policy(1), "--max-client-connections", "1",
+                                                          "--idle-timeout", "1", names=NAMES, env=env),
+                                            dial_times_out, ctx) for env in (None, OFF)]
+    finally:
+        echo.close()
+        unanswered.close()
+    assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
+    assert got["client"] == connect_ok(b"")[:-6] + b"<EOF>"
+    assert got["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0, "next tunnel": connect_ok(b"ok")}
+    if got != expected:
+        pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
+
+
+def test_a_client_reset_cancels_the_fronts_pending_dial_at_once(proxy_factory):
+    # Linux's default SYN retries: the dial would hang 2 min. A reset from the client ends the
+    # front's connection (the dial cancelled, its socket closed, the slot given back) at once;
+    # mitmproxy's path let its dial run to the kernel's end, holding the slot (not asserted).
+    echo, unanswered = Echo(), Unanswered()
+    try:
+        proxy = proxy_factory(policy(1), "--max-client-connections", "1", names=NAMES)
+        ctx = {"echo": echo, "unanswered": unanswered}
+        seen = through_unanswered(proxy, client_resets_while_dialling, ctx)
+        assert seen["served_by_front"] == 1
+        assert seen["left"] == {"open connections": 0.0, "dials": 0, "descriptors": 0,
+                                "next tunnel": connect_ok(b"ok")}
+    finally:
+        echo.close()
+        unanswered.close()
