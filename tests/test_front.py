@@ -379,9 +379,7 @@ def test_the_client_connection_limit_counts_front_tunnels(proxy_factory, test_ca
             for _ in range(2):
                 sock = socket.create_connection((listen_host(proxy), proxy.port), timeout=10)
                 sock.sendall(connect_head(f"passthrough.test:{echo.port}") + b"hi")
-                got = b""
-                while not got.endswith(b"hi"):
-                    got += sock.recv(100)
+                read_until(sock, b"hi")
                 held.append(sock)
             third = raw(proxy, connect_head(f"passthrough.test:{echo.port}"), wait=5)
             # closed unanswered: a reset when the close found the head still unread in the socket
