@@ -470,7 +470,14 @@ def test_exit_status_follows_shell_convention(tmp_path, script, expected):
 
 def test_signal_is_forwarded_to_the_command(tmp_path):
     with start(SandboxSpec(["sleep", "1000"], ENV, str(tmp_path))) as box:
-        assert box.pid and Path(f"/proc/{box.pid}/cmdline").read_bytes().startswith(b"sleep\0")
+        # start() returns once exec is past its point of no return: posix_spawn's vfork parent
+        # wakes when the old memory is dropped, before the kernel lays out the new argv, so for
+        # a moment /proc/PID/cmdline reads empty (seen once in CI). Wait for sleep's own.
+        cmdline = Path(f"/proc/{box.pid}/cmdline")
+        deadline = time.monotonic() + WAIT
+        while not cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert cmdline.read_bytes().startswith(b"sleep\0")
         box.signal(signal.SIGTERM)
         assert box.wait(timeout=WAIT) == 128 + signal.SIGTERM
 
