@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Collection
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 
 SNAPSHOT = ".tld_set_snapshot"  # the file inside the tldextract package
@@ -104,6 +107,18 @@ def is_public_suffix(name: str) -> bool:
     if rules is None:
         return public_api_is_public_suffix(name)
     return _matches(rules, name)
+
+
+def none_public(names: Collection[str]) -> bool:
+    """True if no name of ``names`` (canonical punycode) is a public suffix, in a few set
+    operations for a whole batch of a loader's entries (a call each was ~10% of a 1M-entry
+    load); False if one may be: then ask :func:`is_public_suffix` of each."""
+    rules = suffix_rules()
+    if rules is None:
+        return False
+    exact, wild, _ = rules  # an exception only ever makes the answer no: not needed for "none"
+    return (exact.isdisjoint(names) and wild.isdisjoint(map(itemgetter(2), map(str.partition, names, repeat("."))))
+            and "xn--" not in "\n".join(names))  # the list writes IDN suffixes in Unicode
 
 
 def is_icann_suffix(name: str) -> bool:

@@ -321,6 +321,11 @@ FAST_PATH_ENTRIES = [
     "foo.123", "foo.0x1", "*.1.2.3.4", "1.2.3.4:80", "-a.com", "a-.com", "a..com",
     "*.*.x.com", "x.*.com", "*x.com", "*", "*.",
     "=httpbin.org", "=x.com:443", "=co.uk", "=*.x.com", "=1.2.3.4",
+    # IPv4 addresses and networks written the common way, and around it
+    "1.2.3.4", "0.0.0.0", "255.255.255.255", "256.1.1.1", "1.2.3", "1.2.3.4.5", "01.2.3.4", "08.1.2.3", "1.2.3.09", "1.2.3.010", "010.0.0.0/8",
+    "0x1.2.3.4", "1.2.3.4:443", "1.2.3.4:0", "1.2.3.4:65536", "1.2.3.4:", "10.0.0.0/8", "10.0.0.0/08",
+    "10.0.0.1/8", "0.0.0.0/0", "1.0.0.0/0", "1.2.3.4/32", "1.2.3.4/33", "1.2.3.0/24:443", "1.2.3.0/24:0",
+    "10.0.0.0/", "10.0.0.0/8/8", "*.1.2.3.4", "192.168.1.0/24", "127.0.0.1", "169.254.169.254",
 ]
 
 
@@ -336,6 +341,67 @@ def test_fast_path_agrees_with_the_general_path(key):
 
     for entry in FAST_PATH_ENTRIES:
         assert parse(entry) == parse(f" {entry} "), entry
+
+
+def _batch_agrees_with_the_general_path(texts, key):
+    # A batch's answer for an entry is the general path's (for an entry with nothing to say
+    # about it), or None: the general path reads it alone.
+    from egress.policy_loader import EntryError, _other_parts, plain_parts
+
+    answers = plain_parts(texts, key)
+    assert len(answers) == len(texts)
+    for text, answer in zip(texts, answers):
+        if answer is None:
+            continue
+        try:
+            expected = _other_parts(text, key)
+        except EntryError as e:
+            raise AssertionError(f"{text!r}: the batch read {answer}, the general path refused it: {e}") from None
+        assert answer == expected, text
+        if key == "allow_private":
+            assert answer[2] is None, text  # a port there is a problem to report
+        if key == "passthrough":
+            assert answer[2] is not None, text  # no port there, a warning to give
+    return answers
+
+
+@pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
+def test_a_batch_reads_entries_as_the_general_path(key):
+    from egress.policy_loader import plain_parts
+
+    tricky = FAST_PATH_ENTRIES + [
+        "", ":443", "*.:443", "x.com:00443", "x.com:00000", "x.com:99999", "x.com:443 ", "X.com", "x.com.",
+        ".x.com", "x.com\t", "bücher.de", "xn--bcher-kva.de", "xn--p1ai", "a." + "b" * 63 + ".com",
+        "a." + "b" * 64 + ".com", "a-b.c-d.com", "-", "_", "_.com", "1.2.3.4/24", "::1", "[::1]:443",
+        "2001:db8::/32", "fe80::1", "x.de", "x.0xfe", "x.0x", "x.0xg", "x.123a", "\ud800.com",
+        "localhost:8443", "a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61, "*.x.com:443:1",
+    ]
+    seen = _batch_agrees_with_the_general_path(tricky, key)
+    # the plain ones are read in the batch, not left to the general path: the point of it
+    plain = ["*.example.com:8443", "x.com:00443"] if key == "passthrough" else ["example.com", "*.example.com",
+                                                                              "a-b.c-d.com"]
+    assert all(seen[tricky.index(text)] is not None for text in plain)
+    for text in tricky:
+        _batch_agrees_with_the_general_path(["ok.example.com", text, "ok.example.org"], key)
+    # not strings, and a newline inside one: every text to the general path
+    assert plain_parts(["x.com", 7], key) == [None, None]
+    assert plain_parts(["x.com", "a\nb.com"], key) == [None, None]
+    assert plain_parts([], key) == []
+
+
+def test_a_batch_reads_generated_entries_as_the_general_path():
+    # Thousands of short texts from the characters that matter to a plain entry's shape.
+    import random
+
+    rng = random.Random(11)
+    alphabet = "ab9x0-_.*:/= Aé"
+    for _ in range(400):
+        batch = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12))) for _ in range(25)]
+        batch += [rng.choice(["", "*."]) + ".".join(rng.choice(["a", "b0", "x-y", "0x1f", "12", "a" * 63, "a" * 64])
+                                                       for _ in range(rng.randrange(1, 6)))
+                  + rng.choice(["", ":", ":1", ":443", ":65535", ":65536", ":0", ":123456"]) for _ in range(25)]
+        for key in ("allow", "deny", "passthrough", "allow_private"):
+            _batch_agrees_with_the_general_path(batch, key)
 
 
 # ------------------------------------------------------------ refused at load

@@ -52,12 +52,27 @@ def test_the_fast_path_answers_as_the_public_api_for_every_rule_of_the_list():
     assert len(differ) <= 20 and len(names) > 20000
 
 
+def test_none_public_says_none_only_when_no_name_is_one():
+    # A loader's batch test (none_public) against the test of each name, around every rule of the
+    # list: alone, and in a batch of names that are not suffixes.
+    names, _ = _names_around_every_rule()
+    plain = [f"host{i}.example.com" for i in range(50)]
+    assert public_suffix.none_public(plain) and public_suffix.none_public([])
+    for name in sorted(names):
+        if public_suffix.is_public_suffix(name):
+            assert not public_suffix.none_public([name]), name
+            assert not public_suffix.none_public(plain + [name]), name
+    # and says none for the other real cases, but an exception to a wildcard rule (left to is_public_suffix)
+    assert [name for name, suffix in CASES if public_suffix.none_public([name]) is suffix] == ["www.ck"]
+
+
 def test_without_the_snapshot_file_the_public_api_answers(monkeypatch):
     monkeypatch.setattr(public_suffix, "SNAPSHOT", ".no-such-snapshot")
     public_suffix.forget()
     try:
         assert public_suffix.suffix_rules() is None
         assert [public_suffix.is_public_suffix(name) for name, _ in CASES] == [expected for _, expected in CASES]
+        assert not public_suffix.none_public(["example.com"])  # each name to the public API
     finally:
         public_suffix.forget()
 
