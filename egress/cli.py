@@ -599,7 +599,7 @@ def _run_socket(run: str | None, state_dir: Path | None) -> Path:
             names = ", ".join(r["run"] for r in live) or "none"
             raise click.UsageError(f"name the run with --run ID (running: {names})")
         run = live[0]["run"]
-    path = runs_dir(state_dir) / f"{run}.sock"
+    path = Path(runs_dir(state_dir)) / f"{run}.sock"
     if not path.exists():
         raise click.UsageError(f"no run {run!r} is running (see `egress runs`)")
     return path
@@ -812,9 +812,9 @@ class ByteSize(click.ParamType):
 @policy_option
 @click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains; =DOMAIN: that host only); repeatable.")
 @click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")
-@click.option("--project", type=click.Path(path_type=Path, file_okay=False), default=".",
+@click.option("--project", type=click.Path(file_okay=False), default=".",
               help="The folder the command may write to (default: the current directory); also its working directory.")
-@click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(path_type=Path, file_okay=False),
+@click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(file_okay=False),
               metavar="DIR", help="Another folder the command may write to; repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the command and everything it started after SECONDS; exit status 124.")

@@ -35,7 +35,8 @@ import socket
 import sys
 import time
 import zlib
-from pathlib import Path
+
+# Paths are str here: `egress run` reads this module, and never imports pathlib (egress.state says why).
 
 PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
@@ -68,21 +69,23 @@ def installation_key(identity: dict) -> str:
 class Paths:
     """The warm server's files for one state folder and installation."""
 
-    def __init__(self, state_dir: Path, key: str):
-        self.folder = Path(state_dir) / "warm"
-        self.socket = self.folder / f"{key}.sock"
-        self.lock = self.folder / f"{key}.lock"
-        self.info = self.folder / f"{key}.json"
-        self.log = self.folder / f"{key}.log"
+    def __init__(self, state_dir: str | os.PathLike, key: str):
+        self.state_dir = os.fspath(state_dir)
+        self.key = key
+        self.folder = os.path.join(self.state_dir, "warm")
+        self.socket = os.path.join(self.folder, f"{key}.sock")
+        self.lock = os.path.join(self.folder, f"{key}.lock")
+        self.info = os.path.join(self.folder, f"{key}.json")
+        self.log = os.path.join(self.folder, f"{key}.log")
 
     @classmethod
-    def for_state(cls, state_dir: Path | None) -> Paths:
+    def for_state(cls, state_dir: str | os.PathLike | None) -> Paths:
         from .state import state_dir as default_state_dir
 
-        return cls(Path(state_dir or default_state_dir()).absolute(), installation_key(installation()))
+        return cls(os.path.abspath(state_dir or default_state_dir()), installation_key(installation()))
 
     def make_folder(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
         os.chmod(self.folder, 0o700)
 
 
@@ -175,7 +178,7 @@ def connect(paths: Paths) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        sock.connect(str(paths.socket))
+        sock.connect(paths.socket)
     except OSError:  # no socket (ENOENT), a dead server's (ECONNREFUSED), a full backlog (EAGAIN)
         sock.close()
         return None
@@ -208,17 +211,17 @@ def spawn(paths: Paths, idle: float) -> int | None:
     try:
         paths.make_folder()
         identity = installation()
-        pythonpath = [str(Path(identity["egress"]).parent), str(Path(identity["sandbox"]).parent)]
+        pythonpath = [os.path.dirname(identity["egress"]), os.path.dirname(identity["sandbox"])]
         pythonpath += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
                "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath)), "PYTHONSAFEPATH": "1"}
         if "HOME" in os.environ:
             env["HOME"] = os.environ["HOME"]
-        argv = [sys.executable, "-m", "egress.warmserver", "--state-dir", str(paths.folder.parent),
-                "--key", paths.socket.stem, "--idle", f"{idle:g}"]
+        argv = [sys.executable, "-m", "egress.warmserver", "--state-dir", paths.state_dir,
+                "--key", paths.key, "--idle", f"{idle:g}"]
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                   (os.POSIX_SPAWN_OPEN, 2, str(paths.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)]
+                   (os.POSIX_SPAWN_OPEN, 2, paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)]
         return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
     except OSError:
         return None
@@ -237,7 +240,8 @@ def read_info(paths: Paths) -> dict | None:
     if not server_running(paths):
         return None
     try:
-        return json.loads(paths.info.read_text())
+        with open(paths.info, encoding="utf-8") as f:
+            return json.loads(f.read())
     except (OSError, ValueError):
         return None
 
@@ -267,7 +271,7 @@ class Handover:
         self._lock = threading.Lock()
 
     @classmethod
-    def offer(cls, state_dir: Path | None, request: dict, fds: dict[str, int]) -> Handover | None:
+    def offer(cls, state_dir: str | os.PathLike | None, request: dict, fds: dict[str, int]) -> Handover | None:
         """Send the run's request to the warm server now, or start one; None if the state
         folder cannot hold one (the run is then served in-process)."""
         try:

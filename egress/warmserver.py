@@ -121,7 +121,7 @@ def warm_up(state_dir: Path) -> None:
     suffix_rules()  # every policy entry is checked against the public suffix list
     registrable_domain("example.com")  # every refusal's metric label (tldextract builds a trie)
     _builtin_sets()  # the built-in `dev` set
-    mitm.preload_ca(ca_dir(state_dir))
+    mitm.preload_ca(Path(ca_dir(state_dir)))
 
 
 # ------------------------------------------------------------------ the parent
@@ -149,17 +149,17 @@ class Server:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def listen(self) -> None:
-        self.paths.socket.unlink(missing_ok=True)  # a dead server's (we hold the lock)
+        _unlink(self.paths.socket)  # a dead server's (we hold the lock)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # born 0600
         try:
-            sock.bind(str(self.paths.socket))
+            sock.bind(self.paths.socket)
         finally:
             os.umask(old)
         sock.listen(128)
         self.listener = sock
         info = {"pid": os.getpid(), "started": time.time(), "idle": self.idle, **self.identity}
-        tmp = self.paths.info.with_suffix(f".{os.getpid()}.tmp")
+        tmp = Path(self.paths.info).with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(info))
         tmp.replace(self.paths.info)
 
@@ -329,7 +329,7 @@ class Server:
                 from .warmrun import rehearse
 
                 try:
-                    rehearse(self.paths.folder.parent)
+                    rehearse(Path(self.paths.state_dir))
                 except Exception as e:  # noqa: BLE001 - a spare that could not rehearse still serves
                     log(f"a spare's rehearsal failed: {e!r}")
                 try:
@@ -354,8 +354,8 @@ class Server:
     def _unlist(self) -> None:
         """Remove our socket's name and our record: runs that come from now on start a new server."""
         try:
-            self.paths.socket.unlink(missing_ok=True)
-            self.paths.info.unlink(missing_ok=True)
+            _unlink(self.paths.socket)
+            _unlink(self.paths.info)
         except OSError:
             pass
 
@@ -402,6 +402,13 @@ def _refuse(conn: socket.socket, reason: str, message: str) -> None:
 
 
 # ------------------------------------------------------------------ main
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _lock(paths: warm.Paths) -> int | None:
