@@ -312,6 +312,7 @@ class Server:
         will come through (or its end, and then this child's)."""
         code = 1
         try:
+            _below_the_launchers()
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
@@ -402,6 +403,31 @@ def _refuse(conn: socket.socket, reason: str, message: str) -> None:
 
 
 # ------------------------------------------------------------------ main
+
+
+def _below_the_launchers() -> None:
+    """A run's child (or spare) under a real-time policy goes one priority below the server's.
+
+    A server started under a real-time policy (`chrt`, inherited from the launcher that started
+    it) forks its children with it. A run's child builds that run's proxy (5-10 ms of CPU) while
+    the launcher and its sandbox's helper and init work, at the same priority: a FIFO task is
+    never preempted by its equals, so on 2 CPUs the launcher, once it blocked for a moment (a
+    thread's start, a reply), waited for the build to end. Measured (bench/launch_phases.py
+    under chrt -f 20, a loaded machine): gaps of 24 and 11 ms in the launcher's steps, warm
+    126 ms against 84 ms with the child one below. Still real-time, the child stays ahead of
+    the machine's other jobs (its first request); at the lowest priority it takes the normal policy.
+    """
+    try:
+        policy = os.sched_getscheduler(0)
+        if policy not in (os.SCHED_FIFO, os.SCHED_RR):
+            return
+        priority = os.sched_getparam(0).sched_priority
+        if priority > os.sched_get_priority_min(policy):
+            os.sched_setscheduler(0, policy, os.sched_param(priority - 1))
+        else:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass
 
 
 def _unlink(path: str) -> None:
