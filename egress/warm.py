@@ -20,16 +20,23 @@ Files, in ``<state dir>/warm/`` (0700; the state folder is hidden from sandboxed
 ``<key>`` names the installation (interpreter and the folders egress and sandbox are
 imported from), so two installations sharing a state folder never use each other's code.
 
-The protocol is JSON lines; a line with ``"fds": [names]`` carries that many descriptors,
-sent with its first byte (descriptors are queued as they arrive and taken in order, so a
-read that spans two lines cannot mismatch them).
+The protocol is messages (dicts) in frames: 4 bytes of length (big-endian), then the message
+as `marshal` writes it; a message with ``"fds": [names]`` carries that many descriptors, sent
+with its frame's first byte (descriptors are queued as they arrive and taken in order, so a read
+that spans two frames cannot mismatch them). marshal, not JSON: it is built into the interpreter,
+and importing json (with re, which compiles its patterns at import) cost ~3-5 ms of every
+`egress run`, in the launcher's part of the sandbox's start, its longer one (bench/README.md,
+"Launch without pathlib and json"). marshal reads only what the same interpreter wrote (the
+installation key names it) and trusts its input: both ends are the same user outside every
+sandbox (the server checks each peer before reading: egress.warmserver), as with every other
+process of that user.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
+import marshal
 import os
 import socket
 import sys
@@ -38,10 +45,11 @@ import zlib
 
 # Paths are str here: `egress run` reads this module, and never imports pathlib (egress.state says why).
 
-PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
+PROTOCOL = 3  # 2: stdout and stderr come with a `stdio` op once the child serves; 3: marshal frames
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
 MAX_FDS = 8
+MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message (a request holds the environment and policy texts)
 SUN_PATH_MAX = 108  # sockaddr_un.sun_path, with its terminating NUL
 
 
@@ -62,7 +70,8 @@ def installation() -> dict:
 
 
 def installation_key(identity: dict) -> str:
-    text = "\0".join(identity[k] for k in ("python", "prefix", "egress", "sandbox"))
+    """With the protocol's version: a server speaking another never gets this installation's runs."""
+    text = "\0".join([*(identity[k] for k in ("python", "prefix", "egress", "sandbox")), str(PROTOCOL)])
     return f"{zlib.crc32(text.encode()):08x}"
 
 
@@ -100,8 +109,9 @@ def idle_seconds(environ=os.environ) -> float:
 
 
 def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
-    """One line; with ``fds``, the descriptors go with its first byte."""
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    """One frame; with ``fds``, the descriptors go with its first byte."""
+    body = marshal.dumps(message)
+    data = len(body).to_bytes(4, "big") + body
     if fds:
         import array
 
@@ -112,7 +122,7 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
 
 
 class Reader:
-    """Lines and the descriptors that came with them, from a stream socket."""
+    """Messages and the descriptors that came with them, from a stream socket."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -136,7 +146,7 @@ class Reader:
 
     def read(self) -> tuple[dict, list[int]] | None:
         """The next message and its descriptors (blocking as the socket does); None at EOF."""
-        while b"\n" not in self._buffer:
+        while not self._complete():
             if self.closed:
                 return None
             self._fill()
@@ -151,13 +161,28 @@ class Reader:
             except (BlockingIOError, InterruptedError):
                 pass
         messages = []
-        while b"\n" in self._buffer:
+        while self._complete():
             messages.append(self._pop())
         return messages
 
+    def _complete(self) -> bool:
+        """True if the buffer holds a whole frame. Raises WarmError for a length past MAX_MESSAGE."""
+        if len(self._buffer) < 4:
+            return False
+        size = int.from_bytes(self._buffer[:4], "big")
+        if size > MAX_MESSAGE:
+            raise WarmError(f"a message of {size} bytes (at most {MAX_MESSAGE})")
+        return len(self._buffer) >= 4 + size
+
     def _pop(self) -> tuple[dict, list[int]]:
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        message = json.loads(line)
+        size = int.from_bytes(self._buffer[:4], "big")
+        body, self._buffer = self._buffer[4:4 + size], self._buffer[4 + size:]
+        try:
+            message = marshal.loads(body)
+        except (ValueError, EOFError, TypeError) as e:
+            raise WarmError(f"an unreadable message ({e})") from None
+        if not isinstance(message, dict):
+            raise WarmError(f"a message that is no dict ({type(message).__name__})")
         count = len(message.get("fds", ()))
         if count > len(self._fds):
             raise WarmError(f"a message announced {count} descriptors and brought {len(self._fds)}")
@@ -239,6 +264,8 @@ def read_info(paths: Paths) -> dict | None:
     """The running server's record, or None if no server runs (a stale record is ignored)."""
     if not server_running(paths):
         return None
+    import json  # the record is JSON (for people and tools); only `egress doctor` reads it here
+
     try:
         with open(paths.info, encoding="utf-8") as f:
             return json.loads(f.read())
