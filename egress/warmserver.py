@@ -312,7 +312,6 @@ class Server:
         will come through (or its end, and then this child's)."""
         code = 1
         try:
-            _below_the_launchers()
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
@@ -406,16 +405,19 @@ def _refuse(conn: socket.socket, reason: str, message: str) -> None:
 
 
 def _below_the_launchers() -> None:
-    """A run's child (or spare) under a real-time policy goes one priority below the server's.
+    """Under a real-time policy, the server (and so its spares and runs' children) goes one
+    priority below the launcher that started it.
 
     A server started under a real-time policy (`chrt`, inherited from the launcher that started
-    it) forks its children with it. A run's child builds that run's proxy (5-10 ms of CPU) while
-    the launcher and its sandbox's helper and init work, at the same priority: a FIFO task is
-    never preempted by its equals, so on 2 CPUs the launcher, once it blocked for a moment (a
-    thread's start, a reply), waited for the build to end. Measured (bench/launch_phases.py
-    under chrt -f 20, a loaded machine): gaps of 24 and 11 ms in the launcher's steps, warm
-    126 ms against 84 ms with the child one below. Still real-time, the child stays ahead of
-    the machine's other jobs (its first request); at the lowest priority it takes the normal policy.
+    it) forked its children with it. A run's child builds that run's proxy (5-10 ms of CPU) while
+    the launcher and its sandbox's helper and init work, and the server forks the next spare (a
+    copy of ~90 MB) as a run ends, when the next launcher may be starting: at the launchers' own
+    priority. A FIFO task is never preempted by its equals, so on 2 CPUs a launcher that blocked
+    for a moment (a thread's start, a reply) waited for that work to end. Measured
+    (bench/launch_phases.py under chrt -f 20, a loaded machine): gaps of 24 and 11 ms in the
+    launcher's steps, and box.wait 12 ms where 1.6 was usual. One below, the server and its
+    children still run ahead of the machine's other jobs (a run's first request); at the lowest
+    priority they take the normal policy.
     """
     try:
         policy = os.sched_getscheduler(0)
@@ -469,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     lock = _lock(paths)
     if lock is None:
         return 0  # another server runs
+    _below_the_launchers()  # its spares and runs' children with it
     try:
         if os.path.samefile("/proc/self/fd/2", paths.log):
             os.ftruncate(2, 0)  # the log is this server's: a start that found the lock taken only appended
