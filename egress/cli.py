@@ -262,7 +262,8 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
                      help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
                           "(e.g. the CA of a proxy that re-signs TLS on your network)."),
-        click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+        # a str, as egress.entry makes it for `egress run` (which never imports pathlib)
+        click.option("--state-dir", type=click.Path(), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
                      show_default=True, type=click.IntRange(0),

@@ -45,9 +45,10 @@ class LaunchError(Exception):
 class RunOptions:
     """What `egress run` was asked to do. A plain class: a dataclass's import and generated
     methods cost ~10 ms of a ~40 ms `egress run -- true`. Its folders (project, add_dirs, the
-    proxy's state_dir) are kept as str, whatever PathLike they came as (click's are pathlib's):
-    `egress run` never imports pathlib, whose import (with urllib.parse, ipaddress, fnmatch and
-    ntpath) cost ~4-5 ms of every run (bench/README.md, "Launch without pathlib")."""
+    proxy's state_dir) are str, as both parsers (egress.entry, click) give them, or made str
+    from a caller's PathLike: `egress run` never imports pathlib, whose import (with urllib.parse,
+    ipaddress, fnmatch and ntpath) cost ~4-5 ms of every run (bench/README.md, "Launch without
+    pathlib and json")."""
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
                  "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",
@@ -70,8 +71,8 @@ class RunOptions:
         self.timeout = timeout
         self.fs_confinement = fs_confinement
         # the run's proxy, as `egress serve` takes it (egress.wiring); it listens only on the sandbox's socket
-        if proxy.state_dir is not None:  # as str, the same from click's Path as from egress.entry's str
-            proxy = proxy._replace(state_dir=os.path.normpath(proxy.state_dir))
+        if proxy.state_dir is not None and not isinstance(proxy.state_dir, str):  # a caller's Path
+            proxy = proxy._replace(state_dir=os.fspath(proxy.state_dir))
         self.proxy = proxy  # immutable: one default serves every RunOptions
         self.redact = redact  # the command's stdout and stderr pass through the secret redactor
         self.ask = ask  # "tty" | "never"; None: tty when egress run has a terminal
