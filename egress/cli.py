@@ -262,7 +262,8 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
                      help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
                           "(e.g. the CA of a proxy that re-signs TLS on your network)."),
-        click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
+        # a str, as egress.entry makes it for `egress run` (which never imports pathlib)
+        click.option("--state-dir", type=click.Path(), envvar="EGRESS_STATE_DIR",
                      help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
                      show_default=True, type=click.IntRange(0),
@@ -599,7 +600,7 @@ def _run_socket(run: str | None, state_dir: Path | None) -> Path:
             names = ", ".join(r["run"] for r in live) or "none"
             raise click.UsageError(f"name the run with --run ID (running: {names})")
         run = live[0]["run"]
-    path = runs_dir(state_dir) / f"{run}.sock"
+    path = Path(runs_dir(state_dir)) / f"{run}.sock"
     if not path.exists():
         raise click.UsageError(f"no run {run!r} is running (see `egress runs`)")
     return path
@@ -812,9 +813,9 @@ class ByteSize(click.ParamType):
 @policy_option
 @click.option("--allow", multiple=True, metavar="DOMAIN", help="Also allow DOMAIN (and its subdomains; =DOMAIN: that host only); repeatable.")
 @click.option("--deny", multiple=True, metavar="DOMAIN", help="Refuse DOMAIN (and its subdomains); wins over any allow.")
-@click.option("--project", type=click.Path(path_type=Path, file_okay=False), default=".",
+@click.option("--project", type=click.Path(file_okay=False), default=".",
               help="The folder the command may write to (default: the current directory); also its working directory.")
-@click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(path_type=Path, file_okay=False),
+@click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(file_okay=False),
               metavar="DIR", help="Another folder the command may write to; repeatable.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the command and everything it started after SECONDS; exit status 124.")

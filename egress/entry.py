@@ -159,19 +159,17 @@ def _convert(name: str, value: str):
             return parse_override(value)
         except ValueError:
             raise Unparsed(value) from None
-    # click.Path(path_type=Path): an existing path must be readable; "folder" (file_okay=False)
-    # must not be a regular file
-    from pathlib import Path
-
+    # click.Path: an existing path must be readable; "folder" (file_okay=False) must not be a
+    # regular file. As str: RunOptions keeps its folders as str (pathlib is never imported).
     try:
         info = os.stat(value)
     except OSError:
-        return Path(value)
+        return value
     import stat
 
     if (takes == "folder" and stat.S_ISREG(info.st_mode)) or not os.access(value, os.R_OK):
         raise Unparsed(value)
-    return Path(value)
+    return value
 
 
 def _overrides(pairs) -> dict:

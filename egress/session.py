@@ -28,7 +28,6 @@ lost.
 
 from __future__ import annotations
 
-import json
 import select
 import selectors
 import socket
@@ -54,6 +53,8 @@ class RemoteEvent:
         self.__dict__.update(fields)
 
     def to_json(self) -> str:
+        import json  # only for a follower of the control socket: `egress run` imports json no more
+
         return json.dumps(self.fields, separators=(",", ":"))
 
 

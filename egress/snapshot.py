@@ -18,8 +18,9 @@ launcher reads policy files through a :class:`PolicySnapshot`:
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
+# pathlib's Path (the policy loader's paths, in the annotations) is imported only where one is made:
+# `egress run` never imports pathlib (egress.state says why).
 # egress.policy is imported only when needed: every `egress run` makes a PolicySnapshot,
 # most never load a policy file, and that import costs ~20 ms.
 
@@ -73,6 +74,8 @@ class PolicySnapshot:
     def sealed(cls, recorded, frozen: Callable[[str], bool]) -> PolicySnapshot:
         """The snapshot another process sealed, from its :meth:`recorded` files, sealed with the
         same predicate (so the same files are served from their text, and new ones refused)."""
+        from pathlib import Path
+
         snapshot = cls()
         snapshot._texts = {key: (Path(resolved), text) for key, resolved, text in recorded}
         snapshot.seal(frozen)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 # Where distributions keep their bundle: Debian/Ubuntu/Alpine/Arch, Fedora/RHEL,
 # macOS/OpenBSD/Alpine, openSUSE. The first that exists is the system's.
@@ -51,7 +50,7 @@ class UpstreamTrust:
 
     __slots__ = ("cafile", "capath", "extra", "source")
 
-    def __init__(self, cafile: str, capath: str | None = None, extra: Path | None = None, source: str = ""):
+    def __init__(self, cafile: str, capath: str | None = None, extra: os.PathLike | None = None, source: str = ""):
         self.cafile, self.capath, self.extra, self.source = cafile, capath, extra, source
 
     def describe(self) -> str:
@@ -69,7 +68,7 @@ class UpstreamTrust:
         return [self.cafile] + ([str(self.extra)] if self.extra is not None else [])
 
 
-def upstream_trust(extra_ca: Path | str | None = None, environ=None) -> UpstreamTrust:
+def upstream_trust(extra_ca: os.PathLike | str | None = None, environ=None) -> UpstreamTrust:
     """The system's store as egress's environment names it, plus ``extra_ca``, all checked.
 
     Raises TrustError (one line naming the file and the problem).
@@ -95,6 +94,8 @@ def upstream_trust(extra_ca: Path | str | None = None, environ=None) -> Upstream
                 raise TrustError(f"SSL_CERT_DIR={capath} (egress's environment): {folder} is not a folder")
     extra = None
     if extra_ca is not None:
+        from pathlib import Path  # here: `egress run` never imports pathlib (egress.state says why)
+
         extra = Path(extra_ca)
         check_ca_file(str(extra), f"--upstream-ca {extra}", parse=True)
     return UpstreamTrust(cafile, capath, extra, source)
@@ -136,7 +137,7 @@ def check_ca_file(path: str, label: str, parse: bool = False) -> str:
     return text
 
 
-def proxy_locations(trust: UpstreamTrust, state_dir: Path) -> tuple[str, str | None]:
+def proxy_locations(trust: UpstreamTrust, state_dir: str | os.PathLike) -> tuple[str, str | None]:
     """(CA file, CA folder or None) for mitmproxy, which takes one of each.
 
     Without ``--upstream-ca`` the system's bundle is used where it lies; with it, the two
@@ -145,6 +146,9 @@ def proxy_locations(trust: UpstreamTrust, state_dir: Path) -> tuple[str, str | N
     """
     if trust.extra is None:
         return trust.cafile, trust.capath
+    from pathlib import Path
+
+    state_dir = Path(state_dir)
     try:
         bundle = "\n".join(Path(path).read_text(encoding="ascii", errors="replace") for path in trust.roots)
     except OSError as e:  # changed since it was checked

@@ -20,27 +20,36 @@ Files, in ``<state dir>/warm/`` (0700; the state folder is hidden from sandboxed
 ``<key>`` names the installation (interpreter and the folders egress and sandbox are
 imported from), so two installations sharing a state folder never use each other's code.
 
-The protocol is JSON lines; a line with ``"fds": [names]`` carries that many descriptors,
-sent with its first byte (descriptors are queued as they arrive and taken in order, so a
-read that spans two lines cannot mismatch them).
+The protocol is messages (dicts) in frames: 4 bytes of length (big-endian), then the message
+as `marshal` writes it; a message with ``"fds": [names]`` carries that many descriptors, sent
+with its frame's first byte (descriptors are queued as they arrive and taken in order, so a read
+that spans two frames cannot mismatch them). marshal, not JSON: it is built into the interpreter,
+and importing json (with re, which compiles its patterns at import) cost ~3-5 ms of every
+`egress run`, in the launcher's part of the sandbox's start, its longer one (bench/README.md,
+"Launch without pathlib and json"). marshal reads only what the same interpreter wrote (the
+installation key names it) and trusts its input: both ends are the same user outside every
+sandbox (the server checks each peer before reading: egress.warmserver), as with every other
+process of that user.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import json
+import marshal
 import os
 import socket
 import sys
 import time
 import zlib
-from pathlib import Path
 
-PROTOCOL = 2  # 2: stdout and stderr come with a `stdio` op once the child serves
+# Paths are str here: `egress run` reads this module, and never imports pathlib (egress.state says why).
+
+PROTOCOL = 3  # 2: stdout and stderr come with a `stdio` op once the child serves; 3: marshal frames
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
 MAX_FDS = 8
+MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message (a request holds the environment and policy texts)
 SUN_PATH_MAX = 108  # sockaddr_un.sun_path, with its terminating NUL
 
 
@@ -61,28 +70,31 @@ def installation() -> dict:
 
 
 def installation_key(identity: dict) -> str:
-    text = "\0".join(identity[k] for k in ("python", "prefix", "egress", "sandbox"))
+    """With the protocol's version: a server speaking another never gets this installation's runs."""
+    text = "\0".join([*(identity[k] for k in ("python", "prefix", "egress", "sandbox")), str(PROTOCOL)])
     return f"{zlib.crc32(text.encode()):08x}"
 
 
 class Paths:
     """The warm server's files for one state folder and installation."""
 
-    def __init__(self, state_dir: Path, key: str):
-        self.folder = Path(state_dir) / "warm"
-        self.socket = self.folder / f"{key}.sock"
-        self.lock = self.folder / f"{key}.lock"
-        self.info = self.folder / f"{key}.json"
-        self.log = self.folder / f"{key}.log"
+    def __init__(self, state_dir: str | os.PathLike, key: str):
+        self.state_dir = os.fspath(state_dir)
+        self.key = key
+        self.folder = os.path.join(self.state_dir, "warm")
+        self.socket = os.path.join(self.folder, f"{key}.sock")
+        self.lock = os.path.join(self.folder, f"{key}.lock")
+        self.info = os.path.join(self.folder, f"{key}.json")
+        self.log = os.path.join(self.folder, f"{key}.log")
 
     @classmethod
-    def for_state(cls, state_dir: Path | None) -> Paths:
+    def for_state(cls, state_dir: str | os.PathLike | None) -> Paths:
         from .state import state_dir as default_state_dir
 
-        return cls(Path(state_dir or default_state_dir()).absolute(), installation_key(installation()))
+        return cls(os.path.abspath(state_dir or default_state_dir()), installation_key(installation()))
 
     def make_folder(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.makedirs(self.folder, mode=0o700, exist_ok=True)
         os.chmod(self.folder, 0o700)
 
 
@@ -97,8 +109,9 @@ def idle_seconds(environ=os.environ) -> float:
 
 
 def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
-    """One line; with ``fds``, the descriptors go with its first byte."""
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    """One frame; with ``fds``, the descriptors go with its first byte."""
+    body = marshal.dumps(message)
+    data = len(body).to_bytes(4, "big") + body
     if fds:
         import array
 
@@ -109,7 +122,7 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
 
 
 class Reader:
-    """Lines and the descriptors that came with them, from a stream socket."""
+    """Messages and the descriptors that came with them, from a stream socket."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -133,7 +146,7 @@ class Reader:
 
     def read(self) -> tuple[dict, list[int]] | None:
         """The next message and its descriptors (blocking as the socket does); None at EOF."""
-        while b"\n" not in self._buffer:
+        while not self._complete():
             if self.closed:
                 return None
             self._fill()
@@ -148,13 +161,28 @@ class Reader:
             except (BlockingIOError, InterruptedError):
                 pass
         messages = []
-        while b"\n" in self._buffer:
+        while self._complete():
             messages.append(self._pop())
         return messages
 
+    def _complete(self) -> bool:
+        """True if the buffer holds a whole frame. Raises WarmError for a length past MAX_MESSAGE."""
+        if len(self._buffer) < 4:
+            return False
+        size = int.from_bytes(self._buffer[:4], "big")
+        if size > MAX_MESSAGE:
+            raise WarmError(f"a message of {size} bytes (at most {MAX_MESSAGE})")
+        return len(self._buffer) >= 4 + size
+
     def _pop(self) -> tuple[dict, list[int]]:
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        message = json.loads(line)
+        size = int.from_bytes(self._buffer[:4], "big")
+        body, self._buffer = self._buffer[4:4 + size], self._buffer[4 + size:]
+        try:
+            message = marshal.loads(body)
+        except (ValueError, EOFError, TypeError) as e:
+            raise WarmError(f"an unreadable message ({e})") from None
+        if not isinstance(message, dict):
+            raise WarmError(f"a message that is no dict ({type(message).__name__})")
         count = len(message.get("fds", ()))
         if count > len(self._fds):
             raise WarmError(f"a message announced {count} descriptors and brought {len(self._fds)}")
@@ -175,7 +203,7 @@ def connect(paths: Paths) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        sock.connect(str(paths.socket))
+        sock.connect(paths.socket)
     except OSError:  # no socket (ENOENT), a dead server's (ECONNREFUSED), a full backlog (EAGAIN)
         sock.close()
         return None
@@ -208,17 +236,17 @@ def spawn(paths: Paths, idle: float) -> int | None:
     try:
         paths.make_folder()
         identity = installation()
-        pythonpath = [str(Path(identity["egress"]).parent), str(Path(identity["sandbox"]).parent)]
+        pythonpath = [os.path.dirname(identity["egress"]), os.path.dirname(identity["sandbox"])]
         pythonpath += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
                "PYTHONPATH": os.pathsep.join(dict.fromkeys(pythonpath)), "PYTHONSAFEPATH": "1"}
         if "HOME" in os.environ:
             env["HOME"] = os.environ["HOME"]
-        argv = [sys.executable, "-m", "egress.warmserver", "--state-dir", str(paths.folder.parent),
-                "--key", paths.socket.stem, "--idle", f"{idle:g}"]
+        argv = [sys.executable, "-m", "egress.warmserver", "--state-dir", paths.state_dir,
+                "--key", paths.key, "--idle", f"{idle:g}"]
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                   (os.POSIX_SPAWN_OPEN, 2, str(paths.log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)]
+                   (os.POSIX_SPAWN_OPEN, 2, paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)]
         return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
     except OSError:
         return None
@@ -236,8 +264,11 @@ def read_info(paths: Paths) -> dict | None:
     """The running server's record, or None if no server runs (a stale record is ignored)."""
     if not server_running(paths):
         return None
+    import json  # the record is JSON (for people and tools); only `egress doctor` reads it here
+
     try:
-        return json.loads(paths.info.read_text())
+        with open(paths.info, encoding="utf-8") as f:
+            return json.loads(f.read())
     except (OSError, ValueError):
         return None
 
@@ -267,7 +298,7 @@ class Handover:
         self._lock = threading.Lock()
 
     @classmethod
-    def offer(cls, state_dir: Path | None, request: dict, fds: dict[str, int]) -> Handover | None:
+    def offer(cls, state_dir: str | os.PathLike | None, request: dict, fds: dict[str, int]) -> Handover | None:
         """Send the run's request to the warm server now, or start one; None if the state
         folder cannot hold one (the run is then served in-process)."""
         try:

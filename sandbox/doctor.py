@@ -365,7 +365,7 @@ def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check
 
     checks = []
     ca = ca_cert_path(state_dir)
-    if ca.is_file():
+    if os.path.isfile(ca):
         checks.append(Check("proxy CA", "ok", f"present: {ca} (clients trust it for intercepted TLS)"))
     else:
         checks.append(Check("proxy CA", "warning", f"not created yet: {ca}",

@@ -15,7 +15,8 @@ temporary folder (``WGETRC``, ``APT_CONFIG``), the user's own settings first and
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+# Paths are str (os.PathLike taken): `egress run` never imports pathlib (egress.state says why).
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy",
                    "npm_config_proxy", "npm_config_https_proxy", "CARGO_HTTP_PROXY", "PIP_PROXY",
@@ -54,17 +55,27 @@ RUNTIME_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "~/.nvm/current/bin", "~/
                 "~/.volta/bin", "~/.local/share/mise/shims", "~/.asdf/shims", "~/.pyenv/shims", "~/.rbenv/shims",
                 "~/.cargo/bin", "~/go/bin", "~/.bun/bin", "~/.deno/bin", "~/.local/bin")
 
-def trust_bundle(roots: list[str], egress_ca: Path, target: Path) -> Path:
+def trust_bundle(roots: list[str], egress_ca: str | os.PathLike, target: str | os.PathLike) -> str | os.PathLike:
     """Write one bundle: the roots egress trusts upstream (egress.trust: the system's CAs and
     --upstream-ca; passthrough hosts are verified by the command itself) and egress's CA."""
-    parts = [Path(path).read_text(encoding="utf-8", errors="replace") for path in roots]
-    parts.append(egress_ca.read_text(encoding="utf-8"))
-    target.write_text("\n".join(parts), encoding="utf-8")
+    parts = [_read(path, errors="replace") for path in roots]
+    parts.append(_read(egress_ca))
+    _write(target, "\n".join(parts))
     return target
 
 
-def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundle: Path | None,
-                        tmpdir: Path, files: dict, home: str | None = None) -> dict[str, str]:
+def _read(path: str | os.PathLike, errors: str = "strict") -> str:
+    with open(path, encoding="utf-8", errors=errors) as f:
+        return f.read()
+
+
+def _write(path: str | os.PathLike, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundle: str | os.PathLike | None,
+                        tmpdir: str | os.PathLike, files: dict, home: str | None = None) -> dict[str, str]:
     """The command's environment: ``base`` with every proxy, CA and cache variable decided here.
 
     The files it names (wgetrc, apt's configuration) are put in ``files`` ({path: text, or None
@@ -92,12 +103,13 @@ def command_environment(base: dict[str, str], *, proxy_url: str | None, ca_bundl
                             no_proxy=env["no_proxy"], files=files))
 
     env.update(FAIL_FAST)
-    caches = tmpdir / "cache"
+    tmpdir = os.fspath(tmpdir)
+    caches = os.path.join(tmpdir, "cache")
     env.update({
-        "TMPDIR": str(tmpdir), "TMP": str(tmpdir), "TEMP": str(tmpdir),
-        "PIP_CACHE_DIR": str(caches / "pip"), "npm_config_cache": str(caches / "npm"),
-        "YARN_CACHE_FOLDER": str(caches / "yarn"), "XDG_CACHE_HOME": str(caches),
-        "GOCACHE": str(caches / "go-build"), "GOMODCACHE": str(caches / "go-mod"),
+        "TMPDIR": tmpdir, "TMP": tmpdir, "TEMP": tmpdir,
+        "PIP_CACHE_DIR": os.path.join(caches, "pip"), "npm_config_cache": os.path.join(caches, "npm"),
+        "YARN_CACHE_FOLDER": os.path.join(caches, "yarn"), "XDG_CACHE_HOME": caches,
+        "GOCACHE": os.path.join(caches, "go-build"), "GOMODCACHE": os.path.join(caches, "go-mod"),
     })
     env["PATH"] = extended_path(base.get("PATH", "/usr/local/bin:/usr/bin:/bin"), home or base.get("HOME"))
     return env
@@ -107,17 +119,18 @@ APT_PARTS = "/etc/apt/apt.conf.d/"  # apt's defaults for Dir::Etc::parts and Dir
 APT_MAIN = "/etc/apt/apt.conf"
 
 
-def client_files(tmpdir: Path, base: dict[str, str], home: str | None, *, proxy_url: str | None,
-                 ca_bundle: Path | None, no_proxy: str, files: dict) -> dict[str, str]:
+def client_files(tmpdir: str | os.PathLike, base: dict[str, str], home: str | None, *, proxy_url: str | None,
+                 ca_bundle: str | os.PathLike | None, no_proxy: str, files: dict) -> dict[str, str]:
     """The wget and apt configuration files for the run, put in ``files`` (see
     command_environment); returns the variables naming them."""
     env = {}
+    tmpdir = os.fspath(tmpdir)
     if proxy_url:
-        env["WGETRC"] = str(wgetrc(tmpdir / "wgetrc", _user_wgetrc(base, home), proxy_url=proxy_url,
-                                   ca_bundle=ca_bundle, no_proxy=no_proxy, files=files))
-    if os.path.isdir(APT_PARTS) and _apt_quotable(str(tmpdir)):
-        env["APT_CONFIG"] = str(apt_config(tmpdir / "apt.conf", tmpdir / "apt.conf.d", base.get("APT_CONFIG"),
-                                           proxy_url=proxy_url, ca_bundle=ca_bundle, files=files))
+        env["WGETRC"] = wgetrc(os.path.join(tmpdir, "wgetrc"), _user_wgetrc(base, home), proxy_url=proxy_url,
+                               ca_bundle=ca_bundle, no_proxy=no_proxy, files=files)
+    if os.path.isdir(APT_PARTS) and _apt_quotable(tmpdir):
+        env["APT_CONFIG"] = apt_config(os.path.join(tmpdir, "apt.conf"), os.path.join(tmpdir, "apt.conf.d"),
+                                       base.get("APT_CONFIG"), proxy_url=proxy_url, ca_bundle=ca_bundle, files=files)
     return env
 
 
@@ -127,10 +140,10 @@ def write_files(files: dict) -> None:
         if text is None:
             os.mkdir(path)
         else:
-            Path(path).write_text(text, encoding="utf-8")
+            _write(path, text)
 
 
-def _put(target: Path, text: str, files: dict) -> Path:
+def _put(target: str, text: str, files: dict) -> str:
     files[target] = text
     return target
 
@@ -141,13 +154,13 @@ def _user_wgetrc(base: dict[str, str], home: str | None) -> str:
     if not path:
         return ""
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        return _read(path, errors="replace")
     except OSError:
         return ""
 
 
-def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | None, no_proxy: str,
-           files: dict) -> Path:
+def wgetrc(target: str, user_text: str, *, proxy_url: str, ca_bundle: str | os.PathLike | None, no_proxy: str,
+           files: dict) -> str:
     """wget's rc file for the run: the user's own settings, then egress's, which win.
 
     WGETRC replaces ~/.wgetrc (/etc/wgetrc is still read first), and wget applies the lines in
@@ -161,8 +174,8 @@ def wgetrc(target: Path, user_text: str, *, proxy_url: str, ca_bundle: Path | No
     return _put(target, "\n".join(lines).lstrip("\n") + "\n", files)
 
 
-def apt_config(target: Path, empty_dir: Path, caller_config: str | None, *, proxy_url: str | None,
-               ca_bundle: Path | None, files: dict) -> Path:
+def apt_config(target: str, empty_dir: str, caller_config: str | None, *, proxy_url: str | None,
+               ca_bundle: str | os.PathLike | None, files: dict) -> str:
     """apt's configuration for the run: the system's own, then egress's settings, which win.
 
     apt reads $APT_CONFIG *first*, then Dir::Etc::parts (/etc/apt/apt.conf.d) and Dir::Etc::main

@@ -20,7 +20,6 @@ import os
 import signal
 import stat
 import sys
-from pathlib import Path
 
 from egress.contract import (DEFAULT_NETWORK, EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, NETWORK_MODES,
                              PROXY_MODE_ENV, PROXY_MODES)
@@ -45,15 +44,19 @@ class LaunchError(Exception):
 
 class RunOptions:
     """What `egress run` was asked to do. A plain class: a dataclass's import and generated
-    methods cost ~10 ms of a ~40 ms `egress run -- true`."""
+    methods cost ~10 ms of a ~40 ms `egress run -- true`. Its folders (project, add_dirs, the
+    proxy's state_dir) are str, as both parsers (egress.entry, click) give them, or made str
+    from a caller's PathLike: `egress run` never imports pathlib, whose import (with urllib.parse,
+    ipaddress, fnmatch and ntpath) cost ~4-5 ms of every run (bench/README.md, "Launch without
+    pathlib and json")."""
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
                  "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",
                  "provider", "image", "mounts", "persist")
 
     def __init__(self, argv: list[str], network: str | None = None, policies: list[str] = (),
-                 allow: list[str] = (), deny: list[str] = (), project: Path | None = None,
-                 add_dirs: list[Path] = (), timeout: float | None = None, fs_confinement: bool = True,
+                 allow: list[str] = (), deny: list[str] = (), project: str | os.PathLike | None = None,
+                 add_dirs: list[str | os.PathLike] = (), timeout: float | None = None, fs_confinement: bool = True,
                  proxy: ProxyConfig = ProxyConfig(), redact: bool = False, ask: str | None = None,
                  proxy_mode: str | None = None, agent: bool = False, max_output: int | None = None,
                  guard_commands: bool = False, provider: str | None = None, image: str | None = None,
@@ -63,11 +66,13 @@ class RunOptions:
         self.policies = list(policies)
         self.allow = list(allow)
         self.deny = list(deny)
-        self.project = Path.cwd() if project is None else project
-        self.add_dirs = list(add_dirs)
+        self.project = os.getcwd() if project is None else os.fspath(project)
+        self.add_dirs = [os.fspath(directory) for directory in add_dirs]
         self.timeout = timeout
         self.fs_confinement = fs_confinement
         # the run's proxy, as `egress serve` takes it (egress.wiring); it listens only on the sandbox's socket
+        if proxy.state_dir is not None and not isinstance(proxy.state_dir, str):  # a caller's Path
+            proxy = proxy._replace(state_dir=os.fspath(proxy.state_dir))
         self.proxy = proxy  # immutable: one default serves every RunOptions
         self.redact = redact  # the command's stdout and stderr pass through the secret redactor
         self.ask = ask  # "tty" | "never"; None: tty when egress run has a terminal
@@ -81,7 +86,7 @@ class RunOptions:
         self.persist = list(persist)  # podman, docker: named volumes kept at /persist/NAME
 
     @property
-    def state_dir(self) -> Path | None:
+    def state_dir(self) -> str | None:
         return self.proxy.state_dir
 
     def settled(self, user=None) -> RunOptions:
@@ -383,11 +388,11 @@ def run(options: RunOptions, platform=None) -> int:
     if options.proxy.listen is not None:  # the run's proxy serves its sandbox, and nothing else
         raise LaunchError("egress run's proxy listens only inside the sandbox; use egress serve to listen")
     where = proxy_mode(options, platform)
-    project = options.project.resolve()
-    if not project.is_dir():
+    project = os.path.realpath(options.project)  # as pathlib's Path.resolve()
+    if not os.path.isdir(project):
         raise LaunchError(f"the project folder {options.project} does not exist")
     for directory in options.add_dirs:
-        if not directory.is_dir():
+        if not os.path.isdir(directory):
             raise LaunchError(f"--add-dir {directory} does not exist")
     reader = policy_reader()
     user = user_policy(options, reader)
@@ -412,7 +417,7 @@ def run(options: RunOptions, platform=None) -> int:
     from sandbox.spec import SandboxError, SandboxSpec
 
     run_id = os.urandom(6).hex()
-    tmpdir = Path(_private_folder(f"egress-run-{run_id}-"))
+    tmpdir = _private_folder(f"egress-run-{run_id}-")
     session = box = control = builder = terminal = handover = listener = None
     try:
         ca_bundle = egress_ca = None
@@ -438,7 +443,7 @@ def run(options: RunOptions, platform=None) -> int:
                 egress_ca = ensure_ca(options.state_dir)
             except StateError as e:
                 raise LaunchError(str(e)) from None
-            ca_bundle = tmpdir / "ca-bundle.pem"
+            ca_bundle = os.path.join(tmpdir, "ca-bundle.pem")
         # The files the command's environment names: where the platform holds the command back
         # until box.ready() (Linux), written while its sandbox is made (below), else now.
         files: dict = {}
@@ -453,19 +458,19 @@ def run(options: RunOptions, platform=None) -> int:
         held = getattr(platform, "holds_until_ready", False)
         if not held:
             _write_files(builder, egress_ca, ca_bundle, files)
-        (tmpdir / "cache").mkdir()
+        os.mkdir(os.path.join(tmpdir, "cache"))
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
-        writable = [str(project), str(tmpdir), *map(str, options.add_dirs)]
+        writable = [project, tmpdir, *options.add_dirs]
         own_code = protect_own_code(writable)
         # every host folder the command can write, a container's writable mounts included
         writable_anywhere = writable + list(getattr(platform, "writable_elsewhere", list)())
         refusal = secret_file_refusal(credentials, writable_anywhere, own_code)
         if refusal is not None:
             raise LaunchError(refusal)
-        spec = SandboxSpec(argv=options.argv, env=env, cwd=str(project),
+        spec = SandboxSpec(argv=options.argv, env=env, cwd=project,
                            writable=writable, read_only=own_code,
                            network=networked, proxy_port=listener.port or 3128,  # (any port without network)
-                           capture=networked and platform.capture, socket_dirs=[str(tmpdir)],
+                           capture=networked and platform.capture, socket_dirs=[tmpdir],
                            fs_confinement=options.fs_confinement,
                            # The command never sees egress's state (control sockets, the CA's key)
                            # nor a secret file bound to hosts (it reads the placeholder instead).
@@ -534,7 +539,7 @@ def run(options: RunOptions, platform=None) -> int:
         elif status != 0 and session is not None and box.direct_attempts() and not session.saw_connection():
             # It failed, egress's proxy never saw it, and it tried the network around it: a
             # client that ignores the proxy variables (node's fetch() before Node 22.21/24.5).
-            say(environment.direct_connection_hint(options.argv[0], env["PATH"], str(project), env["HTTPS_PROXY"]))
+            say(environment.direct_connection_hint(options.argv[0], env["PATH"], project, env["HTTPS_PROXY"]))
         if session is not None and session.error is not None:
             say(f"egress: the proxy failed: {session.error}")
         return status
@@ -553,7 +558,7 @@ def run(options: RunOptions, platform=None) -> int:
             listener.close()
         if terminal is not None:
             terminal.restore()
-        _remove_tree(str(tmpdir))
+        _remove_tree(tmpdir)
 
 
 def _write_files(builder, egress_ca, ca_bundle, files: dict) -> None:
@@ -672,7 +677,7 @@ def secret_file_refusal(credentials, trees: list[str], read_only: list[str]) -> 
     return None
 
 
-def _state_dir(options: RunOptions) -> Path:
+def _state_dir(options: RunOptions) -> str:
     from egress.state import state_dir
 
     return options.state_dir or state_dir()

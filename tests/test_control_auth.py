@@ -126,7 +126,7 @@ def test_each_way_of_finding_the_peer_sees_its_namespace(tmp_path, unshare, find
 
 def test_a_peer_that_is_gone_is_refused(server):
     # The client connects, sends, and exits (and is reaped) before anyone looks at it.
-    sock_path = server.path.parent / "gone.sock"
+    sock_path = os.path.join(os.path.dirname(server.path), "gone.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(str(sock_path))
         listener.listen(1)

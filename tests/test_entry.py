@@ -13,6 +13,7 @@ import sandbox.launcher
 from conftest import clean_env
 from egress import cli
 from egress.entry import Unparsed, parse_run
+from egress.state import ensure_ca
 
 
 def by_click(args: list[str], env: dict, monkeypatch):
@@ -99,11 +100,16 @@ def test_a_bad_environment_value_goes_to_click(places):
 @pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 def test_the_egress_command_runs_without_click_and_still_reports_usage_errors_with_it(tmp_path):
     env = clean_env(tmp_path, PYTHONPATH=os.getcwd(), EGRESS_STATE_DIR=str(tmp_path / "state"), EGRESS_PROXY="lazy")
-    fast = subprocess.run([sys.executable, "-X", "importtime", "-m", "egress", "run", "--", "sh", "-c", "exit 7"],
+    # -S: no site (an editable install's finder imports pathlib and re first), so every import
+    # listed is the launcher's own; the CA is made first (making it takes mitmproxy, from site-packages)
+    ensure_ca(str(tmp_path / "state"))
+    fast = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "egress", "run", "--", "sh", "-c", "exit 7"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert fast.returncode == 7, fast.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in fast.stderr.splitlines() if line.startswith("import time:")}
     assert "sandbox.launcher" in imported and "click" not in imported
+    # each cost the launcher ~3-5 ms (bench/README.md, "Launch without pathlib and json")
+    assert not imported & {"pathlib", "json", "re"}, imported & {"pathlib", "json", "re"}
     usage = subprocess.run([sys.executable, "-m", "egress", "run", "--bogus", "--", "true"], capture_output=True,
                            text=True, timeout=120, env=env, cwd=tmp_path)
     assert usage.returncode == 2 and "No such option '--bogus'" in usage.stderr

@@ -14,6 +14,7 @@ import re
 import socket
 import time
 import typing
+from pathlib import Path
 
 import pytest
 from mitmproxy import connection, exceptions, http
@@ -151,7 +152,7 @@ def test_the_ca_is_loaded_once_per_file_version(tmp_path):
 
     first = asyncio.run(store())
     assert asyncio.run(store()) is first
-    key = ca_dir(state) / "mitmproxy-ca.pem"
+    key = Path(ca_dir(state)) / "mitmproxy-ca.pem"
     key.write_bytes(key.read_bytes())  # a new version of the file (mtime): loaded anew
     later = asyncio.run(store())
     assert later is not first and later.default_ca.serial == first.default_ca.serial

@@ -198,7 +198,7 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
     [config] = made
     expected = cli.proxy_config(metrics="127.0.0.1:0", audit_log=str(tmp_path / "a.jsonl"),
                                 overrides=("a.test:127.0.0.1",), dns_server="127.0.0.1:5353", dns_timeout=2,
-                                upstream_timeout=3, state_dir=tmp_path / "state")
+                                upstream_timeout=3, state_dir=str(tmp_path / "state"))
     listen = ("127.0.0.1", 8080) if command == "serve" else None
     # serve's front (egress.front) answers passthrough CONNECTs; run's proxy has none
     assert config == expected._replace(listen=listen, front=command == "serve")
