@@ -243,25 +243,33 @@ def test_ca_file(test_ca, tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def http_upstream():
-    upstream = _start_upstream(None)
-    yield upstream
+def start_upstream(test_ca=None) -> Upstream:
+    """An upstream on 127.0.0.1:0: HTTPS for TEST_NAMES with a certificate from ``test_ca``, else plain HTTP."""
+    context = None
+    if test_ca is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        test_ca.issue_cert(*TEST_NAMES, "127.0.0.1").configure_cert(context)
+    return _start_upstream(context)
+
+
+def stop_upstream(upstream: Upstream) -> None:
     upstream.release.set()
     upstream.server.shutdown()
     upstream.server.server_close()
+
+
+@pytest.fixture
+def http_upstream():
+    upstream = start_upstream()
+    yield upstream
+    stop_upstream(upstream)
 
 
 @pytest.fixture
 def https_upstream(test_ca):
-    cert = test_ca.issue_cert(*TEST_NAMES, "127.0.0.1")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    cert.configure_cert(context)
-    upstream = _start_upstream(context)
+    upstream = start_upstream(test_ca)
     yield upstream
-    upstream.release.set()
-    upstream.server.shutdown()
-    upstream.server.server_close()
+    stop_upstream(upstream)
 
 
 # ---------------------------------------------------------------------- proxy
@@ -396,11 +404,15 @@ def proxy_factory(tmp_path, test_ca_file):
     for proxy in started:
         stop_proxy(proxy)
     for proxy in started:
-        # An exception inside an addon, or in mitmproxy's own layers ("mitmproxy has crashed!",
-        # "connection handler has crashed"), is logged, not raised: make it fail the test.
-        errors = [line for line in proxy.stderr_lines
-                  if "Addon error" in line or "Traceback" in line or "has crashed" in line]
-        assert not errors, "".join(proxy.stderr_lines)
+        assert_no_crash(proxy)
+
+
+def assert_no_crash(proxy: ProxyProcess) -> None:
+    """An exception inside an addon, or in mitmproxy's own layers ("mitmproxy has crashed!",
+    "connection handler has crashed"), is logged, not raised: make it fail the test."""
+    errors = [line for line in proxy.stderr_lines
+              if "Addon error" in line or "Traceback" in line or "has crashed" in line]
+    assert not errors, "".join(proxy.stderr_lines)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
+from conftest import assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
 
 NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
@@ -330,25 +330,38 @@ CASES = [  # (case, served by the front)
 ]
 
 
-@pytest.fixture(params=LOOPBACKS)
-def setup(request, proxy_factory, https_upstream, http_upstream, test_ca_file, curl_path, tmp_path):
+@pytest.fixture(scope="module", params=LOOPBACKS)
+def setup(request, test_ca, test_ca_file, curl_path, tmp_path_factory):
     # Both serves listen on request.param (127.0.0.1 or ::1); upstreams are on 127.0.0.1, and
-    # with IPv6, an echo server on ::1 too.
-    echo = Echo()
+    # with IPv6, an echo server on ::1 too. One pair for all the cases of a loopback: observe()
+    # takes what changed during its case (events, metric deltas), and a pair started for each
+    # case was ~5 s of setup, 48 times (a tenth of the whole suite's time).
+    home = tmp_path_factory.mktemp("front")
+    https, http, echo = start_upstream(test_ca), start_upstream(), Echo()
     echo6 = Echo("::1") if NO_IPV6 is None else None
     with socket.create_server(("127.0.0.1", 0)) as s:
         closed = s.getsockname()[1]
     text = policy(echo.port)
     extra = ("--listen", listen_arg(request.param), "--resolve", f"{V6_NAME}:[::1]")
-    front = proxy_factory(text, *extra, names=NAMES)
-    mitm = proxy_factory(text, *extra, names=NAMES, env=OFF)
-    assert listen_host(front) == listen_host(mitm) == request.param
-    ctx = {"https": https_upstream, "http": http_upstream, "echo": echo, "echo6": echo6, "closed": closed,
-           "test_ca": test_ca_file, "curl": curl_path, "home": tmp_path}
-    yield front, mitm, ctx
-    echo.close()
-    if echo6 is not None:
-        echo6.close()
+    pair = []
+    try:
+        for name, env in (("proxy0", None), ("proxy1", OFF)):  # observe() reads /proxyN/ in rules' paths
+            (home / name).mkdir()
+            pair.append(start_proxy(home / name, text, *extra, upstream_ca=test_ca_file, names=NAMES, env=env))
+        front, mitm = pair
+        assert listen_host(front) == listen_host(mitm) == request.param
+        yield front, mitm, {"https": https, "http": http, "echo": echo, "echo6": echo6, "closed": closed,
+                            "test_ca": test_ca_file, "curl": curl_path, "home": home}
+    finally:
+        for proxy in pair:
+            stop_proxy(proxy)
+        for upstream in (https, http):
+            stop_upstream(upstream)
+        for server in (echo, echo6):
+            if server is not None:
+                server.close()
+    for proxy in pair:
+        assert_no_crash(proxy)
 
 
 @pytest.mark.parametrize("case,by_front", CASES, ids=[c.__name__ for c, _ in CASES])
