@@ -635,8 +635,12 @@ class _Relay:
 
     def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, scan: _BodyScan, echo: bool = False):
         self.guard, self.flow, self.host, self.scan, self.echo = guard, flow, host, scan, echo
-        self.held = b""
-        self.offset = 0  # stream offset of held[0]
+        # The chunks not relayed yet, as they came: a list, not one bytes grown by +=, which
+        # copied everything held (up to SCAN_BATCH + overlap) for every chunk and again to cut
+        # off what was relayed -- 3.9% of the proxy's samples in an 8 MiB upload (py-spy).
+        self.held: list[bytes] = []
+        self.held_len = 0
+        self.offset = 0  # stream offset of the first held byte
         self.stopped = False
 
     def __call__(self, chunk: bytes) -> bytes | list:
@@ -649,22 +653,47 @@ class _Relay:
             return self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
         except _OverBudget as e:
             return self._stop(f"{where} could not be scanned in time ({e})")
-        self.held += chunk
+        if chunk:
+            self.held.append(chunk)
+            self.held_len += len(chunk)
         if findings:
             if not self.echo or self.scan.decoder is not None:
                 return self._stop(f"{findings[0].kind} {'given back ' if self.echo else ''}in {where}")
-            put_back = self.guard._put_back(self.held, findings, self.offset)
+            put_back = self.guard._put_back(b"".join(self.held), findings, self.offset)
             if put_back is None:
                 return self._stop(f"{findings[0].kind} given back in {where}")
-            self.held = put_back
-        upto = self.scan.releasable - self.offset
-        out, self.held = self.held[:upto], self.held[upto:]
+            self.held = [put_back]
+        return self._release(self.scan.releasable - self.offset)
+
+    def _release(self, upto: int) -> bytes | list:
+        """The first ``upto`` held bytes, taken off the held chunks ([] for none)."""
+        if upto <= 0:
+            return []
+        held = self.held
+        if upto >= self.held_len:
+            if not held:
+                return []
+            out = held[0] if len(held) == 1 else b"".join(held)
+            self.held = []
+        else:
+            k, n = 0, 0
+            while n + len(held[k]) <= upto:
+                n += len(held[k])
+                k += 1
+            cut = upto - n  # within held[k]
+            parts = held[:k]
+            if cut:
+                parts.append(held[k][:cut])
+                held[k] = held[k][cut:]
+            del held[:k]
+            out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.held_len -= len(out)
         self.offset += len(out)
-        return out or []
+        return out
 
     def _stop(self, detail: str) -> list:
         self.stopped = True
-        self.held = b""
+        self.held, self.held_len = [], 0
         self.guard._refuse(self.flow, self.host, detail, stage="response" if self.echo else "stream")
         return []
 

@@ -245,6 +245,30 @@ def test_one_byte_chunks_are_scanned_linearly_and_pass():
     assert setup.events == [] and not flow_state(flow).refused
 
 
+@pytest.mark.parametrize("sizes", [(65536,), (16384,), (1, 70000, 3), (300_000,), (262144, 16384, 7)],
+                         ids=lambda s: "+".join(map(str, s)))
+def test_a_streamed_clean_body_is_relayed_byte_for_byte_whatever_the_chunks(sizes):
+    # The relay keeps the chunks it holds as they came and cuts them where the scanner
+    # has settled: every byte goes out once, in order, never before it is settled.
+    body = fake("", 900_000, string.ascii_lowercase + " /\n").encode()  # clean: no run, no escape
+    chunks, k = [], 0
+    while k < len(body):
+        n = sizes[len(chunks) % len(sizes)]
+        chunks.append(body[k:k + n])
+        k += n
+    setup = Setup()
+    flow = streaming_flow(setup)
+    function, sent = flow.request.stream, []
+    for chunk in chunks:
+        out = function(chunk)
+        out = [out] if isinstance(out, bytes) else out
+        assert all(out)
+        sent += out
+        assert len(b"".join(sent)) <= getattr(function, "inner", function).scan.releasable
+    assert b"".join(sent) + relay(function, []) == body
+    assert setup.events == [] and not flow_state(flow).refused
+
+
 # ------------------------------------------------------------ the time budget
 
 
