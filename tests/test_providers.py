@@ -380,7 +380,10 @@ def test_the_memory_cap_holds(tmp_path, engine):
     # one 200 MB line held by tail: more than the cap, and swap is capped equally: killed (128+9)
     result = in_container(tmp_path, engine, "sh", "-c",
                           "head -c 200000000 /dev/zero | tail -n 1 >/dev/null; echo $?", policy=policy)
-    assert result.stdout.strip() == "137", (result.returncode, result.stdout, result.stderr[-300:])
+    # the kernel's OOM killer takes tail (the shell says 137), or the whole container at once
+    # (seen once with docker, two test workers on two cores: the run ended 137, nothing printed)
+    killed = result.stdout.strip() == "137" or (result.returncode == 137 and result.stdout == "")
+    assert killed, (result.returncode, result.stdout, result.stderr[-300:])
 
 
 def test_timeout_kills_the_container(tmp_path, engine):
