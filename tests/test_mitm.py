@@ -78,6 +78,43 @@ class Answer:
         flow.response = http.Response.make(200, b"answered by the addon")
 
 
+class AnswerAtTheHead:
+    """Answers at requestheaders, as egress's refusals do, and marks the body for streaming
+    (what mitmproxy's stream_large_bodies does for a body over its size)."""
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        flow.response = http.Response.make(403, b"refused at the head")
+        flow.request.stream = True
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_answer_set_at_the_head_of_a_streamed_body_is_sent_at_once(confdir, framing):
+    # mitmproxy alone raised "Can't set a response and enable streaming" once per chunk and never
+    # answered (egress.mitm._answer_before_body). Its own HttpStream, as new_master patches it:
+    # a mitmproxy upgrade that renames or reshapes start_request_stream fails here first.
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    body = b"x" * (2 * 2**20)
+    if framing == "chunked":
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in
+                         (body[k:k + 65536] for k in range(0, len(body), 65536))) + b"0\r\n\r\n"
+        head = b"Transfer-Encoding: chunked\r\n"
+    else:
+        framed, head = body, b"Content-Length: %d\r\n" % len(body)
+
+    async def body_of(master, own, addresses):
+        port = addresses[0][1]
+        request = b"POST http://upload.test/ HTTP/1.1\r\nHost: upload.test\r\n" + head + b"\r\n" + framed
+        return await asyncio.to_thread(exchange, port, request)
+
+    answer = run_master(confdir, body_of, AnswerAtTheHead())
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 403 Forbidden", answer[:200]
+    assert b"connection: close" in rest.lower().split(b"\r\n\r\n")[0]
+    assert answer.endswith(b"refused at the head")
+    assert hasattr(HttpStream.start_request_stream, "egress_original")
+
+
 # ----------------------------------------------------------------- the master
 
 
