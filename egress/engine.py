@@ -44,8 +44,9 @@ class Engine:
         self.policy = policy
         self.recorder.metrics.policy_rules.set(policy.rule_count)
 
-    def record_refusal(self, client: str, method: str, decision: Decision) -> None:
-        self.recorder.record(Event(
+    def record_refusal(self, client: str, method: str, decision: Decision):
+        """The refusal's event; the Telling its answer waits on, if a run's reporter listens."""
+        return self.recorder.record(Event(
             client=client, method=method, host=decision.host, port=decision.port,
             decision="block", reason=decision.reason,
             rule=str(decision.rule) if decision.rule else None, detail=decision.detail))

@@ -35,6 +35,7 @@ class FlowState:
     substituted: bool = False  # a brokered secret was swapped in
     whole: bool = False  # the response body is read whole, not streamed (addons.injection_label)
     injection: str | None = None  # the injection label the response got, if any
+    telling: object = None  # egress.events.Telling: the run's line about its refusal, awaited before the answer
 
     @property
     def host_name(self) -> str | None:
@@ -72,3 +73,4 @@ class ConnState:
     # hook takes it (egress.addons.upstream_errors): (code, detail, mitmproxy's message)
     open_failure: tuple[str, str, str] | None = None
     authenticated: bool = False  # its first request carried the proxy's secret (egress.proxyauth)
+    telling: object = None  # egress.events.Telling: the run's line about its refusal, awaited before the answer

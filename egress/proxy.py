@@ -9,6 +9,7 @@ guards, in the order the road of a request needs them:
     PolicyGuard -> CredentialGuard -> AddressGuard -> UpstreamErrors -> Reporter
                  (decide; keep secrets in; resolve and pin; name upstream failures; report)
     UpstreamTimeout                                (504 when upstream never answers)
+    LineFirst              (egress run: a refusal is answered after the person's line about it)
 
 Options chosen for an egress proxy: ``connection_strategy=lazy`` (nothing is
 dialled before a request has been checked, so a misdirected request inside a
@@ -31,6 +32,7 @@ from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
 from .addons.upstream_errors import UpstreamErrors
+from .addons.line_first import LineFirst
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, state_dir
@@ -78,6 +80,8 @@ class EgressProxy:
             InjectionLabel(engine),  # before the Reporter: a body it reads whole is not streamed
             Reporter(engine),
             UpstreamTimeout(config.upstream_timeout),
+            # last: a refusal's answer after the run's line about it (no reporter, as in serve: no cost)
+            *([LineFirst(engine)] if engine.recorder.reporter is not None else []),
         )
         update = dict(
             confdir=str(ca_dir(config.state_dir)),

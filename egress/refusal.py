@@ -108,7 +108,12 @@ def refuse(engine, target: http.HTTPFlow | connection.Client, decision, *, how: 
         decision = _replace(decision, detail=clean(decision.detail))
     from .engine import client_label
 
-    engine.record_refusal(client_label(client.peername), method, decision)
+    telling = engine.record_refusal(client_label(client.peername), method, decision)
+    if telling is not None:  # the answer waits for the run's line (egress.addons.line_first)
+        if isinstance(target, http.HTTPFlow):
+            flow_state(target).telling = telling
+        else:
+            engine.conn(target).telling = telling
     response = None
     if how == ANSWER:
         response = refusal(host, decision.reason, decision.detail, status)
@@ -136,9 +141,9 @@ def upstream_failure(engine, flow: http.HTTPFlow, host: str, code: str, message:
 
     host = engine.recorder.clean(host)
     flow.response = upstream_error(host, code, message)
-    engine.recorder.record(Event(client=client_label(flow.client_conn.peername), method=flow.request.method,
-                                 host=host, port=flow.request.port, decision="error", reason=code,
-                                 detail=message))
+    state.telling = engine.recorder.record(Event(
+        client=client_label(flow.client_conn.peername), method=flow.request.method, host=host,
+        port=flow.request.port, decision="error", reason=code, detail=message))
 
 
 def _replace(decision, **changes):

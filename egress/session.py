@@ -338,6 +338,8 @@ class ProxySession:
         if op == "event":
             if self.on_event is not None:
                 self.on_event(RemoteEvent(message["event"]))
+            if "said" in message:  # its client's answer waits for this word (egress.addons.line_first)
+                self.warm.send_quietly({"op": "said", "id": message["said"]})
         elif op == "serving":
             # From now on the warm proxy alone holds the socket: if it dies, connections are refused.
             self._close_sockets(sock)

@@ -263,10 +263,11 @@ class Capture:
 
     ``handle_stream(reader, writer)``: the regular proxy's (egress.mitm.regular_handler);
     ``decide(host)``: the policy's decision (egress.policy.Decision) for a DNS question;
-    ``record(event)``: the run's recorder; ``on_activity()``: a connection or query came.
+    ``record(event)``: the run's recorder (its Telling, if any, is awaited before a refused client
+    is closed); ``on_activity()``: a connection or query came.
     """
 
-    def __init__(self, handle_stream, decide: Callable, record: Callable[[Event], None],
+    def __init__(self, handle_stream, decide: Callable, record: Callable,
                  on_activity: Callable[[], None] = lambda: None):
         self.handle_stream = handle_stream
         self.decide = decide
@@ -307,8 +308,9 @@ class Capture:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _block(self, client: str, method: str, host: str, port: int | None, reason: str, detail: str) -> None:
-        self.record(Event(client=client, method=method, host=host, port=port, decision="block",
+    def _block(self, client: str, method: str, host: str, port: int | None, reason: str, detail: str):
+        """Record the refusal; the egress.events.Telling to await before the client learns of it, if any."""
+        return self.record(Event(client=client, method=method, host=host, port=port, decision="block",
                           reason=reason, detail=detail))
 
     # -- TCP
@@ -344,7 +346,9 @@ class Capture:
                 conn.close()
                 return
         if not (is_tls(first) or is_http(first)):
-            self._block(client, "TCP", name, port, "not-http", guess_protocol(first, port))
+            telling = self._block(client, "TCP", name, port, "not-http", guess_protocol(first, port))
+            if telling is not None:  # the run's line first, then the reset (egress.addons.line_first)
+                await telling.wait()
             conn.close()
             return
         said = claimed_name(first)

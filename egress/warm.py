@@ -45,7 +45,9 @@ import zlib
 
 # Paths are str here: `egress run` reads this module, and never imports pathlib (egress.state says why).
 
-PROTOCOL = 3  # 2: stdout and stderr come with a `stdio` op once the child serves; 3: marshal frames
+# 2: stdout and stderr come with a `stdio` op once the child serves; 3: marshal frames;
+# 4: a refusal's event asks to be "said" back once its line is written (egress.addons.line_first)
+PROTOCOL = 4
 DEFAULT_IDLE = 600.0  # seconds the server lingers without a run before it exits
 IDLE_ENV = "EGRESS_WARM_IDLE"  # seconds; read by the launcher that starts the server
 MAX_FDS = 8

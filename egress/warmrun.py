@@ -9,7 +9,9 @@ socket the launcher hands over. Its connection to the launcher is the run's chan
     child -> launcher   {"op": "serving", "pid"}        it serves the socket from now on (it accepts
                                                         once the launcher's stdio has come)
                         {"op": "connected"}             the command's first connection came
-                        {"op": "event", "event": {...}} every decision (egress.events.Event's fields)
+                        {"op": "event", "event": {...}} every decision (egress.events.Event's fields);
+                                  (+ "said": id)        a refusal or failure: its client's answer waits
+                                                        for the launcher to say its line is written
                         {"op": "ask", "id", "host"}     a held request: allow this host for the run?
                         {"op": "error", "message"}      the proxy failed; the child then exits
     launcher -> child   {"op": "socket", "fds": ["listen", tags...]} + the listening socket and
@@ -18,6 +20,7 @@ socket the launcher hands over. Its connection to the launcher is the run's chan
                                                         sees "serving" (with `--audit-log -` stdout
                                                         comes with the request instead)
                         {"op": "answer", "id", "allowed"}
+                        {"op": "said", "id"}            the line for event "said" id is written
                         {"op": "reload"}                re-read the policy files now
                         {"op": "stop"}                  the command ended (EOF means the same)
 
@@ -40,6 +43,7 @@ from pathlib import Path
 
 from . import warm
 from .contract import EXIT_OK
+from .events import HEARD_WAIT
 
 REQUEST_WAIT = 30.0  # seconds a child waits for its run's request
 
@@ -145,6 +149,8 @@ class ChildRun:
         self.listen: asyncio.Future | None = None
         self.asker = RemoteAsker(self)
         self._lock = threading.Lock()  # events come from the recorder's observer thread
+        self._said: dict[int, threading.Event] = {}  # events whose line the launcher is writing
+        self._said_ids = itertools.count(1)
 
     def send(self, message: dict) -> None:
         with self._lock:
@@ -154,7 +160,18 @@ class ChildRun:
                 pass  # the launcher is gone; its EOF stops us
 
     def send_event(self, event) -> None:
-        self.send({"op": "event", "event": dataclasses.asdict(event)})
+        """On the recorder's reporter thread. A refusal or an upstream failure returns once the
+        launcher says its line is written (at most HEARD_WAIT), since its client's answer waits
+        for this (egress.addons.line_first)."""
+        fields = dataclasses.asdict(event)
+        if event.decision == "allow" or self.stopping:
+            self.send({"op": "event", "event": fields})
+            return
+        said, key = threading.Event(), next(self._said_ids)
+        self._said[key] = said
+        self.send({"op": "event", "event": fields, "said": key})
+        said.wait(HEARD_WAIT)
+        self._said.pop(key, None)
 
     def serve(self) -> int:
         """Serve the run; never returns: the process ends once the proxy has stopped and its last
@@ -284,6 +301,10 @@ class ChildRun:
             else:
                 self.session.capture = capture  # served beside the listening socket (egress.transparent)
                 self.listen.set_result(sock)
+        elif op == "said":
+            said = self._said.get(message.get("id"))
+            if said is not None:
+                said.set()
         elif op == "answer":
             self.asker.answer(message.get("id"), bool(message.get("allowed")))
         elif op == "reload" and self.session is not None:
@@ -295,6 +316,8 @@ class ChildRun:
 
     def _stop(self) -> None:
         self.stopping = True
+        for said in list(self._said.values()):  # the launcher is done writing lines
+            said.set()
         if not self.listen.done():
             self.listen.set_result(None)
         proxy = self.session._proxy if self.session is not None else None

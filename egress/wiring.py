@@ -196,8 +196,8 @@ class ProxyBuilder:
         self.serve_metrics()
         config = self.config
         recorder = Recorder(self._metrics(), self.audit, session=session)
-        for callback in on_event:
-            recorder.subscribe(callback, name="run" if session else "subscriber")
+        for callback in on_event:  # a run's (ProxySession's) reporter: its clients' answers wait for it
+            recorder.subscribe(callback, name="run" if session else "subscriber", heard=bool(session))
         resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
         engine = Engine(policy, resolver, recorder)
         engine.asker = asker

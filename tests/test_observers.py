@@ -7,9 +7,13 @@ stopped reading, the proxy answered nobody.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import threading
 
+import pytest
+
+from egress import events
 from egress.control import RunState
 from egress.events import Event, Recorder
 from egress.metrics import Metrics
@@ -63,3 +67,62 @@ def test_close_delivers_what_is_queued():
         recorder.record(event(i))
     recorder.close()
     assert [e.host for e in got] == [f"h{i}.test" for i in range(300)]
+
+
+# ------------------------------------- a run's reporter: refusals are answered after its line
+
+
+def test_a_refusal_waits_for_the_runs_line_and_an_allowed_request_for_nothing():
+    async def scenario():
+        recorder = Recorder(Metrics())
+        release, written = threading.Event(), []
+        recorder.subscribe(lambda e: (release.wait(10), written.append(e.host)), name="run", heard=True)
+        assert recorder.record(Event("c", "GET", "ok.test", 80, "allow", "allowed")) is None
+        telling = recorder.record(event(1))
+        assert telling is not None and telling.pending()
+        await asyncio.sleep(0.05)
+        assert telling.pending() and "h1.test" not in written  # the line is not written yet
+        release.set()
+        await telling.wait()
+        assert written == ["ok.test", "h1.test"]
+        error = recorder.record(Event("c", "GET", "up.test", 80, "error", "upstream-refused"))
+        assert error is not None  # an upstream failure's line too
+        await error.wait()
+        recorder.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reporter_that_cannot_write_holds_one_answer_for_heard_wait_then_none_until_it_catches_up(monkeypatch):
+    monkeypatch.setattr(events, "HEARD_WAIT", 0.2)
+
+    async def scenario():
+        recorder = Recorder(Metrics())
+        release = threading.Event()
+        recorder.subscribe(lambda e: release.wait(10), name="run", heard=True)
+        first = recorder.record(event(1))
+        await first.wait()  # gives up after HEARD_WAIT: the answer goes anyway
+        assert first.pending() and recorder.reporter.stalled
+        assert recorder.record(event(2)) is None  # no more waiting on a reporter that is stuck
+        release.set()
+        for _ in range(100):  # it writes what was queued, and is waited for again
+            if not recorder.reporter.stalled:
+                break
+            await asyncio.sleep(0.02)
+        third = recorder.record(event(3))
+        assert third is not None
+        await third.wait()
+        assert not third.pending()
+        recorder.close()
+
+    asyncio.run(scenario())
+
+
+def test_no_answer_waits_outside_an_event_loop_or_without_a_reporter():
+    recorder = Recorder(Metrics())
+    assert recorder.record(event(1)) is None  # no reporter
+    recorder.subscribe(lambda e: None, name="run", heard=True)
+    assert recorder.record(event(2)) is None  # no event loop: no client to hold
+    with pytest.raises(ValueError):
+        recorder.subscribe(lambda e: None, name="run2", heard=True)
+    recorder.close()

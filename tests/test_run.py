@@ -97,6 +97,42 @@ def test_refused_request_shows_the_403_and_is_reported_once(tmp_path, https_upst
     assert result.stderr.count("EGRESS_BLOCKED blocked.test") == 1
 
 
+@pytest.mark.parametrize("mode", ["warm", "lazy"])
+def test_each_refusal_line_comes_whole_and_before_the_commands_own_error(tmp_path, https_upstream, curl_path, mode):
+    # Measured before: the 403 went to curl at once while egress's line was written on a thread
+    # of its own (lazy) or by the launcher (warm). In the lazy mode curl's error came first in
+    # every run; under load curl, which writes its error one byte per write(2), ran into the
+    # line: "cEGRESS_BLOCKED blocked.test (...)" then "url: (56) CONNECT tunnel failed, ...".
+    hosts = [f"h{i}.blocked.test" for i in range(12)]  # one line each: a host is named once per run
+    script = "; ".join(f"curl -sS https://{host}:{https_upstream.port}/" for host in hosts)
+    script += "; curl -sSf http://allowed.test:1/"  # an upstream failure: nothing listens on loopback's port 1
+    result = egress_run(tmp_path, "sh", "-c", script, extra=["--proxy", mode])
+    curl_error = "curl: (56) CONNECT tunnel failed, response 403"
+    expected = [line for host in hosts for line in (f"EGRESS_BLOCKED {host} (not on the allow list)", curl_error)]
+    expected += ["EGRESS_UPSTREAM_ERROR allowed.test", "curl: (22) The requested URL returned error: 502"]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("egress: ")]
+    assert [line.split(" (the upstream")[0] for line in lines] == expected
+    assert https_upstream.connections == 0
+
+
+@pytest.mark.parametrize("mode", ["warm", "lazy"])
+def test_a_captured_connection_is_named_before_it_is_closed(tmp_path, mode):
+    # Transparent capture (egress.transparent): a raw TCP connection that is not HTTP is named,
+    # then closed; the command that sees the close and says so writes after egress's line.
+    script = textwrap.dedent("""
+        import socket, sys
+        for port in (7001, 7002, 7003):
+            s = socket.create_connection(("198.51.100.2", port), timeout=10)
+            s.sendall(b"SSH-2.0-OpenSSH_9.6\\r\\n")
+            print(f"closed {port}: {s.recv(1)!r}", file=sys.stderr, flush=True)
+    """)
+    result = egress_run(tmp_path, sys.executable, "-c", script, extra=["--proxy", mode])
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("egress: ")]
+    assert [line.split(" (")[0] for line in lines] == [
+        line for port in (7001, 7002, 7003) for line in (f"EGRESS_BLOCKED 198.51.100.2:{port}", f"closed {port}: b''")
+    ], result.stderr
+
+
 def test_a_private_address_refusal_names_the_address_and_the_line_that_allows_it(tmp_path, curl_path):
     # A company resolver answering pypi.org with a documentation-range address: the run's line says
     # which address, what kind, and the exact policy line (nothing is dialled: refused before).

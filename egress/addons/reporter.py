@@ -88,7 +88,7 @@ class Reporter:
         if state.reported:
             return
         state.reported = True
-        self.engine.recorder.record(Event(
+        state.telling = self.engine.recorder.record(Event(
             client=client_label(flow.client_conn.peername), method=flow.request.method,
             host=state.host_name or flow.request.host, port=flow.request.port, decision=decision,
             reason=reason, rule=str(state.rule) if state.rule is not None else None, detail=detail,
