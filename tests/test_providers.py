@@ -30,7 +30,7 @@ import pytest
 from conftest import clean_env, egress_command
 from sandbox import container as ct
 from sandbox.providers import PROVIDERS, select
-from test_run import POLICY, egress_run, nobody_home, test_host, user_venv  # noqa: F401 (fixtures)
+from test_run import POLICY, egress_run, nobody_home, test_host  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
 
@@ -245,9 +245,14 @@ def podman(tmp_path_factory, image_tarball):
     work = tmp_path_factory.mktemp("podman")
     conf = work / "containers.conf"
     conf.write_text(f'[containers]\ndefault_ulimits = []\n[engine]\nruntime = "{runc}"\ncgroup_manager = "cgroupfs"\n')
-    # A store of its own (the machine's is shared): `podman ps` then shows this module's containers only
+    # A store of its own (the machine's is shared): `podman ps` then shows this module's containers only.
+    # The run root's path must stay under 50 characters: past that, the `podman container cleanup`
+    # that conmon starts when a container ends fails ("the specified runroot is longer than 50
+    # characters"), and `podman run --rm` waits 20 s before it cleans up itself. Under pytest-xdist's
+    # popen-gwN/ folders that cost every podman test ~20 s (a 2-s test took 22).
+    runroot = tempfile.mkdtemp(prefix="egress-podman-", dir="/tmp")
     storage = work / "storage.conf"
-    storage.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{work}/graph"\nrunroot = "{work}/run"\n')
+    storage.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{work}/graph"\nrunroot = "{runroot}"\n')
     engine = Engine("podman", {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}, IMAGE)
     try:
         _import_and_probe(engine, image_tarball)
@@ -256,6 +261,7 @@ def podman(tmp_path_factory, image_tarball):
         for name in engine.containers():
             engine.run("rm", "--force", name)
         engine.run("rmi", "--force", IMAGE)
+        shutil.rmtree(runroot, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
