@@ -8,6 +8,7 @@ get an explicit, minimal environment.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -96,6 +97,80 @@ def stop_warm_servers(root: Path) -> list[int]:
 def _no_warm_server_outlives_its_test(tmp_path):
     yield
     stop_warm_servers(tmp_path)
+
+
+# ------------------------------------------------ built once per test run, shared by the workers
+
+SHARED_ENV = "EGRESS_TEST_SHARED"  # a folder for the whole run (every xdist worker inherits it)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller, or a serial run: before any worker starts
+        import tempfile
+
+        shared = tempfile.mkdtemp(prefix="egress-tests-")
+        os.chmod(shared, 0o755)  # user_venv: other users run egress from inside it
+        os.environ[SHARED_ENV] = shared
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the workers are gone
+        shutil.rmtree(os.environ.pop(SHARED_ENV, ""), ignore_errors=True)
+
+
+def built_once(name: str, build) -> Path:
+    """``<the run's shared folder>/<name>``, made by ``build(path)`` in the first worker to ask while
+    the others wait (a lock); pytest.skip with the first build's reason in every worker if it failed."""
+    import fcntl
+
+    root = Path(os.environ[SHARED_ENV])
+    path, failed = root / name, root / f"{name}.failed"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists() and not failed.exists():
+            try:
+                build(path)
+            except pytest.skip.Exception as e:
+                failed.write_text(str(e.msg))
+            except Exception as e:
+                failed.write_text(f"building {name} failed: {e}")
+    if failed.exists():
+        pytest.skip(failed.read_text())
+    return path
+
+
+@contextlib.contextmanager
+def one_worker_at_a_time(name: str):
+    """Held by one xdist worker at a time (a lock in the run's shared folder): for what the machine
+    has once, such as the test host's fixed addresses (test_run.test_host)."""
+    import fcntl
+
+    with open(Path(os.environ[SHARED_ENV]) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="session")
+def user_venv():
+    """egress installed for a user who cannot read /root (where this machine's default Python lives):
+    (venv, nobody's passwd entry). Built once a run (~30 s; it was built once per file using it)."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to the 'nobody' user needs root")
+    system_python = "/usr/bin/python3.11"
+    if not os.access(system_python, os.X_OK):
+        pytest.skip(f"{system_python} (Debian's python3.11, readable by every user) is not installed")
+
+    def build(venv: Path) -> None:
+        subprocess.run([system_python, "-m", "venv", str(venv)], check=True, capture_output=True)
+        install = subprocess.run([f"{venv}/bin/pip", "install", "-q", str(Path(__file__).resolve().parents[1])],
+                                 capture_output=True, text=True)
+        if install.returncode != 0:
+            shutil.rmtree(venv, ignore_errors=True)
+            pytest.skip(f"cannot install egress for another user: {install.stderr[-500:]}")
+
+    return str(built_once("user-venv", build)), pwd.getpwnam("nobody")
 
 
 # Folders egress run shows empty inside its sandbox (sandbox/mounts.py MASKED).

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir, stop_warm_servers
+from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir, one_worker_at_a_time, stop_warm_servers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -316,9 +316,15 @@ def test_network_off_pip_download_fails(tmp_path):
 
 @pytest.fixture
 def test_host():
-    """A network namespace with a veth link to the machine and a TCP/UDP listener at 198.51.100.2."""
+    """A network namespace with a veth link to the machine and a TCP/UDP listener at 198.51.100.2:
+    one at a time across test workers (its addresses are fixed). The path of the listener's log."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         pytest.skip("making a test host needs root and iproute2 (ip)")
+    with one_worker_at_a_time("test-host"):
+        yield from _test_host()
+
+
+def _test_host():
     name = f"egress-th-{uuid.uuid4().hex[:6]}"
     host_if, ns_if = f"eh{uuid.uuid4().hex[:6]}", f"en{uuid.uuid4().hex[:6]}"
     log = f"/tmp/{name}.log"
@@ -463,30 +469,6 @@ def test_the_command_rewriting_the_project_policy_before_it_connects_changes_not
 
 
 # ----------------------------------------------------------- as an ordinary user
-
-
-@pytest.fixture(scope="module")
-def user_venv():
-    """egress installed for a user who cannot read /root (where this machine's default Python lives)."""
-    import pwd
-
-    if os.geteuid() != 0:
-        pytest.skip("switching to the 'nobody' user needs root")
-    system_python = "/usr/bin/python3.11"
-    if not os.access(system_python, os.X_OK):
-        pytest.skip(f"{system_python} (Debian's python3.11, readable by every user) is not installed")
-    nobody = pwd.getpwnam("nobody")
-    base = tempfile.mkdtemp(prefix="egress-user-venv-")
-    os.chmod(base, 0o755)
-    venv = os.path.join(base, "venv")
-    try:
-        subprocess.run([system_python, "-m", "venv", venv], check=True, capture_output=True)
-        install = subprocess.run([f"{venv}/bin/pip", "install", "-q", os.getcwd()], capture_output=True, text=True)
-        if install.returncode != 0:
-            pytest.skip(f"cannot install egress for another user: {install.stderr[-500:]}")
-        yield venv, nobody
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from test_run import egress_run, namespaces_available, run_as_nobody, user_venv  # noqa: F401 (fixtures)
+from test_run import egress_run, namespaces_available, run_as_nobody  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
