@@ -27,12 +27,12 @@ from . import mitm
 from .addons.address_guard import AddressGuard
 from .addons.credential_guard import CredentialGuard
 from .addons.injection_label import InjectionLabel
+from .addons.line_first import LineFirst
 from .addons.limits import Limits, raise_fd_limit
 from .addons.policy_guard import PolicyGuard
 from .addons.reporter import Reporter
 from .addons.tunnels import Passthrough, ProtocolGuard
 from .addons.upstream_errors import UpstreamErrors
-from .addons.line_first import LineFirst
 from .addons.upstream_timeout import UpstreamTimeout
 from .engine import Engine
 from .state import ca_dir, ensure_ca, state_dir

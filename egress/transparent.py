@@ -311,7 +311,7 @@ class Capture:
     def _block(self, client: str, method: str, host: str, port: int | None, reason: str, detail: str):
         """Record the refusal; the egress.events.Telling to await before the client learns of it, if any."""
         return self.record(Event(client=client, method=method, host=host, port=port, decision="block",
-                          reason=reason, detail=detail))
+                                 reason=reason, detail=detail))
 
     # -- TCP
 
