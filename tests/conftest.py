@@ -118,15 +118,23 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(SHARED_ENV, ""), ignore_errors=True)
 
 
+@contextlib.contextmanager
+def one_worker_at_a_time(name: str):
+    """Held by one xdist worker at a time (a lock in the run's shared folder): for what the machine
+    has once, such as the test host's fixed addresses (test_run.test_host)."""
+    import fcntl
+
+    with open(Path(os.environ[SHARED_ENV]) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def built_once(name: str, build) -> Path:
     """``<the run's shared folder>/<name>``, made by ``build(path)`` in the first worker to ask while
     the others wait (a lock); pytest.skip with the first build's reason in every worker if it failed."""
-    import fcntl
-
     root = Path(os.environ[SHARED_ENV])
     path, failed = root / name, root / f"{name}.failed"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with one_worker_at_a_time(name):
         if not path.exists() and not failed.exists():
             try:
                 build(path)
@@ -137,17 +145,6 @@ def built_once(name: str, build) -> Path:
     if failed.exists():
         pytest.skip(failed.read_text())
     return path
-
-
-@contextlib.contextmanager
-def one_worker_at_a_time(name: str):
-    """Held by one xdist worker at a time (a lock in the run's shared folder): for what the machine
-    has once, such as the test host's fixed addresses (test_run.test_host)."""
-    import fcntl
-
-    with open(Path(os.environ[SHARED_ENV]) / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -43,24 +43,11 @@ class LineFirst:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    # Every hook after which mitmproxy may send a refusal, an upstream failure, or close on a kill.
-    def http_connect(self, flow: http.HTTPFlow):
+    def _flow_answer(self, flow: http.HTTPFlow):
         return _held(flow.metadata.get(KEY))
 
-    def requestheaders(self, flow: http.HTTPFlow):
-        return _held(flow.metadata.get(KEY))
-
-    def request(self, flow: http.HTTPFlow):
-        return _held(flow.metadata.get(KEY))
-
-    def responseheaders(self, flow: http.HTTPFlow):
-        return _held(flow.metadata.get(KEY))
-
-    def response(self, flow: http.HTTPFlow):
-        return _held(flow.metadata.get(KEY))
-
-    def error(self, flow: http.HTTPFlow):
-        return _held(flow.metadata.get(KEY))
+    # Every flow hook after which mitmproxy may send a refusal, an upstream failure, or close on a kill.
+    http_connect = requestheaders = request = responseheaders = response = error = _flow_answer
 
     def next_layer(self, nextlayer: layer.NextLayer):  # a tunnel refused as not HTTP: closed after
         return _held(self.engine.connections.get(nextlayer.context.client))
