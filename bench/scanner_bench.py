@@ -438,6 +438,37 @@ def side_by_side(args, sets, repeat: int, secrets) -> None:
             print(f"| {name} | " + " | ".join(cells) + f" | {'yes' if same else 'NO'} |")
 
 
+def parts_main(args) -> None:
+    """--parts: the steps of one Detector.scan of the clean set, each timed on its own (CPU ms
+    per MiB, best of N): the compiled pass with and without the run triggers, each layer's
+    segment finding and decoding, and the whole scan. What an upload through the proxy pays
+    per MiB is about the whole scan (bench/README.md, "Uploads: where the gap is")."""
+    from egress import decode
+    size = int((1 if args.quick else args.size) * 2**20)
+    repeat = 2 if args.quick else args.repeat
+    data = build(size, clean_piece, 1)
+    det = Detector()
+    with_runs, _, _ = detect._static_database(True)
+    without, _, _ = detect._static_database(False)
+    starts = det._find(data)[1]
+    steps = [
+        ("compiled pass, anchors only", lambda: without.scan(data, [])),
+        ("compiled pass, anchors and run triggers (what a scan makes)", lambda: with_runs.scan(data, [])),
+        ("JSON escape segments, found and decoded", lambda: decode.json_segments(data)),
+        ("percent segments, found and decoded", lambda: decode.percent_segments(data)),
+        ("base64/hex runs from the triggers' starts, decoded", lambda: decode.run_segments(data, starts)),
+        ("the whole scan: Detector.scan", lambda: det.scan(data)),
+    ]
+    mib = len(data) / 2**20
+    print(f"# scanner_bench --parts: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"Python {platform.python_version()}, clean set {mib:.0f} MiB, best of {repeat}")
+    print("| step | CPU ms per MiB | made |")
+    print("|---|---|---|")
+    for name, fn in steps:
+        t, made = best_of(repeat, fn)
+        print(f"| {name} | {t * 1000 / mib:.2f} | {len(made)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=float, default=16, help="MiB per data set (default 16)")
@@ -448,9 +479,13 @@ def main() -> None:
     ap.add_argument("--one-byte", type=int, default=34_000, help="with --wedge: bytes fed one at a time")
     ap.add_argument("--wedge-json", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--base", metavar="REV", help="also scan with egress/detect.py at this git revision, side by side")
+    ap.add_argument("--parts", action="store_true", help="where a clean scan's time goes, step by step, in ms per MiB")
     args = ap.parse_args()
     if args.wedge:
         wedge_main(args)
+        return
+    if args.parts:
+        parts_main(args)
         return
     size = int((1 if args.quick else args.size) * 2**20)
     repeat = 2 if args.quick else args.repeat
