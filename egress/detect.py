@@ -957,9 +957,77 @@ _TOKEN_MARKS = bytes(ord(".") if c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmn
 
 def _safe_cut(buf: bytes, cut: int, origin: int | None, base: int) -> int:
     """``cut`` moved back (never forward) so that the text from it on decodes as it does in
-    the whole stream: not inside a ``%XX`` or ``\\uXXXX`` escape, and inside a base64/hex
+    the whole stream: not inside a ``%XX`` or ``\\uXXXX`` escape, inside a base64/hex
     run at a multiple of 4 characters from the run's start (``origin``: the absolute start
-    of the run holding ``buf[0]``, if any)."""
+    of the run holding ``buf[0]``, if any), and inside base64 written through escapes at
+    a multiple of 4 decoded characters (:func:`_escaped_cut`)."""
+    return _escaped_cut(buf, _raw_cut(buf, cut, origin, base))
+
+
+# Escapes that decode to a base64 character: "\/" (PHP-style JSON), "\u00XX", "%XX". The
+# base64 layer decodes the run *after* the JSON or percent layer, where each counts as one
+# character; a cut aligned on the raw run (which they break) left every later window
+# decoding such a text out of phase, so a streamed JSON upload of \/-escaped base64 hid
+# every token after its first 256 KiB batch (3 of 4 phases; found by a red-team pass).
+_RUN_HEX = rb"(?:2[BbDdFf]|3[0-9]|4[1-9A-Fa-f]|5[0-9Aa]|5[Ff]|6[1-9A-Fa-f]|7[0-9Aa])"
+_SOFT_ESCAPE = re.compile(rb"\\/|\\u00" + _RUN_HEX + rb"|%" + _RUN_HEX)
+_HARD_ESCAPE = re.compile(rb"\\(?!/|u00" + _RUN_HEX + rb")|%(?!" + _RUN_HEX + rb")")
+_ESCAPED_RUN_TABLE = bytes(ord("a") if RUN_TABLE[c] == 0x61 or c in b"\\%" else ord(" ") for c in range(256))
+_ESCAPED_REACH = 4096  # how far back a cut may move to an escape in phase (one in 4 is)
+
+
+def _escaped_cut(buf: bytes, cut: int) -> int:
+    """``cut`` (already safe for the raw text) moved back to the start of an escape at a
+    multiple of 4 decoded characters from the start of the escaped base64 run holding it,
+    if it is inside one: the next window's JSON/percent segment then starts there and its
+    base64 decodes in phase. The run is taken to be in phase at ``buf[0]`` (every earlier
+    cut was made here); no such escape within _ESCAPED_REACH leaves ``cut`` as it was."""
+    if cut <= 0 or cut >= len(buf):
+        return cut
+    if RUN_TABLE[buf[cut]] != 0x61 and not _SOFT_ESCAPE.match(buf, cut):
+        return cut  # a break: no run goes on from here
+    hi = cut
+    start = 0
+    while hi > 0:  # the last byte before cut that is neither a run character nor an escape's
+        lo = max(0, hi - 4096)
+        r = buf[lo:hi].translate(_ESCAPED_RUN_TABLE).rfind(b" ")
+        if r >= 0:
+            start = lo + r + 1
+            break
+        hi = lo
+    if buf.find(b"\\", start, cut) < 0 and buf.find(b"%", start, cut) < 0:
+        return cut  # no escape: the raw run is the decoded one, and _raw_cut aligned it
+    for m in _HARD_ESCAPE.finditer(buf, start, cut):  # "\n", "%20", "\"": breaks too
+        k = m.start()
+        if buf[k] == 0x5C:  # "\\"
+            start = k + (6 if buf[k + 1:k + 2] == b"u" else 2)
+        else:
+            start = k + (3 if _HEX_PAIR.match(buf, k + 1) else 1)
+    if start >= cut:
+        return cut
+
+    def decoded(a: int, b: int) -> int:  # decoded characters in buf[a:b], soft escapes only
+        return (b - a) - buf.count(b"\\/", a, b) - 5 * buf.count(b"\\u", a, b) - 2 * buf.count(b"%", a, b)
+
+    phase = decoded(start, cut) % 4
+    if phase == 0:
+        return cut
+    lo = max(start, cut - _ESCAPED_REACH)
+    escapes = [m.span() for m in _SOFT_ESCAPE.finditer(buf, lo, cut)]
+    pos, back = cut, 0
+    for s, e in reversed(escapes):
+        back += (pos - e) + 1  # decoded characters from this escape to cut
+        pos = s
+        if (phase - back) % 4 == 0:
+            return s
+    return cut
+
+
+_HEX_PAIR = re.compile(rb"[0-9A-Fa-f]{2}")
+
+
+def _raw_cut(buf: bytes, cut: int, origin: int | None, base: int) -> int:
+    """_safe_cut for the raw text: escapes and raw base64/hex runs."""
     if cut <= 0:
         return 0
     for _ in range(2):

@@ -513,6 +513,37 @@ def test_a_streamed_base64_token_never_leaves(guarded, test_ca):
     assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * 4
 
 
+def test_a_streamed_json_upload_of_escaped_base64_never_leaves(guarded, test_ca):
+    # PHP-style JSON writes "/" as "\\/": past the first 256 KiB scan batch the base64 was
+    # decoded in phase only by chance, and a token after it reached the upstream (red-team
+    # pass); sizes where the chance went wrong before.
+    sizes = (300_000, 374_002, 411_003, 744_012)
+    for size in sizes:
+        blob = base64.b64encode(noise(size, 30) + f" token={GITHUB} ".encode() + noise(3000, 31)).decode()
+        body = json.dumps({"file": blob}).replace("/", "\\/").encode()
+        upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                               if r.endswith(b"\r\n0\r\n\r\n") else None)
+        try:
+            tls = tunnel(guarded, upstream.port)
+            tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                        f"Transfer-Encoding: chunked\r\n\r\n".encode())
+            try:
+                for k in range(0, len(body), 50_000):
+                    tls.sendall(b"%x\r\n%s\r\n" % (len(body[k:k + 50_000]), body[k:k + 50_000]))
+                tls.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass
+            read_all(tls)
+            relayed = b"".join(upstream.received.partition(b"\r\n\r\n")[2].split(b"\r\n")[1::2])
+            text = relayed.replace(b"\\/", b"/")[len(b'{"file": "'):]
+            assert len(text) < len(blob), size
+            assert GITHUB[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4]), size
+        finally:
+            upstream.close()
+    events = guarded.wait_for_audit(lambda e: len([x for x in guarded.audit() if x["reason"] == "credential"]) >= 4)
+    assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * len(sizes)
+
+
 def test_a_streamed_gzip_upload_is_scanned_decoded_and_held_back(guarded, test_ca):
     # A streamed body was scanned as sent: compressed, a token passed unseen.
     plain = noise(800_000, 20).hex().encode() + f" token={GITHUB} ".encode() + noise(400_000, 21).hex().encode()

@@ -1132,3 +1132,24 @@ def test_one_detector_scans_in_several_threads_at_once():
     for t in threads:
         t.join()
     assert errors == [] and [results[i] for i in range(4)] == expected
+
+
+@pytest.mark.parametrize("escape", [
+    lambda b: json.dumps({"file": b}).replace("/", "\\/"),  # PHP's json_encode
+    lambda b: json.dumps({"file": b}).replace("/", "\\u002F"),
+    lambda b: json.dumps({"file": b}).replace("/", "\\/").replace("+", "\\u002b"),
+    lambda b: urllib.parse.urlencode({"file": b}),  # %2F, %2B, %3D
+], ids=["json-slash", "json-u002f", "json-mixed", "form"])
+def test_a_stream_keeps_escaped_base64_in_phase_across_batches(escape):
+    # The base64 layer decodes these after the JSON/percent layer, where an escape is one
+    # character; cuts aligned on the raw run put 3 of 4 later windows out of phase, and a
+    # token after the first 256 KiB batch was missed (red-team pass).
+    token = "ghp_" + rnd(36)
+    for n in range(300_000, 300_000 + 6 * 997, 997):
+        r = random.Random(n)
+        blob = base64.b64encode(r.randbytes(n) + f" {token} ".encode() + r.randbytes(3000)).decode()
+        data = escape(blob).encode()
+        scanner = DET.stream(262144)  # fed as the credential guard does: 64 KiB slices
+        found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
+        found += scanner.finish()
+        assert [f.kind for f in found] == ["github-token"] and found == DET.scan(data), n
