@@ -973,15 +973,15 @@ _RUN_HEX = rb"(?:2[BbDdFf]|3[0-9]|4[1-9A-Fa-f]|5[0-9Aa]|5[Ff]|6[1-9A-Fa-f]|7[0-9
 _SOFT_ESCAPE = re.compile(rb"\\/|\\u00" + _RUN_HEX + rb"|%" + _RUN_HEX)
 _HARD_ESCAPE = re.compile(rb"\\(?!/|u00" + _RUN_HEX + rb")|%(?!" + _RUN_HEX + rb")")
 _ESCAPED_RUN_TABLE = bytes(ord("a") if RUN_TABLE[c] == 0x61 or c in b"\\%" else ord(" ") for c in range(256))
-_ESCAPED_REACH = 4096  # how far back a cut may move to an escape in phase (one in 4 is)
 
 
 def _escaped_cut(buf: bytes, cut: int) -> int:
-    """``cut`` (already safe for the raw text) moved back to the start of an escape at a
-    multiple of 4 decoded characters from the start of the escaped base64 run holding it,
-    if it is inside one: the next window's JSON/percent segment then starts there and its
-    base64 decodes in phase. The run is taken to be in phase at ``buf[0]`` (every earlier
-    cut was made here); no such escape within _ESCAPED_REACH leaves ``cut`` as it was."""
+    """``cut`` (already safe for the raw text) moved back, by up to 3 decoded characters, to
+    a multiple of 4 decoded characters from the start of the escaped base64 run holding it:
+    the next window's JSON/percent segment, or its raw run, then starts there and decodes in
+    phase. A run that reaches back to ``buf[0]`` is counted from there: every earlier cut
+    inside it was made here, at a multiple of 4. (Not from the raw run's origin: a single
+    early escape, which an attacker can place, puts the raw origin out of phase for good.)"""
     if cut <= 0 or cut >= len(buf):
         return cut
     if RUN_TABLE[buf[cut]] != 0x61 and not _SOFT_ESCAPE.match(buf, cut):
@@ -995,31 +995,28 @@ def _escaped_cut(buf: bytes, cut: int) -> int:
             start = lo + r + 1
             break
         hi = lo
-    if buf.find(b"\\", start, cut) < 0 and buf.find(b"%", start, cut) < 0:
-        return cut  # no escape: the raw run is the decoded one, and _raw_cut aligned it
+    if start > 0 and buf.find(b"\\", start, cut) < 0 and buf.find(b"%", start, cut) < 0:
+        return cut  # a run of raw characters that began here: _raw_cut aligned it
     for m in _HARD_ESCAPE.finditer(buf, start, cut):  # "\n", "%20", "\"": breaks too
         k = m.start()
-        if buf[k] == 0x5C:  # "\\"
+        if buf[k] == 0x5C:  # a backslash
             start = k + (6 if buf[k + 1:k + 2] == b"u" else 2)
         else:
             start = k + (3 if _HEX_PAIR.match(buf, k + 1) else 1)
     if start >= cut:
         return cut
-
-    def decoded(a: int, b: int) -> int:  # decoded characters in buf[a:b], soft escapes only
-        return (b - a) - buf.count(b"\\/", a, b) - 5 * buf.count(b"\\u", a, b) - 2 * buf.count(b"%", a, b)
-
-    phase = decoded(start, cut) % 4
-    if phase == 0:
-        return cut
-    lo = max(start, cut - _ESCAPED_REACH)
-    escapes = [m.span() for m in _SOFT_ESCAPE.finditer(buf, lo, cut)]
-    pos, back = cut, 0
-    for s, e in reversed(escapes):
-        back += (pos - e) + 1  # decoded characters from this escape to cut
-        pos = s
-        if (phase - back) % 4 == 0:
-            return s
+    # decoded characters in buf[start:cut]: only soft escapes are left in it
+    decoded = (cut - start) - buf.count(b"\\/", start, cut) - 5 * buf.count(b"\\u", start, cut) \
+        - 2 * buf.count(b"%", start, cut)
+    for _ in range(decoded % 4):  # back one decoded character: an escape ending here, or a byte
+        if cut - 2 >= start and buf[cut - 2] == 0x5C:
+            cut -= 2
+        elif cut - 6 >= start and buf[cut - 6] == 0x5C and buf[cut - 5] == 0x75:  # "\u00XX"
+            cut -= 6
+        elif cut - 3 >= start and buf[cut - 3] == 0x25:
+            cut -= 3
+        else:
+            cut -= 1
     return cut
 
 

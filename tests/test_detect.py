@@ -1153,3 +1153,35 @@ def test_a_stream_keeps_escaped_base64_in_phase_across_batches(escape):
         found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
         found += scanner.finish()
         assert [f.kind for f in found] == ["github-token"] and found == DET.scan(data), n
+
+
+def _without_slash_or_plus(r: random.Random, n: int) -> bytes:
+    """n bytes (a multiple of 3) whose base64 has no "/" and no "+": nothing to escape."""
+    out = bytearray()
+    while len(out) < n:
+        group = r.randbytes(3)
+        if not set(base64.b64encode(group)) & set(b"/+"):
+            out += group
+    return bytes(out)
+
+
+@pytest.mark.parametrize("escape", [
+    lambda b: json.dumps({"file": b}).replace("/", "\\/"),
+    lambda b: json.dumps({"file": b}).replace("/", "\\u002f"),
+    lambda b: urllib.parse.urlencode({"file": b}),
+], ids=["json-slash", "json-u002f", "form"])
+@pytest.mark.parametrize("lead", range(4))
+def test_one_escape_early_in_streamed_base64_does_not_hide_what_follows(lead, escape):
+    # A hostile command controls its base64: one "\/" near the start (and no other escape)
+    # puts the raw run after it out of phase with the decoded one for good, and every later
+    # window was cut on the raw run's phase: the token 600 KiB on went out (red-team pass).
+    token = "ghp_" + rnd(36)
+    for n in (600_000, 700_002, 800_001):
+        r = random.Random(n + lead)
+        plain = (_without_slash_or_plus(r, 3 * lead) + b"\x00\x00\x3f" + _without_slash_or_plus(r, n)
+                 + f" {token} ".encode() + _without_slash_or_plus(r, 3000))
+        data = escape(base64.b64encode(plain).decode()).encode()
+        scanner = DET.stream(262144)
+        found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
+        found += scanner.finish()
+        assert [f.kind for f in found] == ["github-token"] and found == DET.scan(data), n
