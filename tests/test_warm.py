@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_NAMES, clean_env, egress_command, warm_server_pids
+from conftest import TEST_NAMES, clean_env, egress_command, stop_warm_servers, warm_server_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -341,6 +341,67 @@ def test_the_sandboxed_command_cannot_reach_the_warm_proxy(tmp_path, http_upstre
     answers = json.loads(probe.stdout)
     assert len(answers) == 1 and answers[0]["reason"] == "peer", probe.stdout
     assert socket_path.stat().st_mode & 0o777 == 0o600
+
+
+HOLD = '{fetch}; touch ready; while [ ! -e go ]; do sleep 0.05; done'
+
+
+# A module a sandboxed command writes into its project: whatever imports `argparse` with the
+# project ahead of the standard library runs it, outside the sandbox. (The warm server imports
+# argparse; `egress run`'s launcher does not, so only a server can leave the mark.)
+PLANTED = """
+import os, sys
+with open({mark!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{os.readlink('/proc/self/ns/user')}} {{sys.argv}}\\n")
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+del sys.modules["argparse"]
+import importlib
+sys.modules["argparse"] = importlib.import_module("argparse")
+"""
+
+
+@pytest.mark.parametrize("where", ["egress's source tree is the project", "the caller's PYTHONPATH names the project"])
+def test_a_command_cannot_put_code_on_the_warm_servers_import_path(tmp_path, http_upstream, curl_path, where):
+    """The warm server outlives the run, holds the CA's key and forks every later run's child: a
+    module the command can write must never be importable there. It was: the server got
+    egress's parent folder and the caller's PYTHONPATH ahead of the standard library."""
+    lib = tmp_path / "lib"
+    for part in ("egress", "sandbox", "policies"):
+        shutil.copytree(os.path.join(os.getcwd(), part), lib / part, ignore=shutil.ignore_patterns("__pycache__"))
+    if where == "egress's source tree is the project":  # a developer's checkout, run from itself
+        project, pythonpath = lib, str(lib)
+    else:
+        project = tmp_path / "project"
+        project.mkdir()
+        pythonpath = os.pathsep.join([str(lib), str(project)])
+    mark = tmp_path / "escaped"
+    (project / "planted.txt").write_text(PLANTED.format(mark=str(mark)))
+    env = env_for(tmp_path, PYTHONPATH=pythonpath)
+    url = http_upstream.url("allowed.test")
+    planted = egress_run(tmp_path, "sh", "-c", f"cp planted.txt argparse.py && {fetch(url)[2]}", project=project,
+                         env=env)
+    assert planted.stdout == "allowed.test=200\n", why(planted, tmp_path, http_upstream)
+    assert (project / "argparse.py").exists()  # the command could write it
+    stop_warm_servers(tmp_path)  # the next run starts a server (as after an idle exit or an upgrade)
+    process = subprocess.Popen(run_args(tmp_path, "sh", "-c", HOLD.format(fetch=fetch(url)[2])), cwd=project,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (project / "ready").exists(), "the next run fetched")
+        served = [i.get("proxy") for i in runs(tmp_path)]
+        (project / "go").touch()
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    said = [line for line in err.splitlines() if not line.startswith("egress: egress's own code lies in")]
+    assert (out, said) == ("allowed.test=200\n", []), \
+        why(subprocess.CompletedProcess(process.args, process.returncode, out, err), tmp_path, http_upstream)
+    assert served == ["warm"]  # by the new server, which imported egress from where the launcher did:
+    assert server(tmp_path)["egress"] == str(lib / "egress")
+    assert not mark.exists(), f"the planted module ran outside the sandbox: {mark.read_text()}"
 
 
 CRASH = ('curl -s -o /dev/null -w "first=%{{http_code}}\\n" {url}; touch ready; '
