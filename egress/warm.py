@@ -228,31 +228,13 @@ def server_running(paths: Paths) -> bool:
     return False
 
 
-# How a server starts: from the interpreter's own folders and egress's two packages, nothing else.
-# It used to get egress's parent folder and the caller's PYTHONPATH as its PYTHONPATH, ahead of the
-# standard library: when either was (or held) a project, the sandboxed command could write, say,
-# argparse.py there, and the next server ran it outside the sandbox (its first run's server too,
-# started while that command ran), with the CA's key and every later run's child in reach. The
-# launcher drops such folders from its own path (sandbox.paths.own_code); a server shared by runs
-# of every project cannot tell which folders some run may write, so it takes none: -E ignores
-# PYTHONPATH, -P adds no working folder, and `egress` and `sandbox` are found by name alone (no
-# folder beside them joins sys.path). What it imports from is then the interpreter's own path (its
-# prefixes' folders, and the user's site folder only if the launcher has it: -s otherwise), which
-# every run's launcher shows read-only where its command could write it (sandbox.paths.own_code).
-BOOT = ("import importlib.util as u, os, runpy, sys, types; "
-        "module, homes = sys.argv[1], dict(zip(('egress', 'sandbox'), sys.argv[2:4])); del sys.argv[1:4]; "
-        "sys.meta_path.insert(0, types.SimpleNamespace(find_spec=lambda name, path=None, target=None: "
-        "u.spec_from_file_location(name, os.path.join(homes[name], '__init__.py'), "
-        "submodule_search_locations=[homes[name]]) if name in homes else None)); "
-        "runpy.run_module(module, run_name='__main__', alter_sys=True)")  # one line: as `ps` shows it
-
-
 def spawn(paths: Paths, idle: float) -> int | None:
     """Start a server in the background (its own session, stderr to its log); its pid, or None.
 
     Its environment is the bare minimum to import the same code: no variable of the
     caller's (a long-lived process must not keep the caller's secrets); each run's child
-    gets that run's environment from the launcher. Its import path: see BOOT.
+    gets that run's environment from the launcher. Its import path is the interpreter's own,
+    and egress's two packages: egress/warmboot.py says why.
     """
     try:
         paths.make_folder()
@@ -263,7 +245,8 @@ def spawn(paths: Paths, idle: float) -> int | None:
         import site
 
         flags = ["-E", "-P"] if site.ENABLE_USER_SITE else ["-E", "-P", "-s"]
-        argv = [sys.executable, *flags, "-c", BOOT, "egress.warmserver", identity["egress"], identity["sandbox"],
+        argv = [sys.executable, *flags, os.path.join(identity["egress"], "warmboot.py"), "egress.warmserver",
+                identity["egress"], identity["sandbox"],
                 "--state-dir", paths.state_dir, "--key", paths.key, "--idle", f"{idle:g}"]
         actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                    (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
