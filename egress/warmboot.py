@@ -18,6 +18,7 @@ So: -E ignores PYTHONPATH, -P adds neither the working folder nor this file's, a
 sys.path entry outside the interpreter's prefixes (and the user's site folder, which the
 launcher has too unless -s) is dropped. Those prefixes are folders every launcher shows
 read-only to its command where it could write them (sandbox.launcher.protect_own_code).
+It also closes every descriptor the launcher passed on besides 0-2 (see main).
 Imports only the standard library, before anything else is imported.
 """
 
@@ -55,6 +56,11 @@ class _Packages:
 
 
 def main() -> None:
+    # Nothing of the launcher that started us: posix_spawn passes on every descriptor it did not
+    # mark close-on-exec (a shell's `5>&1`, a harness's pipes), and this process and every run's
+    # child kept them. Measured: `{ egress run -- true; } 5>&1 | cat` waited out the server's idle
+    # exit (600 s) when that run started the server. Only 0-2 are ours (egress.warm.spawn).
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     module, egress, sandbox = sys.argv[1:4]
     del sys.argv[1:4]
     roots = _own_folders()

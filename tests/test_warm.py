@@ -467,6 +467,50 @@ def test_a_command_cannot_put_code_on_the_warm_servers_import_path(tmp_path, htt
     assert [line for line in marks if "warmserver" in line] == [], "planted modules ran in a warm server"
 
 
+def held_by(pids, target: str) -> list[int]:
+    """Which of ``pids`` have a descriptor on ``target`` (a path, or "pipe:[inode]")."""
+    holders = []
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue
+        if target in links:
+            holders.append(pid)
+    return holders
+
+
+@pytest.mark.parametrize("kind", ["a pipe (a shell's 5>&1, a harness's)", "an open file"])
+def test_the_warm_server_keeps_no_descriptor_of_the_launcher_that_started_it(tmp_path, kind):
+    """posix_spawn passes on what the caller did not mark close-on-exec: the server, and every later
+    run's child, held it until the server's idle exit. A pipe held so kept its reader waiting for
+    EOF (`{ egress run -- true; } 5>&1 | cat` waited out the 600 s)."""
+    if kind.startswith("a pipe"):
+        read, passed = os.pipe()
+        target = f"pipe:[{os.fstat(passed).st_ino}]"
+    else:
+        (tmp_path / "notes.txt").write_text("the caller's\n")
+        read, passed = -1, os.open(tmp_path / "notes.txt", os.O_RDONLY)
+        target = str(tmp_path / "notes.txt")
+    try:
+        project = tmp_path / "project"
+        project.mkdir()
+        result = subprocess.run(run_args(tmp_path, "true"), capture_output=True, text=True, timeout=120,
+                                cwd=project, env=env_for(tmp_path), stdin=subprocess.DEVNULL, pass_fds=(passed,))
+        assert result.returncode == 0, result.stderr
+        pid = wait_until(lambda: server(tmp_path), "the run started the warm server")["pid"]
+        wait_until(lambda: children_of(pid), "its spare")  # forked after its start, so as a run's child is
+        assert held_by([pid, *children_of(pid)], target) == []
+    finally:
+        os.close(passed)
+    if read >= 0:
+        os.set_blocking(read, False)
+        try:
+            assert os.read(read, 1) == b""  # EOF at once: nobody else holds the pipe
+        finally:
+            os.close(read)
+
+
 CRASH = ('curl -s -o /dev/null -w "first=%{{http_code}}\\n" {url}; touch ready; '
          'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null -w "after=%{{http_code}}\\n" {url}; exit 5')
 
