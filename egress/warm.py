@@ -213,6 +213,22 @@ def connect(paths: Paths) -> socket.socket | None:
     return sock
 
 
+def peer_is_ours(sock: socket.socket, namespace: tuple[int, int] | None) -> bool:
+    """The process at the other end of ``sock`` (for a launcher, the one that listens) runs as our
+    user in user namespace ``namespace`` (ours: so outside every sandbox). Both ends ask it: the
+    server of each launcher, and each launcher of the server, before it sends a word (see
+    Handover.try_send). Anything that cannot be established is a no."""
+    import struct
+
+    from .control import peer_in_namespace
+
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return False
+    return uid == os.geteuid() and peer_in_namespace(sock, namespace)
+
+
 def server_running(paths: Paths) -> bool:
     """True if a server holds the lock (it may still be starting)."""
     try:
@@ -332,6 +348,18 @@ class Handover:
                 # two first runs at once made the later one fall back to lazy.)
                 self.failed = True
                 self.note = f"the warm proxy could not start (its log: {self.paths.log})"
+            return False
+        from .control import own_user_namespace
+
+        if not peer_is_ours(sock, own_user_namespace()):
+            # Measured: a command whose writable tree held the state folder moved it away (a hidden
+            # folder's parent can be renamed), listened at this path from inside its sandbox, and
+            # was sent the next run's request (its environment, credentials, stdio) and listening
+            # socket. Not a word goes to such a listener; the run serves itself, and says why.
+            sock.close()
+            self.failed = True
+            self.note = (f"{self.paths.socket} is not served by this user's warm proxy (a process of "
+                         f"another user, or inside a sandbox, listens there); nothing was sent to it")
             return False
         try:
             sock.settimeout(5.0)  # a large request to a server still importing: not forever

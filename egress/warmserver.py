@@ -299,13 +299,7 @@ class Server:
 
     def _peer_allowed(self, conn: socket.socket) -> bool:
         """Our own user and our own user namespace (so outside every sandbox), else refused."""
-        from .control import peer_in_namespace
-
-        try:
-            _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        except OSError:
-            return False
-        return uid == os.geteuid() and peer_in_namespace(conn, self.namespace)
+        return warm.peer_is_ours(conn, self.namespace)
 
     def _become_child(self, conn: socket.socket, spare: bool = False) -> None:
         """The forked child's life: with ``spare``, ``conn`` is the pipe the run's connection

@@ -511,6 +511,77 @@ def test_the_warm_server_keeps_no_descriptor_of_the_launcher_that_started_it(tmp
             os.close(read)
 
 
+# Run inside a sandbox whose writable tree holds egress's state folder: it moves the folder away
+# (the hidden folder's parent can be renamed), makes the warm server's path anew, listens there,
+# and writes down what the next launcher that connects sends it.
+IMPOSTOR = """
+import json, marshal, os, socket, sys
+state, name = sys.argv[1], sys.argv[2]
+os.rename(os.path.dirname(state), os.path.dirname(state) + ".moved")
+os.makedirs(os.path.join(state, "warm"))
+with socket.socket(socket.AF_UNIX) as listener:
+    listener.bind(os.path.join(state, "warm", name))
+    listener.listen(8)
+    open("listening", "w").close()
+    listener.settimeout(100)
+    conn, _ = listener.accept()
+    data = b""
+    while chunk := conn.recv(1 << 20):  # until the launcher hangs up (a real server would answer)
+        data += chunk
+        if len(data) >= 4 and len(data) >= 4 + int.from_bytes(data[:4], "big"):
+            break
+got = marshal.loads(data[4:4 + int.from_bytes(data[:4], "big")]) if data else {}
+json.dump({key: got.get(key) for key in ("op", "argv", "environ")}, open("heard.json", "w"))
+"""
+
+
+def test_a_launcher_sends_nothing_to_a_listener_that_is_not_its_warm_server(tmp_path, http_upstream, curl_path):
+    """The server checks each launcher; the launcher did not check the server. A command that could
+    write the folder holding egress's state listened at the warm server's path from its sandbox,
+    and a concurrent run's launcher sent it its request (environment, argv, policy) and then its
+    listening socket. Now the launcher sends nothing, serves the run itself, and says why."""
+    home = tmp_path / "h"  # run A's project holds the state folder, as $HOME holds ~/.local/state/egress
+    home.mkdir()
+    state = home / "s" / "e"  # short: a control socket's path must fit sockaddr_un
+    name = subprocess.run([sys.executable, "-c", "from egress import warm; import os, sys; "
+                           "print(os.path.basename(warm.Paths.for_state(sys.argv[1]).socket))", str(state)],
+                          capture_output=True, text=True, check=True, env=env_for(tmp_path),
+                          timeout=60).stdout.strip()  # as the launchers name it
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY)
+
+    def args(*command):
+        return [*egress_command(), "run", "--policy", str(policy), "--state-dir", str(state), "--headless",
+                "--resolve", "allowed.test:127.0.0.1", "--", *command]
+
+    env = env_for(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    # A server runs already, so run A's launcher hands its request over before its command starts.
+    assert subprocess.run(args("true"), cwd=project, env=env, timeout=120, stdin=subprocess.DEVNULL).returncode == 0
+    wait_until(lambda: list((state / "warm").glob("*.json")), "the warm server wrote its record")
+    a = subprocess.Popen(args(sys.executable, "-c", IMPOSTOR, str(state), name), cwd=home, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (home / "listening").exists() or a.poll() is not None, "run A listens")
+        assert a.poll() is None, a.communicate()
+        b = subprocess.run(args(*fetch(http_upstream.url("allowed.test"))), cwd=project, capture_output=True,
+                           text=True, timeout=120, env={**env, "B_SECRET": "b's own"}, stdin=subprocess.DEVNULL)
+        a_out, a_err = a.communicate(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    assert a.returncode == 0, a_err
+    heard = json.loads((home / "heard.json").read_text())
+    # the connection, and not a byte on it
+    assert heard == {"op": None, "argv": None, "environ": None}, (heard, b.stderr, a_err)
+    assert b.stdout == "allowed.test=200\n", (b.stderr, a_err)  # served, by its own process
+    assert b.stderr == (f"egress: {state}/warm/{name} is not served by this user's warm proxy (a process of "
+                        f"another user, or inside a sandbox, listens there); nothing was sent to it; this run's "
+                        f"proxy starts in its own process\n"), (b.stderr, a_err)
+
+
 CRASH = ('curl -s -o /dev/null -w "first=%{{http_code}}\\n" {url}; touch ready; '
          'while [ ! -e go ]; do sleep 0.05; done; curl -s -o /dev/null -w "after=%{{http_code}}\\n" {url}; exit 5')
 
