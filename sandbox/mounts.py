@@ -191,13 +191,24 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
             if not os.path.isdir(path):  # it lay under a mask: make its mount point
                 os.makedirs(path, mode=0o755, exist_ok=True)
             _move(clone, path)
+        if os.path.isdir(PRIVATE_SHM):  # before the covered paths are listed: what lies there is gone
+            _libc.mount("tmpfs", PRIVATE_SHM, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
         islands = sorted({os.path.realpath(p) for p in read_only if os.path.isdir(p)}, key=len)
-        # Each folder between a writable tree and an island becomes a mount point of its own
-        # (a bind onto itself, still writable): a mount point cannot be renamed or removed
-        # (EBUSY), so the command cannot move the island away and put its own folder at the
-        # path the proxy imports from. Then the island itself is put on read-only.
-        for folder in pinned_chain(islands, trees):
-            _rebind(folder, read_only=False)
+        covered = _covered(hidden, replaced or {}, sockets)
+        # Each folder between a writable tree and an island or a covered path becomes a mount
+        # point of its own (a bind onto itself, still writable): a mount point cannot be renamed
+        # or removed (EBUSY), so the command cannot move the island away and put its own folder
+        # at the path the proxy imports from, nor move a hidden folder's parent away (the cover
+        # goes with it: measured, `mv ~/.local ~/.local2` with the state folder in a project at
+        # $HOME stuck on the host) and plant its own CA or control socket at the state folder's
+        # path for the next run. Then the island itself is put on read-only. No mount at all
+        # when nothing lies inside a writable tree.
+        for folder in pinned_chain([*islands, *covered.targets()], trees):
+            try:
+                _rebind(folder, read_only=False)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot pin {folder} (a folder on the way to a hidden or read-only "
+                                       f"path in a writable tree; the command could move it): {e.strerror}") from e
         for folder in islands:
             _rebind(folder, read_only=True)
         for folder in masks:
@@ -205,9 +216,7 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
     finally:
         for _, clone, _ in clones:
             os.close(clone)
-    if os.path.isdir(PRIVATE_SHM):
-        _libc.mount("tmpfs", PRIVATE_SHM, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
-    _cover(hidden, replaced or {}, sockets)
+    _cover(covered)
 
 
 def _rebind(folder: str, read_only: bool) -> None:
@@ -225,9 +234,17 @@ def _within(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree.rstrip("/") + "/")
 
 
-def _cover(hidden: Iterable[str], replaced: Mapping[str, bytes], sockets: Iterable[str]) -> None:
-    """Mount an empty folder over each hidden one, other contents over each replaced file,
-    an empty file over each socket; all from one detached read-only tmpfs."""
+class _Covered:
+    """The paths to cover, by their real paths, as they are found once the writable trees are back."""
+
+    def __init__(self, hidden: list[str], replaced: dict[str, bytes], sockets: list[str]):
+        self.hidden, self.replaced, self.sockets = hidden, replaced, sockets
+
+    def targets(self) -> list[str]:
+        return [*self.hidden, *self.replaced, *self.sockets]
+
+
+def _covered(hidden: Iterable[str], replaced: Mapping[str, bytes], sockets: Iterable[str]) -> _Covered:
     # Mount targets are named by their real paths: a mount over a link would not cover its target.
     hidden = [os.path.realpath(p) for p in hidden if os.path.isdir(p)]
     replaced = {os.path.realpath(p): data for p, data in replaced.items() if os.path.isfile(p)}
@@ -237,6 +254,13 @@ def _cover(hidden: Iterable[str], replaced: Mapping[str, bytes], sockets: Iterab
     # proxy's socket lives in egress's state folder, which is hidden.)
     replaced = {p: data for p, data in replaced.items() if not any(_within(p, h) for h in hidden)}
     sockets = [p for p in sockets if not any(_within(p, h) for h in hidden)]
+    return _Covered(hidden, replaced, sockets)
+
+
+def _cover(covered: _Covered) -> None:
+    """Mount an empty folder over each hidden one, other contents over each replaced file,
+    an empty file over each socket; all from one detached read-only tmpfs."""
+    hidden, replaced, sockets = covered.hidden, covered.replaced, covered.sockets
     if not (hidden or replaced or sockets):
         return
     staging = _tmpfs_detached()
