@@ -177,6 +177,78 @@ def test_egress_state_is_hidden(tmp_path, host_dir):
     assert result.stdout == "no-key\n"
 
 
+# The state folder inside the project (a run whose project is $HOME): the red team renamed the
+# hidden folder's parent (`mv ~/.local ~/.local2`), the hiding mount went with it, the rename
+# stuck on the host, and the command made ~/.local/state/egress again with its own CA for the
+# next run. Every folder on the way is now a mount point: each attempt below must fail so.
+STATE_ATTACKS = textwrap.dedent("""
+    import ctypes, errno, json, os, sys
+    home, state = sys.argv[1], sys.argv[2]
+    local, parent = os.path.join(home, ".local"), os.path.dirname(state)
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen = {}
+    def attempt(name, call):
+        try:
+            call()
+            seen[name] = 0
+        except OSError as e:
+            seen[name] = e.errno
+    def umount(path):
+        if libc.umount2(path.encode(), 2) != 0:  # MNT_DETACH
+            raise OSError(ctypes.get_errno(), path)
+    attempt("mv grandparent", lambda: os.rename(local, local + "2"))
+    attempt("mv parent", lambda: os.rename(parent, parent + "2"))
+    attempt("mv state", lambda: os.rename(state, state + "2"))
+    for name, path in (("state", state), ("parent", parent), ("grandparent", local)):
+        attempt("rmdir " + name, lambda: os.rmdir(path))
+        attempt("umount " + name, lambda: umount(path))
+    # With a user and mount namespace of its own (capabilities there), the mounts are locked.
+    if libc.unshare(0x10000000 | 0x00020000) == 0:  # CLONE_NEWUSER | CLONE_NEWNS
+        attempt("nested umount grandparent", lambda: umount(local))
+        attempt("nested mv grandparent", lambda: os.rename(local, local + "2"))
+    print(json.dumps(seen))
+""")
+
+
+def test_the_state_folder_in_the_project_cannot_be_moved_away(tmp_path, host_dir, https_upstream, test_ca_file,
+                                                               curl_path):
+    home = host_dir / "home"
+    state = home / ".local" / "state" / "egress"
+    (home / "work").mkdir(parents=True)
+
+    def run(*command):
+        args = run_args(tmp_path, home, *command, extra=["--upstream-ca", str(test_ca_file)])
+        args[args.index("--state-dir") + 1] = str(state)
+        return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=home,
+                              env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+
+    first = run("true")  # the state folder and its CA, as a first run leaves them
+    assert first.returncode == 0, first.stderr
+    chain = [home / ".local", home / ".local" / "state", state, state / "ca"]
+    before = {path: os.lstat(path).st_ino for path in chain}
+    ca = (state / "ca" / "mitmproxy-ca.pem").read_bytes()
+    entries = sorted(p.name for p in home.iterdir())
+
+    url = https_upstream.url("allowed.test", "/small")
+    result = run("sh", "-c", f'"$0" -c "$1" {home} {state} && curl -sS {url}', sys.executable, STATE_ATTACKS)
+    attacks, _, body = result.stdout.partition("\n")
+    seen = json.loads(attacks)  # {attempt: errno}, 0 where it succeeded
+    assert {"mv grandparent", "mv parent", "mv state", "rmdir state", "umount state"} <= set(seen)
+    for name, error in seen.items():
+        if name.startswith("umount"):
+            assert error == errno.EPERM, (name, seen)  # no capability left to unmount
+        elif name.startswith("nested umount"):
+            assert error == errno.EINVAL, (name, seen)  # locked (MNT_LOCKED)
+        else:
+            assert error == errno.EBUSY, (name, seen)  # a mount point
+    assert result.returncode == 0, result.stderr
+    # Nothing changed on the host, and the run still works through its proxy.
+    assert {path: os.lstat(path).st_ino for path in chain} == before
+    assert (state / "ca" / "mitmproxy-ca.pem").read_bytes() == ca
+    assert sorted(p.name for p in home.iterdir()) == entries
+    assert body == "hello from upstream\n"
+
+
 def test_a_secret_file_bound_to_a_host_shows_its_placeholder(tmp_path, host_dir, https_upstream, test_ca_file,
                                                               curl_path):
     token = host_dir / "token"
