@@ -64,8 +64,12 @@ def main() -> None:
     parser.add_argument("--ref", default="HEAD", help="the commit to compare against (default HEAD)")
     parser.add_argument("--new", help="a commit to measure instead of the working tree")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--state-in-project", action="store_true",
+                        help="the state folder at project/.local/state/egress (a project at $HOME): "
+                             "the folders on its way are pinned as mount points")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="egress-launcher-compare-"))
+    state = tmp / "project" / ".local" / "state" / "egress" if args.state_in_project else tmp / "state"
     try:
         old = unpack(args.ref, tmp / "old")
         new = unpack(args.new, tmp / "new") if args.new else REPO
@@ -73,7 +77,7 @@ def main() -> None:
         project, scratch = tmp / "project", tmp / "tmp"
         project.mkdir()
         scratch.mkdir()
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "EGRESS_STATE_DIR": str(tmp / "state"),
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "EGRESS_STATE_DIR": str(state),
                "TMPDIR": str(scratch), "EGRESS_WARM_IDLE": "600"}
         subprocess.run(entry(new, "ca", "path"), env=env, cwd=project, capture_output=True, check=True)
         variants = {
@@ -101,7 +105,7 @@ def main() -> None:
             print(f"ratio {name} / {args.ref}, {mode}: {ratio:.3f}")
         print(f"{args.rounds} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     finally:
-        stop_warm_servers(tmp / "state")
+        stop_warm_servers(state)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
