@@ -16,6 +16,7 @@ network namespace. The mount namespace the sandbox already has closes both:
 4. /dev/shm becomes a private tmpfs (what the command leaves there dies with it);
 5. `hidden` folders (egress's state: the run's control socket, the CA's private key) show as
    empty; `replaced` files (secrets bound to hosts) show other contents (their placeholder);
+   the folders leading to a covered path from a writable tree are pinned as mount points;
 6. every pathname socket of the host found when the run starts (see host_sockets: the ones
    /proc/net/unix lists, read before the namespaces are made, and every socket file in the
    folders they lie in and in ~/.ssh, ~/.gnupg, ~/.docker) and still visible gets an empty
