@@ -397,6 +397,56 @@ def test_read_only_folders_inside_the_project_can_be_neither_changed_nor_moved_a
     assert sorted(os.listdir(tmp_path / ".venv")) == ["lib", "other"] and os.listdir(site) == ["egress"]
 
 
+# What lies inside the project and is covered by a mount (hidden: egress's state; a host
+# socket: an empty file over it). Moving a folder on the way took the cover along, and the
+# command could then put its own folder or socket at the path (red team, state in $HOME).
+COVERED_IN_PROJECT = [
+    # (case, path inside the project, a socket (else a hidden folder))
+    ("hidden folder two deep", ".local/state/egress", False),
+    ("hidden folder at the top", "state", False),
+    ("host socket", "run/agent/agent.sock", True),
+]
+
+
+@pytest.mark.parametrize("case,inside,is_socket", COVERED_IN_PROJECT, ids=[c[0] for c in COVERED_IN_PROJECT])
+@pytest.mark.parametrize("fs_confinement", [True, False], ids=["confined", "no-fs-confinement"])
+def test_covered_paths_inside_the_project_cannot_be_moved_away(tmp_path, case, inside, is_socket, fs_confinement):
+    project = tmp_path / "project"
+    target = project / inside
+    target.parent.mkdir(parents=True)
+    listener = None
+    if is_socket:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(target))  # listed in /proc/net/unix: covered
+    else:
+        target.mkdir()
+        (target / "key").write_text("secret")
+    chain = [target, *[p for p in target.parents if project in p.parents]]  # the path and each folder up to the project
+    before = {p: os.lstat(p).st_ino for p in chain}
+    script = """
+        import json, os, sys
+        seen = {}
+        for path in sys.argv[1:]:
+            for name, call in (("mv", lambda: os.rename(path, path + "2")), ("rm", lambda: (os.rmdir if os.path.isdir(path) else os.unlink)(path))):
+                try:
+                    call()
+                    seen[name + " " + path] = 0
+                except OSError as e:
+                    seen[name + " " + path] = e.errno
+        print(json.dumps(seen))
+    """
+    try:
+        status, out = run([*py(script), *map(str, chain)], project, writable=[project], fs_confinement=fs_confinement,
+                          hidden=[] if is_socket else [str(target)])
+    finally:
+        if listener is not None:
+            listener.close()
+    assert status == 0
+    assert json.loads(out) == {f"{verb} {p}": errno.EBUSY for p in chain for verb in ("mv", "rm")}
+    assert {p: os.lstat(p).st_ino for p in chain} == before
+    assert sorted(os.listdir(project)) == [inside.split("/")[0]]
+
+
 def test_without_fs_confinement_writes_go_wherever_the_uid_may(areas):
     w, other, etc_name = areas
     status, _ = run(["sh", "-c", f"echo x > {other}/free"], w, writable=[w], fs_confinement=False)
