@@ -256,6 +256,14 @@ def nul_in_header(proxy, ctx):
     return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="X-A: a\x00b\r\n"))
 
 
+def space_before_colon(proxy, ctx):  # a header name that is not a token: mitmproxy's validate_request
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="Host : x\r\n"), then=b"ping")
+
+
+def space_in_header_name(proxy, ctx):
+    return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="X Y: z\r\n"), then=b"ping")
+
+
 def body_header(proxy, ctx):
     return raw(proxy, connect_head(f"passthrough.test:{ctx['echo'].port}", extra="Content-Length: 4\r\n") + b"ping")
 
@@ -319,6 +327,8 @@ CASES = [  # (case, served by the front)
     (bare_lf, 0),
     (obs_fold, 0),
     (nul_in_header, 0),
+    (space_before_colon, 0),
+    (space_in_header_name, 0),
     (body_header, 0),
     (closes_mid_head, 0),
     (closes_at_once, 0),
