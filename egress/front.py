@@ -31,7 +31,10 @@ from the accept, as they did.
 
 A tunnel served here does what the mitmproxy path does, in its order: the same ``allow``
 event (Reporter's fields), 200 with mitmproxy's bytes, the head timeout until the client's
-first bytes, then the upstream dialled at the pinned address (no event if that fails: the
+first bytes, the policy looked at again if a reload replaced it meanwhile (``Front.recheck``:
+denied, off passthrough or its address no longer accepted, the connection is closed with one
+block event, nothing dialled; mitmproxy's Passthrough looks again at that point too), then
+the upstream dialled at the pinned address (no event if that fails: the
 client's connection is closed, as mitmproxy closes it; no dial timeout, as mitmproxy has none:
 the kernel's SYN retries or the idle timeout end a dial nobody answers, and a client's reset
 cancels it, but not its FIN, which TCP cannot tell from a half-close), the connect latency observed, both
@@ -55,6 +58,7 @@ from .addons.limits import bad_head
 from .engine import client_label
 from .events import Event
 from .hosts import InvalidHost, parse_host
+from .policy import Decision
 
 logger = logging.getLogger("egress")
 
@@ -161,6 +165,20 @@ class Front:
         if ip is None:
             return None
         return host, port, decision.rule, ip
+
+    def recheck(self, host, port: int, ip):
+        """None if the policy in force still lets this tunnel's first bytes go to ``ip`` untouched;
+        else the refusal. The decision was made at the CONNECT, the dial waits for the client's
+        first bytes (up to the head timeout): a reload in between must apply to it."""
+        policy = self.engine.policy
+        decision = policy.decide(host, port)
+        if not decision.allowed:
+            return decision
+        if policy.passthrough(host, port) is None:  # mitmproxy would intercept it now
+            return Decision(host.name, port, False, "protocol",
+                            detail="no longer on the passthrough list (the policy was reloaded after the CONNECT)")
+        chosen = policy.choose_address(host, port, [ip])
+        return chosen if isinstance(chosen, Decision) else None
 
     def record(self, peername, host, port: int, rule) -> None:
         """The event Reporter.http_connect records for an allowed CONNECT."""
@@ -306,6 +324,7 @@ class _Conn(asyncio.Protocol):
         self.state = OPEN
         self.buf = self.buf[head_length:]
         self.host, self.port, self.ip = host, port, ip
+        self.policy = front.engine.policy  # the policy that decided: _dial looks again if it changed
         front.record(self.peername, host, port, rule)
         front.engine.recorder.metrics.open_connections.inc()
         front.limits.reclaimer.opened()
@@ -317,6 +336,13 @@ class _Conn(asyncio.Protocol):
             self._dial()
 
     def _dial(self) -> None:
+        front = self.front
+        if front.engine.policy is not self.policy:
+            refusal = front.recheck(self.host, self.port, self.ip)
+            if refusal is not None:  # one block event, the connection closed, nothing dialled
+                front.engine.record_refusal(client_label(self.peername), "TUNNEL", refusal)
+                self.close()
+                return
         self.state = CONNECTING
         self.waiting = None  # the head timeout ends where mitmproxy's relay would be chosen
         self.started = time.time()

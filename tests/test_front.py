@@ -571,6 +571,59 @@ def test_a_policy_reload_applies_to_the_next_connect(proxy_factory):
         echo.close()
 
 
+def wait_reloaded(proxy, times: int = 1) -> None:
+    deadline = time.monotonic() + 20
+    while sum("reloaded" in line for line in proxy.stderr_lines) < times and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+RELOADS = {  # the policy after the reload: the host denied, and also taken off the passthrough list
+    "denied": lambda text: text.replace('deny = ["denied.passthrough.test"]', 'deny = ["passthrough.test"]'),
+    "denied and not passthrough": lambda text: text.replace(
+        'deny = ["denied.passthrough.test"]', 'deny = ["passthrough.test"]').replace(
+        'passthrough = ["passthrough.test", ', 'passthrough = ['),
+}
+
+
+@pytest.mark.parametrize("reload", list(RELOADS))
+def test_a_reload_between_the_200_and_the_first_tunnel_bytes_applies_to_the_tunnel(proxy_factory, reload):
+    # The front decides at the CONNECT and dials at the client's first tunnel bytes, up to the
+    # head timeout later. Measured before: 8 tunnels answered 200, then the host denied (and taken
+    # off passthrough) by a reload, then "ping" on each: all 8 dialled and echoed by the front;
+    # mitmproxy's path closed them (its Passthrough looks at the policy again at the first bytes,
+    # and the intercepted tunnel carried no HTTP). Now the front looks again too: closed, one
+    # block event, nothing dialled. (With the host only denied, still on passthrough, mitmproxy's
+    # path still relays: its Passthrough asks passthrough(), not decide(); not asserted here.)
+    echo = Echo()
+    try:
+        paths = ((None, 1), (OFF, 0)) if reload != "denied" else ((None, 1),)  # mitmproxy's relays it (above)
+        for env, served in paths:
+            proxy = proxy_factory(policy(1), names=NAMES, env=env)
+            sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+            sock.sendall(connect_head(f"passthrough.test:{echo.port}"))
+            answer = read_until(sock, b"\r\n\r\n")
+            events_before = len(proxy.audit())
+            (proxy.state_dir.parent / "policy.toml").write_text(RELOADS[reload](policy(1)))
+            wait_reloaded(proxy)
+            sock.sendall(b"ping")
+            sock.settimeout(10)
+            try:
+                while chunk := sock.recv(100):
+                    answer += chunk
+                answer += b"<EOF>"
+            except ConnectionResetError:
+                answer += b"<EOF>"
+            sock.close()
+            settle(proxy, events_before)
+            events = [(e["method"], e["decision"]) for e in proxy.audit()[events_before:]]
+            assert answer == b"HTTP/1.1 200 Connection established\r\n\r\n<EOF>", (env, answer)
+            assert echo.accepted == 0 and front_served(proxy) == served
+            assert [d for _, d in events] == ["block"], events
+            assert metric_values(proxy).get("egress_open_connections", 0) == 0
+    finally:
+        echo.close()
+
+
 def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
     echo = Echo()
     try:
