@@ -624,6 +624,72 @@ def test_a_reload_between_the_200_and_the_first_tunnel_bytes_applies_to_the_tunn
         echo.close()
 
 
+class NotReading:
+    """A listener on 127.0.0.1:0 that accepts and never reads, with a 536-byte MSS and a small
+    receive buffer (a slow path's: on loopback's 64 KiB MSS the kernel took a first write of
+    512 KiB whole, so no buffer ever filled in user space)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.held = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+def pushed_until_blocked(proxy, port: int, cap: int) -> int:
+    """Bytes a client gets into a passthrough tunnel to ``port`` (its first 2 MiB sent at once,
+    while the front dials) before a send makes no progress for 2 s; ``cap`` at most."""
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    try:
+        sock.sendall(connect_head(f"passthrough.test:{port}"))
+        read_until(sock, b"\r\n\r\n")
+        sock.settimeout(2)
+        chunk, pushed = b"x" * (2 << 20), 0
+        try:
+            while pushed < cap:
+                pushed += sock.send(chunk)
+        except socket.timeout:
+            pass
+        return pushed
+    finally:
+        sock.close()
+
+
+def test_an_upstream_that_does_not_read_stops_the_client_as_on_mitmproxys_path(proxy_factory):
+    # The front pauses the client while it dials (past 256 KiB) and then writes what it holds to
+    # the upstream. Measured before: when that write filled the upstream's buffer, its
+    # pause_writing paused the client and the front resumed it right after; asyncio calls
+    # pause_writing once, so everything the client sent later was buffered: 1.5 GB in 20 s
+    # against mitmproxy's path's 8 MiB. The cap is far above either path's kernel buffers.
+    upstream = NotReading()
+    try:
+        cap = 64 << 20
+        pushed = {}
+        for name, env in (("front", None), ("mitmproxy", OFF)):
+            proxy = proxy_factory(policy(1), names=NAMES, env=env)
+            pushed[name] = (pushed_until_blocked(proxy, upstream.port, cap), front_served(proxy))
+        assert pushed["front"][0] < cap and pushed["mitmproxy"][0] < cap, pushed
+        assert pushed["front"][1] == 1 and pushed["mitmproxy"][1] == 0
+    finally:
+        upstream.close()
+
+
 def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
     echo = Echo()
     try:
