@@ -260,10 +260,12 @@ class _Conn(asyncio.Protocol):
         state = self.state
         if state is WAIT:
             self.hand_over(lost=exc or True)
-        elif state is RELAY and self.up is not None and not self.up_eof and not self.up.is_closing():
-            self.client_eof = True
-            self.up.write_eof()  # as mitmproxy half-closes the other side; it ends when that side does
         elif state is not DONE and state is not HANDED:
+            # Lost (a reset, a failed write: a half-close is eof_received), nothing reaches the
+            # client any more: both ends closed, what is queued upstream still written. Measured
+            # before, when the upstream was only half-closed here: an upstream that streams and
+            # ignores EOF kept each such tunnel (its slot, its socket) past the idle timeout, for
+            # ever, the bytes it sent dropped; mitmproxy's path closed them.
             self.close()
 
     def pause_writing(self) -> None:  # the client's buffer is full: stop reading the upstream

@@ -690,6 +690,71 @@ def test_an_upstream_that_does_not_read_stops_the_client_as_on_mitmproxys_path(p
         upstream.close()
 
 
+class Streaming:
+    """A listener on 127.0.0.1:0 that sends 1 KiB every 50 ms on each connection until a send
+    fails, and never reads: an EOF from the proxy changes nothing."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._stream, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _stream(conn):
+        with conn:
+            try:
+                while True:
+                    conn.sendall(b"z" * 1024)
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+def open_connections_settled(proxy) -> float:
+    deadline = time.monotonic() + 20
+    while (value := metric_values(proxy).get("egress_open_connections", 0)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def test_a_client_gone_ends_its_tunnel_though_the_upstream_still_sends(proxy_factory):
+    # A client half-closes a tunnel to an upstream that keeps sending, then closes with that
+    # data unread: its kernel resets. Measured before: the front only half-closed the upstream
+    # and waited for its EOF, which never came; the upstream's bytes (dropped) kept the idle
+    # timeout away, so the tunnel, its socket and the client's slot stayed for ever, and with
+    # --max-client-connections 3 the next tunnel was refused. mitmproxy's path closed them.
+    upstream = Streaming()
+    try:
+        seen = {}
+        for name, env in (("front", None), ("mitmproxy", OFF)):
+            proxy = proxy_factory(policy(1), "--max-client-connections", "3", names=NAMES, env=env)
+            for _ in range(3):
+                sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+                sock.sendall(connect_head(f"passthrough.test:{upstream.port}") + b"hi")
+                read_until(sock, b"zzzz")
+                sock.shutdown(socket.SHUT_WR)
+                time.sleep(0.2)  # more of the upstream's bytes arrive, unread
+                sock.close()
+            left = open_connections_settled(proxy)
+            answer = raw(proxy, connect_head(f"passthrough.test:{upstream.port}"), wait=0.5)
+            seen[name] = (left, answer[:39], front_served(proxy))
+        assert seen["front"][:2] == seen["mitmproxy"][:2] == (0, b"HTTP/1.1 200 Connection established\r\n\r\n")
+        assert seen["front"][2] == 4 and seen["mitmproxy"][2] == 0
+    finally:
+        upstream.close()
+
+
 def test_an_idle_front_tunnel_is_closed_after_the_idle_timeout(proxy_factory):
     echo = Echo()
     try:
