@@ -17,6 +17,9 @@ from .resolver import Resolver
 class Engine:
     def __init__(self, policy: Policy, resolver: Resolver, recorder: Recorder):
         self.policy = policy
+        # +1 at each replace_policy: what a connection keeps to tell whether the policy changed
+        # since it was decided (a reference to the policy itself would keep a replaced one alive)
+        self.policy_generation = 0
         self.resolver = resolver
         self.recorder = recorder
         # mitmproxy Client -> its ConnState (tunnel, pinned addresses, limits); weak keys, and
@@ -42,6 +45,7 @@ class Engine:
 
     def replace_policy(self, policy: Policy) -> None:
         self.policy = policy
+        self.policy_generation += 1
         self.recorder.metrics.policy_rules.set(policy.rule_count)
 
     def record_refusal(self, client: str, method: str, decision: Decision):

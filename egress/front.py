@@ -327,7 +327,7 @@ class _Conn(asyncio.Protocol):
         self.state = OPEN
         self.buf = self.buf[head_length:]
         self.host, self.port, self.ip = host, port, ip
-        self.policy = front.engine.policy  # the policy that decided: _dial looks again if it changed
+        self.generation = front.engine.policy_generation  # _dial looks again if the policy changed
         front.record(self.peername, host, port, rule)
         front.engine.recorder.metrics.open_connections.inc()
         front.limits.reclaimer.opened()
@@ -340,7 +340,7 @@ class _Conn(asyncio.Protocol):
 
     def _dial(self) -> None:
         front = self.front
-        if front.engine.policy is not self.policy:
+        if front.engine.policy_generation != self.generation:
             refusal = front.recheck(self.host, self.port, self.ip)
             if refusal is not None:  # one block event, the connection closed, nothing dialled
                 front.engine.record_refusal(client_label(self.peername), "TUNNEL", refusal)
