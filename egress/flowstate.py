@@ -66,6 +66,7 @@ class ConnState:
     """One client connection."""
 
     tunnel: tuple[Host, int] | None = None  # the CONNECT this connection became
+    tunnel_generation: int | None = None  # Engine.policy_generation that allowed it (addons.tunnels)
     pins: dict[str, IPAddress] = field(default_factory=dict)  # host name -> the address checked for it
     counted: str | None = None  # the client address this connection counts against (limits)
     waiting_since: float | None = None  # monotonic time since which a request head is awaited

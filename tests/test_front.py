@@ -590,14 +590,14 @@ def test_a_reload_between_the_200_and_the_first_tunnel_bytes_applies_to_the_tunn
     # The front decides at the CONNECT and dials at the client's first tunnel bytes, up to the
     # head timeout later. Measured before: 8 tunnels answered 200, then the host denied (and taken
     # off passthrough) by a reload, then "ping" on each: all 8 dialled and echoed by the front;
-    # mitmproxy's path closed them (its Passthrough looks at the policy again at the first bytes,
-    # and the intercepted tunnel carried no HTTP). Now the front looks again too: closed, one
-    # block event, nothing dialled. (With the host only denied, still on passthrough, mitmproxy's
-    # path still relays: its Passthrough asks passthrough(), not decide(); not asserted here.)
+    # mitmproxy's path closed them (its Passthrough looks at passthrough() again at the first
+    # bytes, and the intercepted tunnel carried no HTTP). With the host only denied, still on
+    # passthrough, mitmproxy's path relayed all 8 too: Passthrough asked passthrough(), not
+    # decide(). Now both look again when the policy changed since the CONNECT: closed, one
+    # block event, nothing dialled.
     echo = Echo()
     try:
-        paths = ((None, 1), (OFF, 0)) if reload != "denied" else ((None, 1),)  # mitmproxy's relays it (above)
-        for env, served in paths:
+        for env, served in ((None, 1), (OFF, 0)):
             proxy = proxy_factory(policy(1), names=NAMES, env=env)
             sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
             sock.sendall(connect_head(f"passthrough.test:{echo.port}"))

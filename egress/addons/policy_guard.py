@@ -38,7 +38,8 @@ class PolicyGuard:
         if not decision.allowed:
             refuse(self.engine, flow, decision)
             return
-        self.engine.conn(flow.client_conn).tunnel = (state.host, flow.request.port)
+        conn = self.engine.conn(flow.client_conn)
+        conn.tunnel, conn.tunnel_generation = (state.host, flow.request.port), self.engine.policy_generation
         self._remember(flow, state, decision)
 
     @fail_closed

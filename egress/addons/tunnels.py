@@ -21,6 +21,7 @@ from mitmproxy import http
 from mitmproxy.proxy import layer
 
 from .. import mitm, refusal
+from ..refusal import NONE, refuse
 from ..mitm import becomes_websocket
 from ..engine import Engine
 from ..failclosed import fail_closed
@@ -48,8 +49,31 @@ class Passthrough:
             host = parse_host(name)
         except InvalidHost:
             return
-        if self.engine.policy.passthrough(host, port) is not None:
-            nextlayer.layer = mitm.opaque_relay(context, self._count)
+        if self.engine.policy.passthrough(host, port) is None:
+            return
+        refused = self._refusal_since_connect(context.client, host, port)
+        if refused is not None:
+            refuse(self.engine, context.client, refused, how=NONE, method="TUNNEL")
+            nextlayer.layer = mitm.closing_layer(context)
+            return
+        nextlayer.layer = mitm.opaque_relay(context, self._count)
+
+    def _refusal_since_connect(self, client, host, port: int):
+        """The policy's refusal of a tunnel whose CONNECT an earlier policy allowed; None if the
+        policy is the same or still allows it. The relay starts at the client's first bytes, up to
+        the head timeout after the 200: measured, 8 CONNECTs held across a reload that denied the
+        host (left on passthrough) were all relayed. A host refused as only not-allowed stays open
+        if this run granted it (a grant is the asker's, not the policy's)."""
+        state = self.engine.connections.get(client)
+        if state is None or state.tunnel_generation in (None, self.engine.policy_generation):
+            return None
+        decision = self.engine.policy.decide(host, port)
+        if decision.allowed:
+            return None
+        asker = self.engine.asker
+        if decision.reason == "not-allowed" and asker is not None and host.name in asker.state.grants:
+            return None
+        return decision
 
 
 class ProtocolGuard:
