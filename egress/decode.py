@@ -18,9 +18,10 @@ import binascii
 import re
 import zlib
 from bisect import bisect_right
+from itertools import accumulate
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
-           "B64_MIN_RUN", "HEX_MIN_RUN", "RUN_TABLE", "RUN_TRIGGERS", "run_starts", "run_start", "run_segments"]
+           "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "RUN_TABLE", "RUN_TRIGGERS", "run_starts", "run_start", "run_segments"]
 
 
 # ------------------------------------------------------------------ content-encoding
@@ -318,7 +319,14 @@ _RUN = re.compile(b"a" * B64_MIN_RUN + b"a*")
 _ANY_RUN_RAW = re.compile(rb"[A-Za-z0-9+/_\-]+")
 _URLSAFE_TO_STD = bytes.maketrans(b"-_", b"+/")
 _HEX_CHARS = b"0123456789abcdefABCDEF"
-_NEWLINE = re.compile(rb"\r?\n|\\r\\n|\\n")
+# Wrapped base64 (``base64 -w W``, PEM 64, MIME 76, YAML block scalars): lines of one
+# width W joined by one line break (raw or JSON-escaped) and the same indentation. W is
+# at least WRAP_MIN: a whole line of 16+ run characters over another is base64, a list of
+# ids or a hex dump, never prose. (16, not more: `base64 -w 16..39` got a token out, each
+# line decoded alone; red-team pass.)
+WRAP_MIN = 16
+_BREAK = re.compile(rb"(?:\r?\n|\\r\\n|\\n)[ \t]*")  # a line break and the next line's indentation
+_BREAK_FIRST = frozenset(b"\r\n\\")
 
 
 def _linear_point(pieces: list[tuple[int, int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
@@ -528,19 +536,24 @@ def _json_decode_all(raws: list[bytes]) -> list[bytes] | None:
     return _json_simple(joined).split(_JOIN)
 
 
-def _b64_point(lines: list[tuple[int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
-    i = max(0, bisect_right(dec_starts, d - 1 if end else d) - 1)
-    rs, rl, ds = lines[i]
-    k = d - ds
-    return min(rs + rl, rs + (-(-k * 4 // 3) if end else k * 4 // 3))
+def _b64_span(line: tuple[int, int], s: int, e: int) -> tuple[int, int]:
+    """Map for one base64 run buf[line[0]:line[1]]: a decoded span maps to the characters
+    that carry its bits."""
+    a, b = line
+    return a + s * 4 // 3, min(b, a + -(-e * 4 // 3))
 
 
-def _b64_span(lines: list[tuple[int, int, int]], s: int, e: int) -> tuple[int, int]:
-    """Map for base64 lines decoded one after another: ``lines`` are (raw_start, raw_len,
-    dec_start); every line but the last is a multiple of 4 characters. A decoded span
-    maps to the characters that carry its bits."""
-    dec_starts = [line[2] for line in lines]
-    return _b64_point(lines, dec_starts, s, False), _b64_point(lines, dec_starts, e, True)
+def _wrapped_span(arg: tuple[list[tuple[int, int]], int], s: int, e: int) -> tuple[int, int]:
+    """Map for the lines of a wrapped base64 text, joined and decoded from character
+    ``phase`` of the joined text on: the characters that carry a decoded span's bits,
+    which may be on several lines. (The line offsets are worked out here: only for a
+    text something was found in.)"""
+    lines, phase = arg
+    cs, ce = phase + s * 4 // 3, phase + -(-e * 4 // 3)
+    offsets = list(accumulate([b - a for a, b in lines], initial=0))
+    i = min(bisect_right(offsets, cs) - 1, len(lines) - 1)
+    j = min(bisect_right(offsets, ce - 1) - 1, len(lines) - 1)
+    return lines[i][0] + cs - offsets[i], min(lines[j][1], lines[j][0] + ce - offsets[j])
 
 
 _PADDING = (b"", b"", b"==", b"=")
@@ -566,10 +579,11 @@ def _mixed_case(run: bytes) -> bool:
 
 
 def run_starts(buf: bytes) -> list[int]:
-    """Where each run of B64_MIN_RUN or more run characters in ``buf`` starts. What
+    """Where each run of B64_MIN_RUN or more run characters in ``buf`` starts, and each line
+    of WRAP_MIN or more after a line of WRAP_MIN to B64_MIN_RUN - 1 (wrapped base64). What
     :data:`RUN_TRIGGERS` stand in for: the detector finds the runs that matter with those
     in its one compiled pass, and the tests check it against this."""
-    return [m.start() for m in _RUN.finditer(buf.translate(RUN_TABLE))]
+    return sorted([m.start() for m in _RUN.finditer(buf.translate(RUN_TABLE))] + [m.end() for m in _SHORT_LINES.finditer(buf)])
 
 
 def run_start(buf: bytes, end: int) -> int:
@@ -607,6 +621,7 @@ _R = rb"[A-Za-z0-9+/_\-]"
 _NOT_R = rb"[^A-Za-z0-9+/_\-]"
 _RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
 _NOT_UPPER = rb"[a-z0-9+/_\-]"
+_LINE_BREAK = rb"(?:\r?\n|(?:\\r)?\\n)[ \t]*"  # _BREAK
 
 
 def _times(chars: bytes, n: int) -> bytes:
@@ -619,14 +634,20 @@ RUN_TRIGGERS: tuple[tuple[bytes, int], ...] = (
     (_NOT_R + _NOT_UPPER + b"{%d,}[A-Z]" % B64_MIN_RUN, 0),
     (_RUN_EDGE + rb"[0-9+/_\-]{%d}" % B64_MIN_RUN, B64_MIN_RUN),
     (_RUN_EDGE + rb"(?:[0-7][0-9a-fA-F]){%d}" % (HEX_MIN_RUN // 2), HEX_MIN_RUN),
+    # base64 wrapped at 16-19 characters, whose lines are too short for the others: the
+    # start of each line after such a line (run_segments joins the lines before it)
+    (_RUN_EDGE + _R + b"{%d,%d}" % (WRAP_MIN, B64_MIN_RUN - 1) + _LINE_BREAK + _R + b"{%d}" % WRAP_MIN, WRAP_MIN),
 )
+# run_starts' form of the last trigger
+_SHORT_LINES = re.compile(rb"(?:^|(?<=[^A-Za-z0-9+/_\-]))" + _R + b"{%d,%d}" % (WRAP_MIN, B64_MIN_RUN - 1) + _LINE_BREAK
+                          + b"(?=" + _R + b"{%d})" % WRAP_MIN)
 
 
 def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
     """Base64 runs (mixed case, at least B64_MIN_RUN characters; the lines of a wrapped
-    base64 text are joined) and hex runs (at least HEX_MIN_RUN digits that decode to
-    ASCII), decoded. ``starts``: where runs start, at least every one that decodes
-    (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`)."""
+    base64 text are joined, see _wrapped) and hex runs (at least HEX_MIN_RUN digits that
+    decode to ASCII), decoded. ``starts``: where runs start, at least every one that
+    decodes (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`)."""
     out: list[Segment] = []
     n = len(buf)
     hex_ascii = _HEX_ASCII.fullmatch
@@ -637,7 +658,7 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
             continue  # a line already joined to the run before
         m = run_at(buf, s)
         e = m.end() if m else s
-        if e - s < B64_MIN_RUN:
+        if e - s < WRAP_MIN:
             continue
         run = buf[s:e]
         if run.islower() or run.isupper() or not run.strip(_HEX_CHARS):
@@ -645,53 +666,113 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
             if e - s >= HEX_MIN_RUN and hex_ascii(run):
                 _hex_candidate(buf, s, e, out)
             continue
-        lines = [(s, e)]
-        # A wrapped base64 text (PEM-like 64, MIME 76 characters a line): join the lines.
-        while (e - s) % 4 == 0 and e - s >= 40 and e < n:
-            nl = _NEWLINE.match(buf, e)
-            m2 = nl and _ANY_RUN_RAW.match(buf, nl.end())
-            if not m2:
-                break
-            s, e = m2.span()
-            lines.append((s, e))
+        if e < n and buf[e] in _BREAK_FIRST:
+            # a line of a wrapped text? (after a JSON "\n" the run starts at the "n")
+            wrapped = _wrapped(buf, s + 1 if buf[s] == 0x6E and s and buf[s - 1] == 0x5C else s, e, pos)
+            if wrapped is not None:
+                lines, pos = wrapped
+                _b64_wrapped(buf, lines, out)
+                continue
+        if e - s < B64_MIN_RUN:
+            continue
         pos = e
-        while e < n and buf[e] == 0x3D and e - lines[-1][1] < 2:  # "=" padding
+        while e < n and buf[e] == 0x3D and e - pos < 2:  # "=" padding
             e += 1
-        lines[-1] = (lines[-1][0], e)
-        _b64_candidate(buf, lines, out)
-        if len(lines) == 1 and b"/" in run and len(run) < 256:
+        _b64_candidate(buf, s, e, out)
+        if b"/" in run and len(run) < 256:
             # a URL path: a component may be base64 on its own
-            offset = lines[0][0]
+            offset = s
             for part in run.split(b"/"):
                 if 16 <= len(part) < len(run) and _mixed_case(part):
-                    _b64_candidate(buf, [(offset, offset + len(part))], out)
+                    _b64_candidate(buf, offset, offset + len(part), out)
                 offset += len(part) + 1
     return out
+
+
+def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[list[tuple[int, int]], int] | None:
+    """The lines of the wrapped base64 text that the run buf[s:e] is a line of, and where
+    the next run may start; None if it is not one. Lines of run characters joined by one
+    line break and indentation (_BREAK, the same every time), every one but the first and
+    the last exactly W long, W at least WRAP_MIN. The first may be shorter (text before it
+    on its line, or a stream window that starts inside it); the last may be any length,
+    and if longer than W it is also looked at as the first line of a text of its own.
+    Lines before buf[s:e] (back to ``floor``) are joined too: a line in one case is
+    no run start, nor is a line under B64_MIN_RUN after one over it.
+
+    Such a text is decoded from each phase a line starts at (see _b64_wrapped), so a line
+    joined that is not part of the text (a first line, a last line) hides nothing that
+    its decoding on its own would find."""
+    brk = _BREAK.match(buf, e)
+    if brk is None:
+        return None
+    p = brk.end()
+    m = _ANY_RUN_RAW.match(buf, p)
+    if m is None:
+        return None
+    gap = buf[e:p]
+    g = len(gap)
+    first, second = e - s, m.end() - p
+    width = first if first > second else second
+    if width < WRAP_MIN:
+        return None
+    lines = [(s, e)]
+    run_at = _ANY_RUN_RAW.match
+    q = p
+    while (m := run_at(buf, q)) is not None:  # forward: full lines, then the last
+        end = m.end()
+        lines.append((q, end))
+        if end - q != width or buf[end:end + g] != gap:
+            break
+        q = end + g
+    last_s, last_e = lines[-1]
+    after = last_s if last_e - last_s > width else last_e
+    if after == last_e:
+        while last_e < len(buf) and buf[last_e] == 0x3D and last_e - after < 2:  # "=" padding
+            last_e += 1
+        lines[-1] = (last_s, last_e)
+        after = last_e
+    if first == width:  # back: full lines, then a shorter first one
+        k = s
+        while k - g > floor and buf[k - g:k] == gap:
+            hi = k - g
+            lo = max(floor, hi - width - 1)
+            r = buf[lo:hi].translate(RUN_TABLE).rfind(b" ")
+            if r >= 0:
+                lo += r + 1
+            elif lo > 0:
+                break  # longer than W, or reaching back past floor
+            if lo == hi:
+                break
+            lines.insert(0, (lo, hi))
+            if hi - lo != width:
+                break
+            k = lo
+    return lines, after
+
+
+def _b64_wrapped(buf: bytes, lines: list[tuple[int, int]], out: list[Segment]) -> None:
+    """The lines of a wrapped base64 text, joined and decoded as one, once from each phase
+    (mod 4) a line starts at: from its own first character a line decodes as it would
+    alone, and as it does where a reader joins the lines from any earlier one on (W a
+    multiple of 4: one decoding; W = 4k + 2: two; odd W: four). So a line joined by
+    mistake, a first line that was not the text's, and a stream window's cut anywhere in
+    the text leave the text's own decoding among these."""
+    text = b"".join([buf[a:b] for a, b in lines])
+    phases = {offset % 4 for offset in accumulate([b - a for a, b in lines[:-1]], initial=0)}
+    for phase in sorted(phases):
+        dec = _b64_decode(text[phase:])
+        if dec:
+            out.append((dec, _wrapped_span, (lines, phase)))
 
 
 # Hex digits in pairs whose first digit is 0-7: bytes that are ASCII.
 _HEX_ASCII = re.compile(rb"(?:[0-7][0-9a-fA-F])+[0-9a-fA-F]?")
 
 
-def _b64_candidate(buf: bytes, lines: list[tuple[int, int]], out: list[Segment]) -> None:
-    if len(lines) == 1:  # the common case, kept cheap: near-miss data has one per 80 bytes
-        s, e = lines[0]
-        dec = _b64_decode(buf[s:e])
-        if dec:
-            out.append((dec, _b64_span, [(s, e - s, 0)]))
-        return
-    table = []
-    parts = []
-    d = 0
-    for s, e in lines:
-        dec = _b64_decode(buf[s:e])
-        if dec is None:
-            return
-        table.append((s, e - s, d))
-        parts.append(dec)
-        d += len(dec)
-    if d:
-        out.append((b"".join(parts), _b64_span, table))
+def _b64_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
+    dec = _b64_decode(buf[s:e])
+    if dec:
+        out.append((dec, _b64_span, (s, e)))
 
 
 def _hex_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
@@ -714,7 +795,7 @@ def basic_segment(buf: bytes, pos: int) -> Segment | None:
     if m is None:
         return None
     out: list[Segment] = []
-    _b64_candidate(buf, [m.span(1)], out)
+    _b64_candidate(buf, *m.span(1), out)
     return out[0] if out else None
 
 

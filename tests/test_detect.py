@@ -891,8 +891,8 @@ def _encodings(r: random.Random, text: str) -> str:
         lambda: base64.b64encode(raw).decode(),
         lambda: base64.urlsafe_b64encode(raw).decode().rstrip("="),
         lambda: "Basic " + base64.b64encode(b"x-access-token:" + raw).decode(),
-        lambda: "\n".join(textwrap.wrap(base64.b64encode(r.randbytes(r.randrange(0, 40)) + raw).decode(),
-                                        r.choice([64, 76]))),
+        lambda: r.choice(["\n", "\r\n", "\\n", "\n  "]).join(textwrap.wrap(
+            base64.b64encode(r.randbytes(r.randrange(0, 40)) + raw).decode(), r.choice([16, 17, 19, 22, 57, 64, 76]))),
         lambda: raw.hex() if r.random() < .5 else raw.hex().upper(),
         lambda: urllib.parse.quote(base64.b64encode(raw).decode(), safe=""),
         lambda: base64.b64encode(json.dumps({"k": text}).replace("/", "\\/").encode()).decode(),
@@ -1006,6 +1006,9 @@ RUN_EDGES = [
     b" " + b"a" * 18 + b"Q",  # 19: too short
     b'"' + b"aB" * 40 + b'"' + b"cD" * 12 + b"=",  # runs one character apart; "=" padding after
     b" " + b"QUJD" * 20 + b"\n" + b"QUJD" * 5 + b"\n",  # wrapped base64: the second line joined
+    b"QUJDRA" * 3 + b"\n" + b"RUZHSA" * 3 + b"\n" + b"SUpLTA" * 3 + b"\n",  # lines of 18: no run start of 20
+    b"x: " + b"QUJDR" * 3 + b"AB\\n" + b"RUZHSA" * 3 + b"\\n" + b"SUpL",  # 17 then 18, JSON-escaped
+    b"QUJDRA" * 3 + b"\n  " + b"RUZHSA" * 3 + b"\n" + b"SUpLTA" * 3,  # the indentation changes
     b" " + b"4142434445464748494A4B4C4D4E4F50" + b".",  # hex with upper-case letters (an ASCII layer)
     b" " + b"0123456789+/_-0123456789" + b" " + b"a" * 25 + b"Z" * 25,
     b"x-" + b"aZ" * 2000 + b"|",  # longer than a 4 KiB step back
@@ -1185,3 +1188,91 @@ def test_one_escape_early_in_streamed_base64_does_not_hide_what_follows(lead, es
         found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
         found += scanner.finish()
         assert [f.kind for f in found] == ["github-token"] and found == DET.scan(data), n
+
+
+# ------------------------------------------------------------ wrapped base64
+#
+# A hostile command picks its own wrapping: `base64 -w 32` decoded each line alone (the
+# token split over NUL-separated pieces), `base64 -w 57` decoded lines out of phase, and
+# indented (YAML) or CRLF/JSON-escaped lines were not joined at all; only widths 40, 44,
+# ... 76 were caught (red-team pass).
+
+WRAP_WIDTHS = [*range(16, 25), 28, 32, 36, 57, 60, 64, 76, 77, 80]
+# (what writes it, text before the first line, line break, indentation, text after)
+WRAP_FORMS = [
+    ("base64 -w W", "", "\n", "", "\n"),
+    ("MIME, CRLF", "Content-Transfer-Encoding: base64\r\n\r\n", "\r\n", "", "\r\n"),
+    ("a JSON string", '{"file": "', "\\n", "", '"}'),
+    ("a JSON string of CRLF text", '{"file": "', "\\r\\n", "", '"}'),
+    ("a YAML block scalar", "data:\n  file: |\n    ", "\n", "    ", "\n  other: 1\n"),
+    ("tab-indented", "\t", "\n", "\t", "\n"),
+    ("a decoy line of the same width first", "", "\n", "", "\n"),
+]
+
+
+def wrapped(form, b64: str, width: int) -> tuple[bytes, list[int]]:
+    """``b64`` wrapped at ``width`` as ``form`` writes it, and where each of its characters is."""
+    name, before, brk, indent, after = form
+    lines = [b64[i:i + width] for i in range(0, len(b64), width)]
+    if name.startswith("a decoy"):  # a line the reader drops: the text starts a line later
+        before = rnd(width, B64) + brk
+    where, pos = [], len(before)
+    for line in lines:
+        where += range(pos, pos + len(line))
+        pos += len(line) + len(brk) + len(indent)
+    return (before + (brk + indent).join(lines) + after).encode(), where
+
+
+def carried_by(where: list[int], plain: bytes, value: bytes) -> tuple[int, int]:
+    """The raw span of the base64 characters that carry ``value``'s bits in base64(plain)."""
+    ds = plain.index(value)
+    de = ds + len(value)
+    return where[ds * 4 // 3], where[-(-de * 4 // 3) - 1] + 1
+
+
+@pytest.mark.parametrize("width", WRAP_WIDTHS)
+def test_wrapped_base64_is_decoded_at_any_width(width):
+    token = "ghp_" + rnd(36)
+    secret = rnd(32)
+    det = Detector(secrets=[("MY_SECRET", secret)])
+    for form in WRAP_FORMS:
+        for lead in range(4):  # the value at each phase of the text
+            plain = R.randbytes(width + lead) + f" token={token} and {secret} ".encode() + R.randbytes(200)
+            data, where = wrapped(form, base64.b64encode(plain).decode(), width)
+            expected = [("github-token", *carried_by(where, plain, token.encode())),
+                        ("MY_SECRET", *carried_by(where, plain, secret.encode()))]
+            assert [tuple(f) for f in det.scan(data)] == expected, (form[0], lead)
+
+
+@pytest.mark.parametrize("width", [57, 58, 61])
+def test_lines_of_one_width_that_are_not_one_text_still_decode_alone(width):
+    # A list of values of one width (not a multiple of 4), one a line: the lines are joined
+    # as a wrapped text, and decoded from every phase a line starts at, so the value that
+    # holds the token still decodes as it does alone, whichever line it is on.
+    token = "ghp_" + rnd(36)
+    for k in range(4):
+        values = [base64.urlsafe_b64encode(R.randbytes(60)).decode()[:width] for _ in range(6)]
+        values[k] = base64.b64encode(f" {token} ".encode() + R.randbytes(40)).decode()[:width]
+        data = ("\n".join(values) + "\n").encode()
+        start = data.index(values[k].encode())
+        assert [tuple(f) for f in DET.scan(data)] == [("github-token", start + 1, start + 55)], k
+
+
+@pytest.mark.parametrize("width", WRAP_WIDTHS)
+def test_a_stream_of_wrapped_base64_finds_what_the_whole_does(width):
+    # Fed as the credential guard feeds a body: 64 KiB slices, 256 KiB batches. The cuts
+    # between windows fall anywhere in the text; the token comes after the first batch,
+    # the stored secret a MiB later.
+    token = "ghp_" + rnd(36)
+    secret = rnd(32)
+    det = Detector(secrets=[("MY_SECRET", secret)])
+    form = [f for f in WRAP_FORMS if f[0] in ("a JSON string", "a YAML block scalar", "tab-indented",
+                                              "a JSON string of CRLF text")][width % 4]
+    r = random.Random(width)
+    plain = (r.randbytes(300_000 + width * 997) + f" {token} ".encode() + r.randbytes(1_000_000)
+             + f" {secret} ".encode() + r.randbytes(500_000))
+    data, _ = wrapped(form, base64.b64encode(plain).decode(), width)
+    scanner = det.stream(262144)
+    found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
+    found += scanner.finish()
+    assert [f.kind for f in found] == ["github-token", "MY_SECRET"] and found == det.scan(data), form[0]
