@@ -544,6 +544,59 @@ def test_a_streamed_json_upload_of_escaped_base64_never_leaves(guarded, test_ca)
     assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * len(sizes)
 
 
+def relayed_chunks(data: bytes) -> bytes:
+    """The data of the whole chunks in ``data``: as far as a refused upload got."""
+    out = b""
+    while True:
+        size, sep, rest = data.partition(b"\r\n")
+        if not sep or not size or size.strip(b"0123456789abcdefABCDEF") or int(size, 16) == 0:
+            return out
+        n = int(size, 16)
+        if len(rest) < n:
+            return out
+        out, data = out + rest[:n], rest[n + 2:]
+
+
+# (what writes it, text before, width, line break and indentation, the value, its kind)
+WRAPPED_UPLOADS = [
+    ("base64 -w 57", "", 57, "\n", GITHUB, "github-token"),
+    ("base64 -w 32, CRLF", "", 32, "\r\n", STORED, "MY_SERVICE_TOKEN"),
+    ("a YAML block scalar", "data:\n  file: |\n    ", 18, "\n    ", GITHUB, "github-token"),
+    ("a JSON string", '{"file": "', 77, "\\n", STORED, "MY_SERVICE_TOKEN"),
+]
+
+
+@pytest.mark.parametrize("name, before, width, brk, value, kind", WRAPPED_UPLOADS, ids=[u[0] for u in WRAPPED_UPLOADS])
+def test_a_streamed_upload_of_wrapped_base64_never_leaves(guarded, test_ca, name, before, width, brk, value, kind):
+    # Lines of base64 were joined only at widths 40, 44, ... 76 and never indented: at any
+    # other width a hostile command's token or the install's own secret went out, each line
+    # decoded alone or out of phase (red-team pass). The value comes after the first 256
+    # KiB scan batch, so the streamed windows must decode the text in phase too.
+    blob = base64.b64encode(noise(400_000, 40) + f" token={value} ".encode() + noise(300_000, 41)).decode()
+    body = (before + brk.join(blob[i:i + width] for i in range(0, len(blob), width)) + "\n").encode()
+    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                           if r.endswith(b"\r\n0\r\n\r\n") else None)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
+        try:
+            for k in range(0, len(body), 50_000):
+                tls.sendall(b"%x\r\n%s\r\n" % (len(body[k:k + 50_000]), body[k:k + 50_000]))
+            tls.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+        read_all(tls)
+        relayed = relayed_chunks(upstream.received.partition(b"\r\n\r\n")[2])
+        text = relayed[len(before):].replace(brk.encode(), b"")
+        assert len(text) < len(blob)
+        assert value[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4])
+    finally:
+        upstream.close()
+    events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
+    assert [e["detail"] for e in events if e["reason"] == "credential"] == [f"{kind} in the body"]
+
+
 def test_a_streamed_gzip_upload_is_scanned_decoded_and_held_back(guarded, test_ca):
     # A streamed body was scanned as sent: compressed, a token passed unseen.
     plain = noise(800_000, 20).hex().encode() + f" token={GITHUB} ".encode() + noise(400_000, 21).hex().encode()
