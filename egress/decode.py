@@ -543,17 +543,20 @@ def _b64_span(line: tuple[int, int], s: int, e: int) -> tuple[int, int]:
     return a + s * 4 // 3, min(b, a + -(-e * 4 // 3))
 
 
-def _wrapped_span(arg: tuple[list[tuple[int, int]], int], s: int, e: int) -> tuple[int, int]:
-    """Map for the lines of a wrapped base64 text, joined and decoded from character
-    ``phase`` of the joined text on: the characters that carry a decoded span's bits,
-    which may be on several lines. (The line offsets are worked out here: only for a
-    text something was found in.)"""
-    lines, phase = arg
+def _wrapped_span(arg: tuple[bytes, int, int, bytes, int], s: int, e: int) -> tuple[int, int]:
+    """Map for a wrapped base64 text, buf[start:end] with its line breaks (``gap``) left
+    out and decoded from character ``phase`` on: the characters that carry a decoded span's
+    bits, which may be on several lines. (The lines are worked out here: only for a text
+    something was found in.)"""
+    buf, start, end, gap, phase = arg
     cs, ce = phase + s * 4 // 3, phase + -(-e * 4 // 3)
-    offsets = list(accumulate([b - a for a, b in lines], initial=0))
-    i = min(bisect_right(offsets, cs) - 1, len(lines) - 1)
-    j = min(bisect_right(offsets, ce - 1) - 1, len(lines) - 1)
-    return lines[i][0] + cs - offsets[i], min(lines[j][1], lines[j][0] + ce - offsets[j])
+    lengths = [len(line) for line in buf[start:end].split(gap)]
+    offsets = list(accumulate(lengths, initial=0))
+    i = min(bisect_right(offsets, cs) - 1, len(lengths) - 1)
+    j = min(bisect_right(offsets, ce - 1) - 1, len(lengths) - 1)
+    g = len(gap)
+    return (start + offsets[i] + i * g + cs - offsets[i],
+            start + offsets[j] + j * g + min(lengths[j], ce - offsets[j]))
 
 
 _PADDING = (b"", b"", b"==", b"=")
@@ -670,8 +673,8 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
             # a line of a wrapped text? (after a JSON "\n" the run starts at the "n")
             wrapped = _wrapped(buf, s + 1 if buf[s] == 0x6E and s and buf[s - 1] == 0x5C else s, e, pos)
             if wrapped is not None:
-                lines, pos = wrapped
-                _b64_wrapped(buf, lines, out)
+                start, end, gap, pos = wrapped
+                _b64_wrapped(buf, start, end, gap, out)
                 continue
         if e - s < B64_MIN_RUN:
             continue
@@ -689,15 +692,16 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
     return out
 
 
-def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[list[tuple[int, int]], int] | None:
-    """The lines of the wrapped base64 text that the run buf[s:e] is a line of, and where
-    the next run may start; None if it is not one. Lines of run characters joined by one
-    line break and indentation (_BREAK, the same every time), every one but the first and
-    the last exactly W long, W at least WRAP_MIN. The first may be shorter (text before it
-    on its line, or a stream window that starts inside it); the last may be any length,
-    and if longer than W it is also looked at as the first line of a text of its own.
-    Lines before buf[s:e] (back to ``floor``) are joined too: a line in one case is
-    no run start, nor is a line under B64_MIN_RUN after one over it.
+def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[int, int, bytes, int] | None:
+    """The wrapped base64 text that the run buf[s:e] is a line of -- (start, end, line
+    break and indentation) -- and where the next run may start; None if it is not one.
+    Lines of run characters joined by one line break and indentation (_BREAK, the same
+    every time), every one but the first and the last exactly W long, W at least WRAP_MIN.
+    The first may be shorter (text before it on its line, or a stream window that starts
+    inside it); the last may be any length, and if longer than W it is also looked at as
+    the first line of a text of its own. Lines before buf[s:e] (back to ``floor``) are
+    joined too: a line in one case is no run start, nor is a line under B64_MIN_RUN after
+    one over it.
 
     Such a text is decoded from each phase a line starts at (see _b64_wrapped), so a line
     joined that is not part of the text (a first line, a last line) hides nothing that
@@ -715,26 +719,34 @@ def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[list[tuple[int, in
     width = first if first > second else second
     if width < WRAP_MIN:
         return None
-    lines = [(s, e)]
-    run_at = _ANY_RUN_RAW.match
     q = p
+    if second == width:
+        # full lines 64 at a time (a Python step a line was 2 us: 130 ms a MiB at 16)
+        period = width + g
+        chunk = (b"a" * width + gap.translate(_WRAP_TABLE)) * 64
+        exact = gap.translate(RUN_TABLE).count(b"a") == 0  # no "n" of a JSON "\n" to tell apart
+        while (buf[q:q + 64 * period].translate(_WRAP_TABLE) == chunk
+               and (exact or buf.count(gap, q, q + 64 * period) == 64)):
+            q += 64 * period
+    run_at = _ANY_RUN_RAW.match
     while (m := run_at(buf, q)) is not None:  # forward: full lines, then the last
         end = m.end()
-        lines.append((q, end))
         if end - q != width or buf[end:end + g] != gap:
             break
         q = end + g
-    last_s, last_e = lines[-1]
-    after = last_s if last_e - last_s > width else last_e
-    if after == last_e:
-        while last_e < len(buf) and buf[last_e] == 0x3D and last_e - after < 2:  # "=" padding
-            last_e += 1
-        lines[-1] = (last_s, last_e)
-        after = last_e
+    if m is None:
+        end = q - g  # the text ends with a full line
+        after = end
+    else:
+        after = q if end - q > width else end
+        while end < len(buf) and buf[end] == 0x3D and end - after < 2:  # "=" padding
+            end += 1
+        if after != q:
+            after = end
+    start = s
     if first == width:  # back: full lines, then a shorter first one
-        k = s
-        while k - g > floor and buf[k - g:k] == gap:
-            hi = k - g
+        while start - g > floor and buf[start - g:start] == gap:
+            hi = start - g
             lo = max(floor, hi - width - 1)
             r = buf[lo:hi].translate(RUN_TABLE).rfind(b" ")
             if r >= 0:
@@ -743,26 +755,29 @@ def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[list[tuple[int, in
                 break  # longer than W, or reaching back past floor
             if lo == hi:
                 break
-            lines.insert(0, (lo, hi))
+            start = lo
             if hi - lo != width:
                 break
-            k = lo
-    return lines, after
+    return start, end, gap, after
 
 
-def _b64_wrapped(buf: bytes, lines: list[tuple[int, int]], out: list[Segment]) -> None:
-    """The lines of a wrapped base64 text, joined and decoded as one, once from each phase
+_WRAP_TABLE = bytes(ord("a") if RUN_TABLE[c] == 0x61 else c for c in range(256))
+
+
+def _b64_wrapped(buf: bytes, start: int, end: int, gap: bytes, out: list[Segment]) -> None:
+    """A wrapped base64 text, its lines joined and decoded as one, once from each phase
     (mod 4) a line starts at: from its own first character a line decodes as it would
     alone, and as it does where a reader joins the lines from any earlier one on (W a
     multiple of 4: one decoding; W = 4k + 2: two; odd W: four). So a line joined by
     mistake, a first line that was not the text's, and a stream window's cut anywhere in
     the text leave the text's own decoding among these."""
-    text = b"".join([buf[a:b] for a, b in lines])
-    phases = {offset % 4 for offset in accumulate([b - a for a, b in lines[:-1]], initial=0)}
-    for phase in sorted(phases):
+    text = buf[start:end].replace(gap, b"")
+    head = buf[start:end].split(gap, 5)  # the first lines give every phase there is; and the last
+    offsets = [*accumulate([len(line) for line in head[:-1]], initial=0), len(text) - len(head[-1].rsplit(gap, 1)[-1])]
+    for phase in sorted({offset % 4 for offset in offsets}):
         dec = _b64_decode(text[phase:])
         if dec:
-            out.append((dec, _wrapped_span, (lines, phase)))
+            out.append((dec, _wrapped_span, (buf, start, end, gap, phase)))
 
 
 # Hex digits in pairs whose first digit is 0-7: bytes that are ASCII.

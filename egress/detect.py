@@ -41,7 +41,8 @@ Findings carry a kind and a span, never a value. A finding inside an encoded lay
 the encoded text that carries it (for base64: the characters holding its bits).
 
 Known gaps
-    * Base64 runs under 20 characters are decoded only after ``Basic``; hex runs only when
+    * Base64 runs under 20 characters are decoded only after ``Basic`` or as lines of a
+      wrapped text (16+ a line); hex runs only when
       they decode to ASCII (16+ bytes); base64 that decodes to binary is scanned for tokens
       but not decoded further.
     * Escapes the layers do not know (``\\x41``, HTML entities, ``+`` for a space except in
@@ -960,7 +961,12 @@ def _safe_cut(buf: bytes, cut: int, origin: int | None, base: int) -> int:
     the whole stream: not inside a ``%XX`` or ``\\uXXXX`` escape, inside a base64/hex
     run at a multiple of 4 characters from the run's start (``origin``: the absolute start
     of the run holding ``buf[0]``, if any), and inside base64 written through escapes at
-    a multiple of 4 decoded characters (:func:`_escaped_cut`)."""
+    a multiple of 4 decoded characters (:func:`_escaped_cut`).
+
+    A wrapped base64 text needs nothing more: the next window joins its lines again and
+    decodes them from every phase a line starts at (decode._b64_wrapped), and with four
+    lines or more after the cut (the 16 KiB overlap holds hundreds) the whole text's phase
+    is one of them, wherever the cut fell."""
     return _escaped_cut(buf, _raw_cut(buf, cut, origin, base))
 
 

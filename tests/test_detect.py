@@ -1236,8 +1236,8 @@ def test_wrapped_base64_is_decoded_at_any_width(width):
     secret = rnd(32)
     det = Detector(secrets=[("MY_SECRET", secret)])
     for form in WRAP_FORMS:
-        for lead in range(4):  # the value at each phase of the text
-            plain = R.randbytes(width + lead) + f" token={token} and {secret} ".encode() + R.randbytes(200)
+        for lead in range(4):  # the value at each phase of the text, after 66 lines or more
+            plain = R.randbytes(width * 50 + lead) + f" token={token} and {secret} ".encode() + R.randbytes(3000)
             data, where = wrapped(form, base64.b64encode(plain).decode(), width)
             expected = [("github-token", *carried_by(where, plain, token.encode())),
                         ("MY_SECRET", *carried_by(where, plain, secret.encode()))]
