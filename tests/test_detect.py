@@ -1276,3 +1276,15 @@ def test_a_stream_of_wrapped_base64_finds_what_the_whole_does(width):
     found = [f for k in range(0, len(data), 65536) for f in scanner.feed(data[k:k + 65536])]
     found += scanner.finish()
     assert [f.kind for f in found] == ["github-token", "MY_SECRET"] and found == det.scan(data), form[0]
+
+
+def test_a_wrapped_text_ends_where_its_line_break_changes():
+    # Full lines are checked 64 at a time on a translated copy, where the "n" of a JSON
+    # "\n" reads as any run character: a "\t" (or "\x") in its place ends the text there.
+    from egress.decode import _wrapped_span
+    lines = ["".join(R.choice(B64) for _ in range(16)) for _ in range(150)]
+    for other in ("\\t", "\\x", "\n", "\\n "):
+        data = ("\\n".join(lines[:100]) + other + "\\n".join(lines[100:])).encode()
+        at = data.index(other.encode(), 100 * 18 - 10)
+        texts = {seg[2][1:3] for seg in run_segments(data) if seg[1] is _wrapped_span}
+        assert len(texts) == 2 and all(end <= at or start > at for start, end in texts), (other, texts)
