@@ -513,37 +513,6 @@ def test_a_streamed_base64_token_never_leaves(guarded, test_ca):
     assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * 4
 
 
-def test_a_streamed_json_upload_of_escaped_base64_never_leaves(guarded, test_ca):
-    # PHP-style JSON writes "/" as "\\/": past the first 256 KiB scan batch the base64 was
-    # decoded in phase only by chance, and a token after it reached the upstream (red-team
-    # pass); sizes where the chance went wrong before.
-    sizes = (300_000, 374_002, 411_003, 744_012)
-    for size in sizes:
-        blob = base64.b64encode(noise(size, 30) + f" token={GITHUB} ".encode() + noise(3000, 31)).decode()
-        body = json.dumps({"file": blob}).replace("/", "\\/").encode()
-        upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                               if r.endswith(b"\r\n0\r\n\r\n") else None)
-        try:
-            tls = tunnel(guarded, upstream.port)
-            tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
-                        f"Transfer-Encoding: chunked\r\n\r\n".encode())
-            try:
-                for k in range(0, len(body), 50_000):
-                    tls.sendall(b"%x\r\n%s\r\n" % (len(body[k:k + 50_000]), body[k:k + 50_000]))
-                tls.sendall(b"0\r\n\r\n")
-            except OSError:
-                pass
-            read_all(tls)
-            relayed = b"".join(upstream.received.partition(b"\r\n\r\n")[2].split(b"\r\n")[1::2])
-            text = relayed.replace(b"\\/", b"/")[len(b'{"file": "'):]
-            assert len(text) < len(blob), size
-            assert GITHUB[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4]), size
-        finally:
-            upstream.close()
-    events = guarded.wait_for_audit(lambda e: len([x for x in guarded.audit() if x["reason"] == "credential"]) >= 4)
-    assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * len(sizes)
-
-
 def relayed_chunks(data: bytes) -> bytes:
     """The data of the whole chunks in ``data``: as far as a refused upload got."""
     out = b""
@@ -555,6 +524,42 @@ def relayed_chunks(data: bytes) -> bytes:
         if len(rest) < n:
             return out
         out, data = out + rest[:n], rest[n + 2:]
+
+
+def upload_chunked(guarded, test_ca, body: bytes) -> bytes:
+    """``body`` POSTed chunked (50 KB chunks) through the proxy to an upstream of its own:
+    the whole chunks that upstream received."""
+    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                           if r.endswith(b"\r\n0\r\n\r\n") else None)
+    try:
+        tls = tunnel(guarded, upstream.port)
+        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
+                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
+        try:
+            for k in range(0, len(body), 50_000):
+                tls.sendall(b"%x\r\n%s\r\n" % (len(body[k:k + 50_000]), body[k:k + 50_000]))
+            tls.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # refused: the proxy closed the connection
+        read_all(tls)
+        return relayed_chunks(upstream.received.partition(b"\r\n\r\n")[2])
+    finally:
+        upstream.close()
+
+
+def test_a_streamed_json_upload_of_escaped_base64_never_leaves(guarded, test_ca):
+    # PHP-style JSON writes "/" as "\\/": past the first 256 KiB scan batch the base64 was
+    # decoded in phase only by chance, and a token after it reached the upstream (red-team
+    # pass); sizes where the chance went wrong before.
+    sizes = (300_000, 374_002, 411_003, 744_012)
+    for size in sizes:
+        blob = base64.b64encode(noise(size, 30) + f" token={GITHUB} ".encode() + noise(3000, 31)).decode()
+        body = json.dumps({"file": blob}).replace("/", "\\/").encode()
+        text = upload_chunked(guarded, test_ca, body).replace(b"\\/", b"/")[len(b'{"file": "'):]
+        assert len(text) < len(blob), size
+        assert GITHUB[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4]), size
+    events = guarded.wait_for_audit(lambda e: len([x for x in guarded.audit() if x["reason"] == "credential"]) >= 4)
+    assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * len(sizes)
 
 
 # (what writes it, text before, width, line break and indentation, the value, its kind)
@@ -574,25 +579,9 @@ def test_a_streamed_upload_of_wrapped_base64_never_leaves(guarded, test_ca, name
     # KiB scan batch, so the streamed windows must decode the text in phase too.
     blob = base64.b64encode(noise(400_000, 40) + f" token={value} ".encode() + noise(300_000, 41)).decode()
     body = (before + brk.join(blob[i:i + width] for i in range(0, len(blob), width)) + "\n").encode()
-    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                           if r.endswith(b"\r\n0\r\n\r\n") else None)
-    try:
-        tls = tunnel(guarded, upstream.port)
-        tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
-                    f"Transfer-Encoding: chunked\r\n\r\n".encode())
-        try:
-            for k in range(0, len(body), 50_000):
-                tls.sendall(b"%x\r\n%s\r\n" % (len(body[k:k + 50_000]), body[k:k + 50_000]))
-            tls.sendall(b"0\r\n\r\n")
-        except OSError:
-            pass
-        read_all(tls)
-        relayed = relayed_chunks(upstream.received.partition(b"\r\n\r\n")[2])
-        text = relayed[len(before):].replace(brk.encode(), b"")
-        assert len(text) < len(blob)
-        assert value[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4])
-    finally:
-        upstream.close()
+    text = upload_chunked(guarded, test_ca, body)[len(before):].replace(brk.encode(), b"")
+    assert len(text) < len(blob)
+    assert value[:8].encode() not in base64.b64decode(text[:len(text) // 4 * 4])
     events = guarded.wait_for_audit(lambda e: e["reason"] == "credential")
     assert [e["detail"] for e in events if e["reason"] == "credential"] == [f"{kind} in the body"]
 
