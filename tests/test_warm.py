@@ -511,14 +511,15 @@ def test_the_warm_server_keeps_no_descriptor_of_the_launcher_that_started_it(tmp
             os.close(read)
 
 
-# Run inside a sandbox whose writable tree holds egress's state folder: it moves the folder away
-# (the hidden folder's parent can be renamed), makes the warm server's path anew, listens there,
-# and writes down what the next launcher that connects sends it.
+# A listener at the warm server's path that is not the server: a process in a user namespace of
+# its own (as every sandboxed command is) took the path, and writes down what the next launcher
+# that connects sends it. (A command reached it from its sandbox by renaming the state folder's
+# parent in its project; mounts now pin that folder, test_run_escapes.py: this is the launcher's
+# own check, for whatever else might put a stranger there.)
 IMPOSTOR = """
 import json, marshal, os, socket, sys
 state, name = sys.argv[1], sys.argv[2]
-os.rename(os.path.dirname(state), os.path.dirname(state) + ".moved")
-os.makedirs(os.path.join(state, "warm"))
+os.makedirs(os.path.join(state, "warm"), exist_ok=True)
 with socket.socket(socket.AF_UNIX) as listener:
     listener.bind(os.path.join(state, "warm", name))
     listener.listen(8)
@@ -540,7 +541,9 @@ def test_a_launcher_sends_nothing_to_a_listener_that_is_not_its_warm_server(tmp_
     write the folder holding egress's state listened at the warm server's path from its sandbox,
     and a concurrent run's launcher sent it its request (environment, argv, policy) and then its
     listening socket. Now the launcher sends nothing, serves the run itself, and says why."""
-    home = tmp_path / "h"  # run A's project holds the state folder, as $HOME holds ~/.local/state/egress
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed: it puts the impostor in a user namespace")
+    home = tmp_path / "h"
     home.mkdir()
     state = home / "s" / "e"  # short: a control socket's path must fit sockaddr_un
     name = subprocess.run([sys.executable, "-c", "from egress import warm; import os, sys; "
@@ -549,24 +552,19 @@ def test_a_launcher_sends_nothing_to_a_listener_that_is_not_its_warm_server(tmp_
                           timeout=60).stdout.strip()  # as the launchers name it
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY)
-
-    def args(*command):
-        return [*egress_command(), "run", "--policy", str(policy), "--state-dir", str(state), "--headless",
-                "--resolve", "allowed.test:127.0.0.1", "--", *command]
-
     env = env_for(tmp_path)
     project = tmp_path / "project"
     project.mkdir()
-    # A server runs already, so run A's launcher hands its request over before its command starts.
-    assert subprocess.run(args("true"), cwd=project, env=env, timeout=120, stdin=subprocess.DEVNULL).returncode == 0
-    wait_until(lambda: list((state / "warm").glob("*.json")), "the warm server wrote its record")
-    a = subprocess.Popen(args(sys.executable, "-c", IMPOSTOR, str(state), name), cwd=home, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    a = subprocess.Popen(["unshare", "--user", "--map-root-user", sys.executable, "-c", IMPOSTOR, str(state), name],
+                         cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         stdin=subprocess.DEVNULL)
     try:
-        wait_until(lambda: (home / "listening").exists() or a.poll() is not None, "run A listens")
+        wait_until(lambda: (home / "listening").exists() or a.poll() is not None, "the impostor listens")
         assert a.poll() is None, a.communicate()
-        b = subprocess.run(args(*fetch(http_upstream.url("allowed.test"))), cwd=project, capture_output=True,
-                           text=True, timeout=120, env={**env, "B_SECRET": "b's own"}, stdin=subprocess.DEVNULL)
+        b = subprocess.run([*egress_command(), "run", "--policy", str(policy), "--state-dir", str(state), "--headless",
+                            "--resolve", "allowed.test:127.0.0.1", "--", *fetch(http_upstream.url("allowed.test"))],
+                           cwd=project, capture_output=True, text=True, timeout=120,
+                           env={**env, "B_SECRET": "b's own"}, stdin=subprocess.DEVNULL)
         a_out, a_err = a.communicate(timeout=120)
     finally:
         if a.poll() is None:
