@@ -1179,7 +1179,7 @@ def test_one_escape_early_in_streamed_base64_does_not_hide_what_follows(lead, es
     # puts the raw run after it out of phase with the decoded one for good, and every later
     # window was cut on the raw run's phase: the token 600 KiB on went out (red-team pass).
     token = "ghp_" + rnd(36)
-    for n in (600_000, 700_002, 800_001):
+    for n in (600_000 + 1001 * lead,):  # past two cuts; the lead's 4 phases, each at another cut
         r = random.Random(n + lead)
         plain = (_without_slash_or_plus(r, 3 * lead) + b"\x00\x00\x3f" + _without_slash_or_plus(r, n)
                  + f" {token} ".encode() + _without_slash_or_plus(r, 3000))
