@@ -170,7 +170,7 @@ def engine_argv(engine: str, name: str, network: list[str], spec: SandboxSpec, c
         # podman's U: the volume belongs to the container's user (1000), who could not write it else
         # (docker has no U: EngineNamespace.give_volumes does it)
         argv += ["--volume", f"{volume}:{PERSIST_ROOT}/{volume}" + (":U" if engine == "podman" else "")]
-    for mount in covers(spec, chosen, shown or {}):
+    for mount in covers(spec, chosen, shown or {}, work):
         argv += ["--mount", mount]
     for key, value in sorted(container_environment(spec.env, spec.placeholders).items()):
         argv += ["--env", f"{key}={value}"]
@@ -189,14 +189,19 @@ def container_paths(path: str, spec: SandboxSpec, chosen: ContainerSpec) -> list
     return found
 
 
-def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str]) -> list[str]:
+def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work: str | None = None) -> list[str]:
     """--mount values that keep, inside the container, what the namespace provider's mounts keep
     (sandbox/mounts.py): a hidden folder (egress's state) shows empty, egress's own code read-only,
     wherever a mount shows them; a replaced file (a secret bound to hosts, the audit log) shows
     its stand-in (``shown[path]``, on the host) read-only, where a mount shows it, else at its own
     path as the namespace provider does: a program reading the secret's file finds the placeholder."""
-    mounts = []
     hidden = [os.path.realpath(p) for p in spec.hidden if os.path.isdir(p)]
+    islands = [os.path.realpath(p) for p in spec.read_only if os.path.isdir(p)]
+    # (nothing inside a hidden folder is pinned: a bind from the host there would show what it hides)
+    inside_hidden = [p for p in [*islands, *map(os.path.realpath, shown)]
+                     if any(p != h and p.startswith(h.rstrip("/") + "/") for h in hidden)]
+    mounts = pins(spec, chosen, [p for p in [*hidden, *islands, *map(os.path.realpath, shown)]
+                                 if p not in inside_hidden], work)
     for folder in hidden:
         mounts += [f"type=tmpfs,dst={_plain(p)},ro,tmpfs-size=4096" for p in container_paths(folder, spec, chosen)]
     for folder in spec.read_only:
@@ -209,6 +214,32 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str]) -> l
             continue  # hidden with its folder, as in the namespace provider
         for target in container_paths(real, spec, chosen) or [real]:
             mounts.append(f"type=bind,src={stand_in},dst={_plain(target)},ro")
+    return mounts
+
+
+def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str | None) -> list[str]:
+    """--mount values binding each folder between a writable tree (/work, a `--mount ...:rw`) and a
+    covered path inside it onto itself, outermost first: a mount point cannot be renamed or removed
+    (EBUSY), so the command cannot move a cover away with its parent. Measured before: docker ran
+    `mv /work/.local /work/.local2` with the state folder in the project, the rename stuck on the
+    host (the tmpfs cover went with it), and the command made the state folder again with its own
+    CA for the next run (as sandbox/mounts.py pins for the namespace provider). The project's pins
+    come from ``work``, its owner-mapped view: bound from the project itself they would show the
+    host's ids, and the owner's folders would no longer be the container user's."""
+    from sandbox.paths import pinned_chain
+
+    trees = [(os.path.realpath(spec.cwd), work or spec.cwd, WORKDIR)]
+    trees += [(os.path.realpath(source), source, target) for source, target, writable in chosen.mounts if writable]
+    mounts, seen = [], set()
+    for real, source, target in trees:
+        for folder in pinned_chain(covered, [real]):
+            if folder in covered:
+                continue  # covered itself: its cover is a mount point already
+            inside = os.path.relpath(folder, real)
+            dst = os.path.normpath(os.path.join(target, inside))
+            if dst not in seen:  # (the engines refuse two mounts at one path)
+                seen.add(dst)
+                mounts.append(f"type=bind,src={_plain(os.path.join(source, inside))},dst={_plain(dst)}")
     return mounts
 
 

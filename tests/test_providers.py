@@ -128,7 +128,9 @@ def test_covers_keep_the_namespace_providers_promises_wherever_a_mount_shows_the
                        placeholders=["GITHUB_TOKEN"])
     chosen = ct.ContainerSpec("img", [f"{data}:/data:rw", f"{project}:/again"])
     shown = {path: f"/stand-in/{i}" for i, path in enumerate(sorted(spec.replaced))}
-    assert ct.covers(spec, chosen, shown) == [
+    assert ct.covers(spec, chosen, shown, work="/view/work") == [
+        # the folder on the way to the code in the writable /work, pinned from the owner-mapped view
+        "type=bind,src=/view/work/lib,dst=/work/lib",
         "type=tmpfs,dst=/work/state,ro,tmpfs-size=4096", "type=tmpfs,dst=/again/state,ro,tmpfs-size=4096",
         f"type=bind,src={project}/lib/egress,dst=/work/lib/egress,ro",
         f"type=bind,src={project}/lib/egress,dst=/again/lib/egress,ro",
@@ -208,7 +210,7 @@ def image_tarball(tmp_path_factory):
         (root / folder).mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
     for applet in ("sh", "ls", "echo", "cat", "id", "seq", "sleep", "head", "tail", "touch", "ping", "wc", "true",
-                   "kill", "nslookup", "nc", "ip", "tr", "stat", "mkdir"):
+                   "kill", "nslookup", "nc", "ip", "tr", "stat", "mkdir", "mv", "rmdir"):
         (root / "bin" / applet).symlink_to("busybox")
     shutil.copy(curl, root / "bin" / "curl")
     libraries = subprocess.run(["ldd", curl], capture_output=True, text=True, check=True).stdout
@@ -420,6 +422,60 @@ def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, eng
         assert second.stdout == "kept\n", second.stderr
     finally:
         engine.run("volume", "rm", "--force", volume)
+
+
+def test_the_state_folder_in_the_project_cannot_be_moved_away(tmp_path, engine):
+    """The state folder in the project (a project at $HOME): its cover must not move with a renamed
+    parent. Measured before the folders on the way were pinned: docker ran `mv /work/.local
+    /work/.local2`, the rename stuck on the host, and the command made the state folder again with
+    its own CA for the next run. Podman refuses this layout before the command starts (126)."""
+    home = Path(tempfile.mkdtemp(prefix="egress-home-", dir="/tmp"))  # short: the control socket's path has 108 bytes
+    try:
+        _state_folder_cannot_be_moved_away(tmp_path, engine, home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _state_folder_cannot_be_moved_away(tmp_path, engine, project):
+    os.chown(project, OWNER, OWNER_GROUP)
+    state = project / ".local" / "state" / "egress"
+
+    def run(*command):  # (the last --state-dir is the one egress takes)
+        return egress_run(tmp_path, *command, extra=["--provider", engine.name, "--image", engine.image,
+                                                     "--state-dir", str(state)], project=project, env=engine.env)
+
+    first = run("true")  # the state folder and its CA, as a run leaves them
+    # podman: its runc copies what a tmpfs covers into it (tmpcopyup), and cannot read egress's state
+    # through the owner-mapped view: 126, nothing ran
+    assert first.returncode == (126 if engine.name == "podman" else 0), first.stderr
+    for folder in (project / ".local", project / ".local" / "state"):
+        os.chown(folder, OWNER, OWNER_GROUP)  # the project owner's, as in a home folder
+    chain = [project / ".local", project / ".local" / "state", state, state / "ca"]
+    before = {path: os.lstat(path).st_ino for path in chain}
+    ca = (state / "ca" / "mitmproxy-ca.pem").read_bytes()
+    entries = sorted(p.name for p in project.iterdir())
+    # each within its own folder: busybox's mv copies across mounts (EXDEV), and that is no move
+    attempts = {"mv grandparent": "mv /work/.local /work/.local2", "mv parent": "mv /work/.local/state /work/.local/s2",
+                "mv state": "mv /work/.local/state/egress /work/.local/state/e2", "rmdir state": "rmdir /work/.local/state/egress"}
+    script = "".join(f"{command} 2>/dev/null; echo {name.replace(' ', '_')}=$?; " for name, command in attempts.items())
+    # what the command would plant for the next run, were any move let through
+    script += ("mkdir -p /work/.local/state/egress/ca && echo planted > /work/.local/state/egress/ca/mitmproxy-ca.pem; "
+               "stat -c %u /work/.local; touch /work/.local/mine && echo wrote")
+    result = run("sh", "-c", script)
+    if engine.name == "podman":
+        assert result.returncode == 126 and "wrote" not in result.stdout, result.stderr  # nothing ran
+    else:
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[:len(attempts)] == [f"{name.replace(' ', '_')}=1" for name in attempts], result.stdout
+        # the pins come from the owner-mapped view: the owner's folder is still the container user's
+        assert lines[len(attempts):] == ["1000", "wrote"], result.stdout
+        (project / ".local" / "mine").unlink()
+    # Nothing moved or planted on the host.
+    assert {path: os.lstat(path).st_ino for path in chain} == before
+    assert (state / "ca" / "mitmproxy-ca.pem").read_bytes() == ca
+    assert sorted(p.name for p in project.iterdir()) == entries
+    assert left_views() == []
 
 
 # ------------------------------------------------------------------ secrets and the project's owner
