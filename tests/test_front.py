@@ -494,8 +494,12 @@ def test_a_half_close_is_passed_on_where_mitmproxy_closed_the_whole_connection(s
         expected, got = observe(mitm, case, ctx), observe(front, case, ctx)
         assert got.pop("served_by_front") == 1 and expected.pop("served_by_front") == 0
         assert got.pop("client") == b"HTTP/1.1 200 Connection established\r\n\r\n" + answered + b"<EOF>"
-        assert expected.pop("client") in (b"<EOF>", b"HTTP/1.1 200 Connection established\r\n\r\n<EOF>")
-        if answered:  # bytes the front relayed back that mitmproxy dropped
+        # mitmproxy's path drops what comes back once it has seen the EOF; an answer quicker than
+        # that (once in a loaded CI run) gets through there too
+        mitm_client = expected.pop("client")
+        assert mitm_client in (b"<EOF>", b"HTTP/1.1 200 Connection established\r\n\r\n<EOF>",
+                               b"HTTP/1.1 200 Connection established\r\n\r\n" + answered + b"<EOF>")
+        if answered and not mitm_client.endswith(answered + b"<EOF>"):  # bytes the front relayed, mitmproxy not
             assert got["metrics"].pop('egress_passthrough_bytes_total{direction="download"}') == len(answered)
         if got != expected:
             pytest.fail(f"front:     {got}\nmitmproxy: {expected}")
