@@ -461,14 +461,24 @@ def post_streamed(proxy, upstream, body: bytes, parts, headers: str = ""):
 
 
 def dechunk(data: bytes) -> tuple[bytes, bytes]:
-    """A chunked body's data, and whatever follows its last (zero) chunk."""
+    """A chunked body's data, and whatever follows its last (zero) chunk; for a body cut
+    short (a refused upload), the data of its whole chunks and b""."""
     out = b""
     while True:
-        size, _, data = data.partition(b"\r\n")
+        size, sep, rest = data.partition(b"\r\n")
+        if not sep or not size or size.strip(b"0123456789abcdefABCDEF"):
+            return out, b""
         n = int(size, 16)
         if n == 0:
-            return out, data[2:]
-        out, data = out + data[:n], data[n + 2:]
+            return out, rest[2:]
+        if len(rest) < n:
+            return out, b""
+        out, data = out + rest[:n], rest[n + 2:]
+
+
+def after_the_chunks(received: bytes):
+    """An answer for RawUpstream once a chunked body's last (zero) chunk has come."""
+    return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" if received.endswith(b"\r\n0\r\n\r\n") else None
 
 
 def test_a_held_back_chunked_upload_reaches_upstream_whole(guarded, test_ca):
@@ -476,8 +486,7 @@ def test_a_held_back_chunked_upload_reaches_upstream_whole(guarded, test_ca):
     # as an empty chunk: "0\r\n\r\n", the end of the body, and the rest of the upload
     # reached the upstream as a request of its own.
     data = noise(30_000, 1).hex().encode()
-    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                           if r.endswith(b"\r\n0\r\n\r\n") else None)
+    upstream = RawUpstream(test_ca, answer=after_the_chunks)
     try:
         tls = tunnel(guarded, upstream.port)
         tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
@@ -513,24 +522,10 @@ def test_a_streamed_base64_token_never_leaves(guarded, test_ca):
     assert [e["detail"] for e in events if e["reason"] == "credential"] == ["github-token in the body"] * 4
 
 
-def relayed_chunks(data: bytes) -> bytes:
-    """The data of the whole chunks in ``data``: as far as a refused upload got."""
-    out = b""
-    while True:
-        size, sep, rest = data.partition(b"\r\n")
-        if not sep or not size or size.strip(b"0123456789abcdefABCDEF") or int(size, 16) == 0:
-            return out
-        n = int(size, 16)
-        if len(rest) < n:
-            return out
-        out, data = out + rest[:n], rest[n + 2:]
-
-
 def upload_chunked(guarded, test_ca, body: bytes) -> bytes:
     """``body`` POSTed chunked (50 KB chunks) through the proxy to an upstream of its own:
     the whole chunks that upstream received."""
-    upstream = RawUpstream(test_ca, answer=lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                           if r.endswith(b"\r\n0\r\n\r\n") else None)
+    upstream = RawUpstream(test_ca, answer=after_the_chunks)
     try:
         tls = tunnel(guarded, upstream.port)
         tls.sendall(f"POST /up HTTP/1.1\r\nHost: allowed.test:{upstream.port}\r\n"
@@ -542,7 +537,7 @@ def upload_chunked(guarded, test_ca, body: bytes) -> bytes:
         except OSError:
             pass  # refused: the proxy closed the connection
         read_all(tls)
-        return relayed_chunks(upstream.received.partition(b"\r\n\r\n")[2])
+        return dechunk(upstream.received.partition(b"\r\n\r\n")[2])[0]
     finally:
         upstream.close()
 
