@@ -353,9 +353,10 @@ class Handover:
 
         if not peer_is_ours(sock, own_user_namespace()):
             # Measured: a command whose writable tree held the state folder moved it away (a hidden
-            # folder's parent can be renamed), listened at this path from inside its sandbox, and
-            # was sent the next run's request (its environment, credentials, stdio) and listening
-            # socket. Not a word goes to such a listener; the run serves itself, and says why.
+            # folder's parent could be renamed; the sandbox now pins it), listened at this path from
+            # inside its sandbox, and was sent the next run's request (its environment, credentials,
+            # stdio) and listening socket. Not a word goes to such a listener; the run serves
+            # itself, and says why.
             sock.close()
             self.failed = True
             self.note = (f"{self.paths.socket} is not served by this user's warm proxy (a process of "
