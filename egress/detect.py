@@ -992,15 +992,7 @@ def _escaped_cut(buf: bytes, cut: int) -> int:
         return cut
     if RUN_TABLE[buf[cut]] != 0x61 and not _SOFT_ESCAPE.match(buf, cut):
         return cut  # a break: no run goes on from here
-    hi = cut
-    start = 0
-    while hi > 0:  # the last byte before cut that is neither a run character nor an escape's
-        lo = max(0, hi - 4096)
-        r = buf[lo:hi].translate(_ESCAPED_RUN_TABLE).rfind(b" ")
-        if r >= 0:
-            start = lo + r + 1
-            break
-        hi = lo
+    start = _last_break(buf, cut, _ESCAPED_RUN_TABLE) + 1  # after the last byte of neither a run nor an escape
     if start > 0 and buf.find(b"\\", start, cut) < 0 and buf.find(b"%", start, cut) < 0:
         return cut  # a run of raw characters that began here: _raw_cut aligned it
     for m in _HARD_ESCAPE.finditer(buf, start, cut):  # "\n", "%20", "\"": breaks too
@@ -1048,15 +1040,16 @@ def _raw_cut(buf: bytes, cut: int, origin: int | None, base: int) -> int:
     return cut
 
 
-def _last_break(buf: bytes, end: int) -> int:
-    """The last position before ``end`` of a byte that is not a run character, or -1.
+def _last_break(buf: bytes, end: int, table: bytes = RUN_TABLE) -> int:
+    """The last position before ``end`` of a byte that is not a run character (``table`` maps
+    those to "a"), or -1.
 
     Looked for 4 KiB at a time from ``end`` back: translating all of ``buf[:end]`` (a 256
     KiB body batch) for one answer was ~5% of an upload's scanning."""
     hi = end
     while hi > 0:
         lo = max(0, hi - 4096)
-        r = buf[lo:hi].translate(RUN_TABLE).rfind(b" ")
+        r = buf[lo:hi].translate(table).rfind(b" ")
         if r >= 0:
             return lo + r
         hi = lo
