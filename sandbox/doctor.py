@@ -433,9 +433,11 @@ def run_checks(policies: list[str], state_dir, fs_confinement: bool = True,
         checks = [seatbelt, *promises, check_local(), *check_proxy(policies, state_dir, warm=platform.warm)]
         return checks, seatbelt.status == "ok" and policy_ok(checks)
     if not platform.name.startswith("linux"):
+        # No warm proxy row: it is Linux's, and egress.warm needs fcntl, which Windows lacks.
+        proxy = [c for c in check_proxy(policies, state_dir, warm=False) if c.name != "warm proxy"]
         checks = [Check("os sandbox", "unavailable", platform.refusal(),
                         "egress serve, with clients pointed at it, is all that works here"),
-                  check_local(), *check_proxy(policies, state_dir)]
+                  check_local(), *proxy]
         return checks, False
     namespaces, fs = check_namespaces(), check_landlock()
     walls = check_protections() if namespaces.status == "ok" and fs.status == "ok" else []

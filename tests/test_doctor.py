@@ -75,3 +75,57 @@ def test_a_broken_policy_is_reported(tmp_path):
     result = doctor(tmp_path, "--json", "--policy", str(bad))
     assert result.returncode == 1
     assert "public suffix" in checks(result)["policy"]["detail"]
+
+
+# `egress doctor` as Windows runs it: sys.platform is "win32" before egress is imported, and what
+# CPython on Windows lacks is missing: the POSIX-only modules cannot be imported and the POSIX-only
+# functions of os, socket and signal are gone. click is imported first, as itself: it supports
+# Windows through msvcrt, which this Linux lacks. This proves that the doctor's path for a
+# system without an OS sandbox (sandbox/platforms.py's Unsupported) needs none of them and ends
+# with what is missing, not a traceback; it does not prove anything about Windows' paths or
+# console, which only a Windows machine shows.
+AS_WINDOWS = """
+import importlib.abc, os, signal, socket, sys
+import click
+
+POSIX_ONLY = {"fcntl", "termios", "pwd", "grp", "resource", "pty", "tty", "syslog", "posix", "_posixsubprocess",
+              "_posixshmem", "readline", "crypt", "spwd", "nis"}
+
+class NoPosix(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in POSIX_ONLY:
+            raise ModuleNotFoundError(f"No module named {name!r} (as on Windows)", name=name)
+
+for name in list(sys.modules):
+    if name.split(".")[0] in POSIX_ONLY - {"posix"}:
+        del sys.modules[name]
+sys.meta_path.insert(0, NoPosix())
+for module, names in ((os, "fork geteuid getuid getegid getgid getpgrp getpgid setpgid killpg setsid tcgetpgrp "
+                           "tcsetpgrp pidfd_open getloadavg"),
+                      (socket, "AF_UNIX"), (signal, "SIGKILL SIGSTOP SIGCONT SIGTTOU SIGHUP SIGQUIT SIGUSR1")):
+    for attribute in names.split():
+        if hasattr(module, attribute):
+            delattr(module, attribute)
+sys.platform = "win32"
+from egress.entry import main
+main(sys.argv[1:])
+"""
+
+
+def test_on_windows_doctor_says_what_is_missing_without_a_traceback(tmp_path):
+    env = clean_env(tmp_path, EGRESS_STATE_DIR=str(tmp_path / "state"))
+    as_json = subprocess.run([sys.executable, "-c", AS_WINDOWS, "doctor", "--json"], capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert "Traceback" not in as_json.stderr, as_json.stderr
+    assert as_json.returncode == 1
+    rows = checks(as_json)
+    assert rows["os sandbox"]["status"] == "unavailable"
+    assert rows["os sandbox"]["detail"].startswith("egress run cannot enforce the allowlist on Windows")
+    assert "egress serve" in rows["os sandbox"]["fix"]
+    assert rows["local"]["status"] == "warning" and rows["policy"]["status"] == "ok"
+    assert "warm proxy" not in rows  # Linux's: nothing to say here
+    plain = subprocess.run([sys.executable, "-c", AS_WINDOWS, "doctor"], capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert "Traceback" not in plain.stderr, plain.stderr
+    assert plain.returncode == 1
+    assert "egress run cannot confine commands here" in plain.stdout
