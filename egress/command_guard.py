@@ -14,7 +14,10 @@ Each command found is matched as one normalised text: its words with the shell's
 removed, joined by single spaces, the command's name without its folder (``/usr/bin/sudo`` is
 ``sudo``), leading ``NAME=value`` assignments and wrappers that run their arguments (``env``,
 ``nohup``, ``timeout 5``, ``nice -n 10``, ``xargs``, ``command``, ``exec``, ``time``, ...)
-removed, and its redirections at the end (``cat x > /dev/sda``). A rule matches from the
+removed, and its redirections at the end (``cat x > /dev/sda``). A command line a wrapper takes
+as an option's value or runs through a shell is read like ``sh -c``'s: ``env -S 'sudo -n true'``
+(split into words as env splits them, in any spelling: ``-S'...'``, ``--split-string=...``,
+``-iS ...``), ``flock FILE -c SCRIPT``, ``watch 'a; b'``. A rule matches from the
 command's start and must end at a word's end: ``sudo`` does not match ``sudoku``, and
 ``git push --force`` matches ``git push --force origin main``.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 BUILTIN = "built-in"
 
@@ -58,19 +62,56 @@ FORK_BOMB = re.compile(r"([\w.:-]+)\s*\(\s*\)\s*\{[^}]*?(?<![\w.:-])\1\s*\|\s*&?
 
 SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "posh", "yash", "busybox"))
 _SHELL_VALUE_OPTIONS = frozenset(("-o", "+o", "-O", "+O", "--rcfile", "--init-file"))
-# Commands that run their arguments as a command: option words that take a value, and how
-# many plain words (a duration) come before the command.
+
+
+class Wrapper(NamedTuple):
+    """A command that runs its arguments as a command (``env``, ``nice -n 10``, ``timeout 5``).
+
+    ``values``: its options that take a value (``-u NAME``, ``--unset=NAME``, ``-uNAME``); an
+    option whose value is optional (``xargs -i``, ``watch -d``) takes it only attached, so it is
+    a plain flag here. ``plain``: how many plain words (a duration, a lock file) come before the
+    command. ``script``: options whose value is a shell script, read like ``sh -c``'s (``flock
+    FILE -c 'sudo x'``). ``split``: options whose value is split into words that go where the
+    option was, as ``env -S 'sudo -n true'`` does. ``joined``: its command's words are joined
+    into one shell script (``watch 'a; b'``) unless one of these options is given (``watch -x``).
+    ``dash``: a lone ``-`` is one of its options (``env -`` is ``env -i``). ``command``: whether
+    the words after its options are a command (``script``'s are a log file: only ``-c`` runs one)."""
+
+    values: frozenset = frozenset()
+    plain: int = 0
+    script: frozenset = frozenset()
+    split: frozenset = frozenset()
+    joined: frozenset | None = None
+    dash: bool = False
+    command: bool = True
+
+
+def _options(*names: str) -> frozenset:
+    return frozenset(names)
+
+
+# Long options may be shortened to any unambiguous prefix (getopt_long: `env --split 'sudo x'`).
 WRAPPERS = {
-    "env": (frozenset(("-u", "--unset", "-C", "--chdir", "-S", "--split-string")), 0),
-    "command": (frozenset(), 0), "builtin": (frozenset(), 0), "exec": (frozenset(("-a",)), 0),
-    "nohup": (frozenset(), 0), "time": (frozenset(("-f", "--format", "-o", "--output")), 0),
-    "nice": (frozenset(("-n", "--adjustment")), 0), "ionice": (frozenset(("-c", "-n", "--class", "--classdata")), 0),
-    "timeout": (frozenset(("-s", "--signal", "-k", "--kill-after")), 1), "setsid": (frozenset(), 0),
-    "stdbuf": (frozenset(("-i", "-o", "-e")), 0), "chrt": (frozenset(), 1), "taskset": (frozenset(), 1),
-    "xargs": (frozenset(("-I", "-i", "-n", "-P", "-L", "-l", "-d", "-E", "-e", "-a", "-s", "--max-args",
-                         "--max-procs", "--max-lines", "--delimiter", "--arg-file", "--replace")), 0),
-    "watch": (frozenset(("-n", "--interval", "-d")), 0), "unbuffer": (frozenset(), 0),
-    "flock": (frozenset(("-w", "--timeout", "-E", "-c")), 1), "caffeinate": (frozenset(), 0),
+    "env": Wrapper(_options("-u", "--unset", "-C", "--chdir", "-a", "--argv0"),
+                   split=_options("-S", "--split-string"), dash=True),
+    "command": Wrapper(), "builtin": Wrapper(), "exec": Wrapper(_options("-a")),
+    "nohup": Wrapper(), "time": Wrapper(_options("-f", "--format", "-o", "--output")),
+    "nice": Wrapper(_options("-n", "--adjustment")),
+    "ionice": Wrapper(_options("-c", "--class", "-n", "--classdata", "-p", "--pid", "-P", "--pgid", "-u", "--uid")),
+    "timeout": Wrapper(_options("-s", "--signal", "-k", "--kill-after"), plain=1), "setsid": Wrapper(),
+    "stdbuf": Wrapper(_options("-i", "--input", "-o", "--output", "-e", "--error")),
+    "chrt": Wrapper(_options("-T", "--sched-runtime", "-P", "--sched-period", "-D", "--sched-deadline"), plain=1),
+    "taskset": Wrapper(plain=1),
+    "xargs": Wrapper(_options("-a", "--arg-file", "-d", "--delimiter", "-E", "-I", "-L", "-n", "--max-args", "-P",
+                              "--max-procs", "-s", "--max-chars", "--process-slot-var")),
+    "watch": Wrapper(_options("-n", "--interval", "-q", "--equexit"), joined=_options("-x", "--exec")),
+    "unbuffer": Wrapper(),
+    "flock": Wrapper(_options("-w", "--wait", "--timeout", "-E", "--conflict-exit-code"), plain=1,
+                     script=_options("-c", "--command")),
+    "script": Wrapper(_options("-E", "--echo", "-I", "--log-in", "-O", "--log-out", "-B", "--log-io", "-T",
+                               "--log-timing", "-m", "--logging-format", "-o", "--output-limit"),
+                      script=_options("-c", "--command"), command=False),
+    "caffeinate": Wrapper(_options("-w", "-t")),
 }
 # Words that start a compound command or negate one: the word after them is in command position.
 RESERVED = frozenset(("!", "{", "}", "then", "do", "else", "elif", "if", "while", "until", "fi", "done", "esac"))
@@ -176,7 +217,9 @@ def _from_words(words: list[str], redirects: list[str], depth: int):
     if depth > MAX_DEPTH:
         yield _Special(" ".join(words), _TOO_DEEP_RULE)
         return
-    words = _strip_prefix(words)
+    words, scripts = _strip_prefix(words)
+    for script in scripts:  # what a wrapper runs through a shell (flock -c, watch)
+        yield from _from_script(script, depth + 1)
     if not words:
         return
     name = os.path.basename(words[0]) or words[0]
@@ -192,8 +235,11 @@ def _from_words(words: list[str], redirects: list[str], depth: int):
     yield " ".join([name, *words[1:], *redirects])
 
 
-def _strip_prefix(words: list[str]) -> list[str]:
-    """Without assignments, reserved words and wrappers before the command itself."""
+def _strip_prefix(words: list[str]) -> tuple[list[str], list[str]]:
+    """Without assignments, reserved words and wrappers before the command itself; and the shell
+    scripts those wrappers run (``flock FILE -c SCRIPT``, ``watch 'a; b'``)."""
+    words = list(words)
+    scripts: list[str] = []
     index = 0
     while index < len(words):
         word = words[index]
@@ -203,15 +249,26 @@ def _strip_prefix(words: list[str]) -> list[str]:
         wrapper = WRAPPERS.get(os.path.basename(word))
         if wrapper is None:
             break
-        takes_value, plain = wrapper
         index += 1
+        plain = wrapper.plain
+        joined = wrapper.joined is not None
+        runs = wrapper.command
         while index < len(words):
             option = words[index]
             if option == "--":
                 index += 1
                 break
-            if option.startswith("-") and len(option) > 1:
-                index += 2 if option in takes_value else 1
+            if option.startswith("-") and (len(option) > 1 or wrapper.dash):
+                kind, value, used = _option(wrapper, words, index)
+                if kind == "script":
+                    scripts.append(value)
+                    runs = False  # flock and script run that script, not their other words
+                elif kind == "split":  # env -S: its words go where the option was, options included
+                    words[index:index + used] = _split_string(value)
+                    continue
+                elif kind == "argv":
+                    joined = False
+                index += used
             elif _ASSIGNMENT.match(option):
                 index += 1
             elif plain:
@@ -219,7 +276,95 @@ def _strip_prefix(words: list[str]) -> list[str]:
                 index += 1
             else:
                 break
-    return words[index:]
+        if not runs:
+            return [], scripts
+        if joined:  # watch runs `sh -c "<its words joined by spaces>"`
+            if index < len(words):
+                scripts.append(" ".join(words[index:]))
+            return [], scripts
+    return words[index:], scripts
+
+
+def _option(wrapper: Wrapper, words: list[str], index: int) -> tuple[str, str, int]:
+    """The option at ``words[index]`` as getopt reads it: (kind, its value, words used); kind is
+    "value" (an option with a value, or a flag), "script", "split" or "argv" (watch -x)."""
+    word = words[index]
+    following = words[index + 1] if index + 1 < len(words) else ""
+    kinds = (("split", wrapper.split), ("script", wrapper.script), ("value", wrapper.values),
+             ("argv", wrapper.joined or frozenset()))
+    if word.startswith("--"):
+        name, equals, attached = word.partition("=")
+        for kind, names in kinds:
+            # getopt_long takes any unambiguous prefix; an ambiguous one stops the wrapper itself
+            if any(len(name) > 2 and option.startswith(name) for option in names if option.startswith("--")):
+                if kind == "argv":
+                    return kind, "", 1
+                return (kind, attached, 1) if equals else (kind, following, 2)
+        return "value", "", 1
+    for at in range(1, len(word)):  # a cluster of short options: -iu NAME, -iuNAME, -S'sudo x'
+        option = "-" + word[at]
+        for kind, names in kinds:
+            if option in names:
+                if kind == "argv":
+                    return kind, "", 1
+                rest = word[at + 1:]
+                return (kind, rest, 1) if rest else (kind, following, 2)
+    return "value", "", 1
+
+
+# env -S's own escapes (GNU coreutils): \_ is a space that separates words outside quotes.
+_SPLIT_ESCAPES = {"f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _split_string(text: str) -> list[str]:
+    """``env -S TEXT``'s words, split as GNU env splits them: blanks separate, '...' and "..." quote,
+    backslash escapes (\\_ a separator outside quotes, \\c the end), # at a word's start a comment.
+    ``${NAME}`` is kept as written (its value is not known here)."""
+    words: list[str] = []
+    word: str | None = None
+    quote = None
+    index, size = 0, len(text)
+    while index < size:
+        c = text[index]
+        index += 1
+        if quote == "'":
+            if c == "'":
+                quote = None
+            elif c == "\\" and text[index:index + 1] in ("\\", "'"):
+                word += text[index]
+                index += 1
+            else:
+                word += c
+        elif c == "\\":
+            escaped = text[index:index + 1]
+            index += 1
+            if escaped == "c":
+                break
+            if escaped == "_" and quote is None:
+                if word is not None:
+                    words.append(word)
+                word = None
+                continue
+            word = (word or "") + (" " if escaped == "_" else _SPLIT_ESCAPES.get(escaped, escaped))
+        elif quote == '"':
+            if c == '"':
+                quote = None
+            else:
+                word += c
+        elif c in " \t\n\v\f\r":
+            if word is not None:
+                words.append(word)
+            word = None
+        elif c in "'\"":
+            quote = c
+            word = word or ""
+        elif c == "#" and word is None:
+            break
+        else:
+            word = (word or "") + c
+    if word is not None:
+        words.append(word)
+    return words
 
 
 def _shell_script(args: list[str]) -> str | None:

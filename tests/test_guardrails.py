@@ -98,6 +98,37 @@ def test_spelling_tricks_a_person_uses_are_seen_through():
         assert check(argv, BUILTIN) is not None, argv
 
 
+# A wrapper's own command line (an option's value, or words it runs through a shell) is read
+# like `sh -c`'s: env -S was the one typed form of a listed wrapper the guard missed (red team
+# N14); the table's other options of that kind, optional values and option clusters with it.
+WRAPPED = [
+    ["env", "-S", "sudo -n true"], ["env", "-Ssudo -n true"], ["env", "-S'sudo' -n true"],
+    ["env", "--split-string=sudo -n true"], ["env", "--split-string", "sudo -n true"], ["env", "--split", "sudo x"],
+    ["env", "-iS", "sudo x"], ["env", "-vS'sudo x'"], ["env", "-S sudo -n true"], ["env", "-S", "sudo\\_-n\\_true"],
+    ["env", "-S", "-i FOO=1 nice -n 5 sudo x"], ["env", "-S", "nice -n 5", "sudo", "x"], ["env", "-S", "-S 'sudo x'"],
+    ["env", "-S", "sh -c 'true; sudo x'"], ["sh", "-c", "env -S 'sudo -n true'"], ["env", "-", "sudo", "x"],
+    ["env", "-iu", "HOME", "sudo", "x"], ["env", "-uHOME", "sudo", "x"], ["env", "--unset=HOME", "sudo", "x"],
+    ["flock", "/tmp/lock", "-c", "sudo x"], ["flock", "-w", "5", "/tmp/lock", "--command", "true; sudo x"],
+    ["watch", "-n", "1", "true; sudo x"], ["watch", "sudo x"], ["watch", "-d", "sudo", "x"], ["watch", "-x", "sudo", "x"],
+    ["xargs", "-i", "sudo", "x"], ["xargs", "-l", "sudo", "x"], ["xargs", "--replace", "sudo", "x"],
+    ["stdbuf", "--output=L", "sudo", "x"], ["caffeinate", "-t", "10", "sudo", "x"], ["script", "-q", "-c", "sudo x", "log"],
+    ["ionice", "-c", "3", "sudo", "x"], ["chrt", "-T", "10", "5", "sudo", "x"],
+]
+
+
+@pytest.mark.parametrize("argv", WRAPPED, ids=lambda argv: " ".join(argv)[:50])
+def test_a_wrappers_own_command_line_is_read_like_sh_c(argv):
+    refused = check(argv, BUILTIN)
+    assert refused is not None and refused.rule.name == "sudo", list(commands(argv))
+
+
+def test_a_wrappers_command_line_that_only_mentions_a_dangerous_word_passes():
+    for argv in (["env", "-S", "echo sudo"], ["env", "-S", "grep 'sudo x'"], ["env", "-S", "#sudo"],
+                 ["watch", "-n", "1", "ls", "-l"], ["script", "sudo.log"], ["flock", "/tmp/lock", "-c", "echo sudo"],
+                 ["env", "-S", "python3 -c 'print(1)'", "sudo.txt"]):
+        assert check(argv, BUILTIN) is None, (argv, list(commands(argv)))
+
+
 def test_a_fork_bomb_is_refused_whatever_its_name():
     for script in (":(){ :|:& };:", "bomb() { bomb | bomb & }; bomb", "f(){ f|f & };f"):
         refused = check(["bash", "-c", script], BUILTIN)
@@ -249,6 +280,15 @@ def test_a_refused_command_exits_125_naming_the_rule_and_never_runs(tmp_path, en
     assert lines == ["egress: command refused by the built-in rule 'sudo' (runs commands as another user): "
                      "sudo id; it was not run"]
     assert not marker.exists()
+
+
+@linux_only
+def test_env_split_string_is_refused_before_it_runs(tmp_path):
+    # The red team's N14: `egress run --guard-commands -- env -S 'sudo -n true'` ran (status 127).
+    result = egress(tmp_path, "--guard-commands", "--", "env", "-S", "sudo -n true")
+    assert result.returncode == 125, result.stderr
+    assert result.stderr.decode() == ("egress: command refused by the built-in rule 'sudo' (runs commands as "
+                                      "another user): sudo -n true; it was not run\n")
 
 
 @linux_only
