@@ -1,11 +1,35 @@
 """Lines egress writes for a person, shown as written whatever the command did to the terminal;
 and the lines it writes for events (EGRESS_BLOCKED, EGRESS_UPSTREAM_ERROR), once per host and reason.
 
-The command shares egress's terminal, so it can leave it concealing text (``\\033[8m``),
-in a shifted character set (SO, ``\\033(0``) or in any colour, and egress's own reports
-(EGRESS_BLOCKED, the grant question) would then be hidden or garbled. Each such line is
-written behind a reset of that display state. Only on a terminal: logs and pipes get the
-plain line.
+The command shares egress's terminal, so it can leave it in a state that hides or disguises
+what comes next, and egress's own reports (EGRESS_BLOCKED, the grant question) would then be
+hidden or garbled. Each such line is written behind a reset of every such state a terminal
+keeps (:data:`RESET`, what each part undoes beside it). Only on a terminal: logs and pipes get
+the plain line.
+
+What the reset does not do, on purpose:
+
+- move the cursor. A scrolling region (DECSTBM) or origin mode does not hide a line as it is
+  written (it is drawn inside the region), and resetting the region moves the cursor home:
+  a command could then have egress's line drawn over text of its choosing. So neither is
+  touched, nor is anything else that moves the cursor.
+- leave the alternate screen. A line written there is drawn, visibly, and a full-screen
+  program (less, vim, an agent's interface) legitimately lives there; leaving it would throw
+  that program onto the normal screen, where it would keep drawing over the user's shell
+  until it exits. A command can take a line off the screen after it was drawn in any case
+  (leaving the alternate screen, clearing, moving the cursor up and overwriting: the terminal
+  is shared), so the reset promises a legible line *when it is written*; the record the
+  command cannot touch is the run's events (`egress runs`, the audit log).
+- the palette (OSC 104). egress's line is drawn in the default colours, which terminals keep
+  apart from the 16/256-colour palette, so a palette change cannot hide it; resetting it
+  would undo a colour theme the user's shell applied by escape codes (base16-shell) at
+  every egress line. The default colours themselves are reset (OSC 110/111): a command that
+  set the foreground to the background's colour (OSC 10/11) hid egress's line, and that
+  reset does undo such a theme's foreground and background.
+
+The Linux console (TERM=linux) keeps its default colours in its palette and shows OSC and
+most DEC sequences as text, so it gets a reset of its own (ESC ] R puts its palette back);
+a dumb terminal (TERM=dumb, Emacs' shell) gets only the character-set and attribute reset.
 """
 
 from __future__ import annotations
@@ -13,13 +37,43 @@ from __future__ import annotations
 import os
 import sys
 
-# SI (back from a shifted charset), ASCII in G0, all SGR attributes off.
-RESET = "\x0f\x1b(B\x1b[0m"
+# Each part, in the order it must come. Nothing here moves the cursor.
+RESET_PARTS = (
+    ("\x18", "CAN: abandons an escape sequence or string the command left unfinished (an open OSC "
+              "title would take the line in as its text)"),
+    ("\x1b<", "ANSI mode back from VT52 mode (DECANM), where no later part would be understood"),
+    ("\x1b[4i", "printer controller mode off: in it the terminal shows nothing it receives"),
+    ("\x1b[0$}", "output to the main display, not the status line (DECSASD)"),
+    ("\x0f", "SI: back from a shifted character set (SO)"),
+    ("\x1b(B", "ASCII in G0 (not the line-drawing set)"),
+    ("\x1b[0m", "every SGR attribute off: concealed, invisible colours, reverse, faint, blink"),
+    ("\x1b[4l", "replace mode (insert mode off: IRM)"),
+    ("\x1b[?5l", "normal video for the whole screen (DECSCNM off)"),
+    ("\x1b[?7h", "autowrap on: a long line wraps instead of being cut at the right margin"),
+    ("\x1b#5", "the line single-width and single-height (a double-height line shows half of each glyph)"),
+    ("\x1b]8;;\x1b\\", "closes a hyperlink (OSC 8) the command opened: egress's line is no link"),
+    ("\x1b]110\x1b\\", "the default foreground colour (OSC 10) as the terminal is configured"),
+    ("\x1b]111\x1b\\", "the default background colour (OSC 11) as the terminal is configured"),
+)
+RESET = "".join(part for part, _ in RESET_PARTS)
+# The Linux console: its default colours are palette entries, put back by ESC ] R; it has none
+# of the xterm-only parts (and shows some of them as text).
+CONSOLE_RESET = "\x18\x0f\x1b(B\x1b[0m\x1b[4l\x1b[?5l\x1b[?7h\x1b]R"
+DUMB_RESET = "\x0f\x1b(B\x1b[0m"
+
+
+def reset_for(term: str | None) -> str:
+    """The reset for a terminal whose TERM is ``term``."""
+    if term == "linux" or (term or "").startswith("linux-"):
+        return CONSOLE_RESET
+    if term == "dumb":
+        return DUMB_RESET
+    return RESET
 
 
 def for_person(text: str, tty: bool) -> str:
     """``text`` as egress writes it on a stream that is (``tty``) or is not a terminal."""
-    return RESET + text if tty else text
+    return reset_for(os.environ.get("TERM")) + text if tty else text
 
 
 def is_terminal(stream) -> bool:

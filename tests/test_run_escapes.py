@@ -447,3 +447,55 @@ def test_an_audit_log_in_the_project_is_out_of_the_commands_reach(tmp_path, http
     events = [json.loads(line) for line in (project / "audit.jsonl").read_text().splitlines()]
     assert any(e["host"] == "blocked.test" and e["decision"] == "block" for e in events)
     assert not any(e["host"] == "forged.test" for e in events)
+
+
+# ------------------------------------------------ egress's lines on a terminal the command set up
+
+# What the red team's N12 left before a refused request: the default foreground and background
+# set to one colour (OSC 10/11), so that egress's line, in the default colours after its SGR
+# reset, was drawn in the background's colour; and here also concealed text, a hyperlink left
+# open, insert mode and an unfinished title that would take the next text in.
+CONCEALING = ("\x1b]10;#000000\x07\x1b]11;#000000\x07\x1b[8m\x1b]8;;https://evil.test/\x1b\\\x1b[4h"
+              "\x1b]0;unfinished-title")
+
+
+def test_egress_lines_on_a_terminal_are_drawn_after_the_commands_colours_are_undone(tmp_path, http_upstream):
+    from egress.terminal import RESET
+
+    master, slave = pty.openpty()
+    project = tmp_path / "project"
+    project.mkdir()
+    script = textwrap.dedent(f"""
+        import os, urllib.request
+        os.write(2, {CONCEALING.encode()!r})
+        try:
+            urllib.request.urlopen({http_upstream.url("blocked.test")!r}, timeout=30)
+        except Exception as e:
+            pass
+    """)
+    args = run_args(tmp_path, project, sys.executable, "-c", script, extra=["--headless"])
+    try:
+        process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=project,
+                                   start_new_session=True, env=clean_env(tmp_path, PYTHONPATH=os.getcwd(),
+                                                                         TERM="xterm-256color"),
+                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        seen = b""
+        while process.poll() is None or _readable(master):
+            if _readable(master, 0.2):
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        status = process.wait(timeout=60)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert status == 0, seen
+    concealed = seen.index(CONCEALING.encode())  # the command's bytes reached the terminal as written
+    line = seen.index(b"EGRESS_BLOCKED blocked.test (not on the allow list)")
+    between = seen[concealed + len(CONCEALING):line]
+    # egress's line comes right behind its whole reset: the title cancelled, no link, the
+    # default colours as the terminal is configured, nothing concealed, replace mode
+    assert between.endswith(RESET.encode()), between
+    for undo in (b"\x18", b"\x1b]8;;\x1b\\", b"\x1b]110\x1b\\", b"\x1b]111\x1b\\", b"\x1b[0m", b"\x1b[4l"):
+        assert undo in between, (undo, between)
