@@ -4,11 +4,26 @@ The command may write anything below its writable trees, symlinks included, so a
 path is the command's to change if its resolution steps anywhere inside one of
 them: the path as written, any entry met on the way (every symlink among them,
 and the folders that a later symlink could replace) or where it ends up.
+
+A file can also be the command's by another name than its path (red team N11: a policy
+file outside the project, hard-linked into it, was edited through the link and reloaded):
+
+- a hard link: a regular file with more than one link counts as the command's. Where its
+  other names lie cannot be known without walking every writable tree for its inode (a
+  project with node_modules holds hundreds of thousands of files: seconds, at every run),
+  so the answer fails closed. The command cannot make such a link itself: link() across
+  mounts fails (EXDEV), and everything outside its trees is another mount in the sandbox.
+- a mount: a folder or file mounted (bound) inside a writable tree from elsewhere, or a
+  writable tree reachable elsewhere through a bind mount, shows the same files under two
+  paths. /proc/self/mountinfo says, for each mount, which folder of which file system it
+  shows; a location whose folder of its file system lies within what a writable tree (or a
+  mount inside one) shows is the command's. That is a read of one small file, not a walk.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterable
 
@@ -109,7 +124,76 @@ def command_writable(path: str | os.PathLike, trees: Iterable[str | os.PathLike]
     if inside(path):
         return True
     steps = resolution_steps(path)
-    return steps is None or any(map(inside, steps))
+    if steps is None or any(map(inside, steps)):
+        return True
+    return _linked(steps[-1]) or _mounted_inside(steps, roots, inside)
+
+
+def _linked(location: str) -> bool:
+    """A regular file with another name (a hard link) that may lie in a writable tree."""
+    try:
+        info = os.stat(location)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
+
+
+def _mounted_inside(steps: list[str], roots: Iterable[str], inside) -> bool:
+    """Whether a location of ``steps`` has another name inside a root through a mount (a bind
+    mount of it in the tree, or of the tree elsewhere), that name being the command's (``inside``:
+    islands stay read-only whatever name they are reached by)."""
+    table = mount_table()
+    if table is None:  # no /proc/self/mountinfo (macOS): no bind mounts to follow
+        return False
+    views = []  # (path, device, folder of that file system shown there) for each tree and mount in one
+    for root in {os.path.realpath(r) for r in roots}:
+        views.append((root, *_on_file_system(root, table)))
+        views += [(point, device, folder) for point, folder, device in table if point != root and _within(point, root)]
+    for location in steps:
+        device, folder = _on_file_system(location, table)
+        for path, shown_device, shown in views:
+            if device == shown_device and _within(folder, shown):
+                name = os.path.join(path, *_parts(folder)[len(_parts(shown)):])
+                if name != location and inside(name):
+                    return True
+    return False
+
+
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def mount_table() -> list[tuple[str, str, str]] | None:
+    """(mount point, the folder of its file system it shows, the file system's device
+    "major:minor") for each mount of this process's namespace, in mount order; None where
+    there is no /proc/self/mountinfo."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None
+    table = []
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) < 5:
+            continue
+        root, point = (os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), f)) for f in fields[3:5])
+        table.append((point, root, fields[2].decode("ascii", "replace")))
+    return table
+
+
+def _on_file_system(location: str, table: list[tuple[str, str, str]]) -> tuple[str, str]:
+    """(device, folder of that file system) that absolute ``location`` shows: through the last
+    mount on the longest mount point holding it."""
+    best = ("/", "/", "")
+    depth = -1
+    for point, root, device in table:
+        if _within(location, point) and len(_parts(point)) >= depth:
+            best, depth = (point, root, device), len(_parts(point))
+    point, root, device = best
+    rest = _parts(location)[len(_parts(point)):]
+    return device, "/" + "/".join(_parts(root) + rest)
 
 
 def own_code(code_dirs: Iterable[str], import_path: Iterable[str], trees: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -110,3 +113,61 @@ def test_own_code(tmp_path, monkeypatch, code, import_path, trees, protected, dr
                                           [str(tmp_path / t) for t in trees])
     assert got_protected == [str(tmp_path / p) for p in protected]
     assert got_dropped == [str(tmp_path / p) if p else "" for p in dropped]
+
+
+# ------------------------------------------------------- the same file by another name (red team N11)
+
+
+def test_a_file_with_another_name_counts_as_the_commands(layout):
+    # A hard link in the project: the command edits the file outside through it. Where a file's
+    # other names lie is not known without walking every tree, so any second name counts.
+    os.link(layout / "outside" / "policy.toml", layout / "project" / "linked.toml")
+    (layout / "outside" / "twice.toml").write_text("")
+    os.link(layout / "outside" / "twice.toml", layout / "outside" / "sub" / "twice.toml")
+    os.symlink(layout / "outside" / "policy.toml", layout / "outside" / "to-linked")
+    trees = [layout / "project"]
+    assert command_writable(layout / "outside" / "policy.toml", trees) is True
+    assert command_writable(layout / "outside" / "to-linked", trees) is True  # a symlink to it outside
+    assert command_writable(layout / "outside" / "twice.toml", trees) is True  # fails closed: both names outside
+    (layout / "outside" / "single.toml").write_text("")
+    assert command_writable(layout / "outside" / "single.toml", trees) is False
+    (layout / "project" / "linked.toml").unlink()
+    assert command_writable(layout / "outside" / "policy.toml", trees) is False  # one name again
+
+
+MOUNTED = r"""
+import json, subprocess, sys
+from sandbox.paths import command_writable
+base = sys.argv[1]
+def bind(source, target):
+    subprocess.run(["mount", "--bind", f"{base}/{source}", f"{base}/{target}"], check=True)
+bind("outside/sub", "project/sub")                   # a folder from outside mounted in the project
+bind("project", "outside/view")                      # the project mounted elsewhere
+bind("outside/file.toml", "project/file-mount.toml")  # one file mounted in the project
+trees, islands = [f"{base}/project"], [f"{base}/project/venv"]
+print(json.dumps({path: command_writable(f"{base}/{path}", trees, islands) for path in sys.argv[2:]}))
+"""
+
+
+def test_a_file_mounted_into_a_writable_tree_or_reached_through_a_mount_of_one_is_the_commands(layout):
+    # Bind mounts, made in a mount namespace of the test's own (a user namespace too: root or not).
+    (layout / "outside" / "sub" / "policy.toml").write_text("")
+    (layout / "outside" / "file.toml").write_text("")
+    (layout / "outside" / "view").mkdir()
+    (layout / "project" / "file-mount.toml").write_text("")
+    (layout / "project" / "venv").mkdir()
+    (layout / "project" / "venv" / "code.py").write_text("")
+    expected = {
+        "outside/sub/policy.toml": True,     # also project/sub/policy.toml
+        "outside/view/egress.toml": True,    # project/egress.toml by another path
+        "outside/view/venv/code.py": False,  # an island stays read-only by any name
+        "outside/file.toml": True,           # mounted as project/file-mount.toml
+        "outside/policy.toml": False,        # nothing of it in the project
+    }
+    result = subprocess.run(["unshare", "-Urm", sys.executable, "-c", MOUNTED, str(layout), *expected],
+                            capture_output=True, text=True, cwd=os.getcwd(), timeout=60,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    if result.returncode != 0 and "unshare" in result.stderr:
+        pytest.skip(f"no user and mount namespace to bind in: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == expected

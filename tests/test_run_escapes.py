@@ -499,3 +499,41 @@ def test_egress_lines_on_a_terminal_are_drawn_after_the_commands_colours_are_und
     assert between.endswith(RESET.encode()), between
     for undo in (b"\x18", b"\x1b]8;;\x1b\\", b"\x1b]110\x1b\\", b"\x1b]111\x1b\\", b"\x1b[0m", b"\x1b[4l"):
         assert undo in between, (undo, between)
+
+
+# ------------------------------------------------- a file outside the project with a name inside it
+
+def test_a_policy_file_hard_linked_into_the_project_is_read_once(tmp_path, http_upstream, curl_path):
+    # Red team N11: `--policy /outside/p.toml` with `ln /outside/p.toml project/p.toml`: the command
+    # rewrote it through the link, egress reloaded it and other.test went 403 -> 200.
+    from egress.live import POLL_SECONDS
+
+    project = tmp_path / "project"
+    project.mkdir()
+    opened = 'allow = ["other.test"]\nallow_private = ["other.test"]\n'
+    status = 'curl -s -o /dev/null -w "%{http_code}\\n"'
+    script = (f"{status} {http_upstream.url('blocked.test')}; "  # the first connection: the proxy and its watcher start
+              f"printf '{opened}' > linked.toml; sleep {2 * POLL_SECONDS + 0.5}; "  # past the watcher's next look
+              f"{status} {http_upstream.url('other.test')}")
+    args = run_args(tmp_path, project, "sh", "-c", script, policy='allow_private = ["other.test"]\n')
+    os.link(tmp_path / "policy.toml", project / "linked.toml")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=project,
+                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    assert result.stdout.split() == ["403", "403"], result.stderr
+    assert "EGRESS_BLOCKED other.test (not on the allow list)" in result.stderr
+    assert (tmp_path / "policy.toml").read_text() == opened  # the edit went through the link
+    assert f"{tmp_path / 'policy.toml'} changed, but the command can write it" in result.stderr
+    assert http_upstream.connections == 0
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "unbound"])
+def test_a_secret_file_with_a_hard_link_in_the_project_stops_the_run(tmp_path, host_dir, bound):
+    token = _place(host_dir / "outside" / "token")
+    (host_dir / "project").mkdir()
+    os.link(token, host_dir / "project" / "token-link")
+    hosts = 'hosts = ["allowed.test"]\n' if bound else ""
+    policy = POLICY + f'[[credentials.secret]]\nfile = "{token}"\n{hosts}'
+    result = egress_run(tmp_path, host_dir / "project", "sh", "-c", "echo ran > ran", policy=policy)
+    assert result.returncode == 125, result.stderr
+    assert f"egress: the secret 'token' is read from {token}, which the command could change" in result.stderr
+    assert not (host_dir / "project" / "ran").exists()
