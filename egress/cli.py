@@ -817,6 +817,12 @@ class ByteSize(click.ParamType):
               help="The folder the command may write to (default: the current directory); also its working directory.")
 @click.option("--add-dir", "add_dirs", multiple=True, type=click.Path(file_okay=False),
               metavar="DIR", help="Another folder the command may write to; repeatable.")
+@click.option("--read", "read", multiple=True, type=click.Path(exists=True), metavar="PATH",
+              help="Also show PATH (a folder or file) to the command, read-only: outside the project, "
+                   "system folders and toolchains it sees nothing else (Linux); repeatable.")
+@click.option("--allow-hooks", is_flag=True,
+              help="Let the command change what runs later outside the sandbox: git hooks and config, "
+                   ".gitmodules, .vscode, .idea, .claude, .mcp.json, .envrc (read-only by default).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Kill the command and everything it started after SECONDS; exit status 124.")
 @click.option("--no-fs-confinement", is_flag=True,
@@ -851,8 +857,9 @@ class ByteSize(click.ParamType):
               help="podman/docker: keep the named volume NAME at /persist/NAME across runs; repeatable.")
 @proxy_options(metrics="off", audit_log="off")
 @click.argument("command", nargs=-1, required=True, metavar="-- COMMAND [ARGS]...")
-def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask, headless,
-        proxy_mode, agent, max_output, guard_commands, provider, image, mounts, persist, proxy, command) -> None:
+def run(network, policies, allow, deny, project, add_dirs, read, allow_hooks, timeout, no_fs_confinement, redact,
+        ask, headless, proxy_mode, agent, max_output, guard_commands, provider, image, mounts, persist, proxy,
+        command) -> None:
     """Run COMMAND where the egress proxy is its only road out (Linux: own network namespace; macOS: a
     Seatbelt profile; elsewhere it refuses with status 125).
 
@@ -866,12 +873,12 @@ def run(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confin
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
                        headless, proxy_mode, proxy, command, agent, max_output, guard_commands, provider, image,
-                       mounts, persist))
+                       mounts, persist, read, allow_hooks))
 
 
 def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
                 headless, proxy_mode, proxy, command, agent=False, max_output=None, guard_commands=False,
-                provider=None, image=None, mounts=(), persist=()):
+                provider=None, image=None, mounts=(), persist=(), read=(), allow_hooks=False):
     """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
     from sandbox.launcher import RunOptions
 
@@ -880,7 +887,7 @@ def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_f
                       fs_confinement=not no_fs_confinement, proxy=proxy, redact=redact,
                       ask="never" if headless else ask, proxy_mode=proxy_mode, agent=agent,
                       max_output=max_output, guard_commands=guard_commands, provider=provider, image=image,
-                      mounts=list(mounts), persist=list(persist))
+                      mounts=list(mounts), persist=list(persist), read=list(read), allow_hooks=allow_hooks)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ OPTIONS = {
     "--deny": ("many", str),
     "--project": ("one", "folder"),
     "--add-dir": ("many", "folder"),
+    "--read": ("many", "existing"),
+    "--allow-hooks": ("flag", None),
     "--timeout": ("one", "seconds"),
     "--no-fs-confinement": ("flag", None),
     "--redact": ("flag", None),
@@ -125,7 +127,8 @@ def _options(given: dict[str, list[str]], command: list[str]):
                       proxy=proxy, redact="--redact" in values,
                       ask="never" if "--headless" in values else one("--ask"), proxy_mode=one("--proxy"),
                       agent="--agent" in values, max_output=one("--max-output"),
-                      guard_commands="--guard-commands" in values)
+                      guard_commands="--guard-commands" in values, read=values.get("--read", []),
+                      allow_hooks="--allow-hooks" in values)
 
 
 def _convert(name: str, value: str):
@@ -164,6 +167,8 @@ def _convert(name: str, value: str):
     try:
         info = os.stat(value)
     except OSError:
+        if takes == "existing":  # click.Path(exists=True) refuses it, in its own words
+            raise Unparsed(value) from None
         return value
     import stat
 

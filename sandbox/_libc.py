@@ -47,3 +47,19 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0) -> int:
     """prctl(2); pointers are passed as integers (ctypes.addressof)."""
     return _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0),
                               ctypes.c_ulong(0)), "prctl")
+
+
+MNT_DETACH = 2
+# pivot_root(2) has no glibc wrapper: its number by architecture (x86_64; the generic table).
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+
+
+def umount2(target: str, flags: int) -> None:
+    _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(38, f"no pivot_root number for {os.uname().machine}")
+    syscall(number, ctypes.c_char_p(new_root.encode()), ctypes.c_char_p(put_old.encode()))

@@ -75,9 +75,24 @@ class LandlockError(OSError):
     """Landlock is unavailable or refused the ruleset."""
 
 
+# linux/landlock.h, LANDLOCK_SCOPE_* (ABI 6, Linux 6.12): what a process in the domain may not
+# reach outside it. SIGNAL: no signal to any process outside the domain (egress, the shell
+# that started it, its siblings: kill(0, ...) and kill(-pgid, ...) included); ABSTRACT_UNIX_SOCKET:
+# no connect to an abstract socket made outside it.
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+SCOPES_ABI = 6
+
+
 class _RulesetAttr(ctypes.Structure):
     # Only the first field: every Landlock kernel accepts this size, and we handle no net rights.
     _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _ScopedRulesetAttr(ctypes.Structure):
+    # The size ABI 6 reads: no net rights handled, the scopes set.
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -126,15 +141,20 @@ def restrict_writes(
     """Confine the calling thread (and what it later runs) to writing beneath `writable`.
 
     `writable` paths must exist; `devices` get DEVICE_RIGHTS and `scratch` trees full write
-    rights, each skipped when missing. Sets no_new_privs, which restrict_self requires of an
+    rights, each skipped when missing. Where the kernel has Landlock's scopes (ABI 6), the
+    domain also keeps signals and abstract Unix sockets in: see SCOPE_SIGNAL. Sets no_new_privs, which restrict_self requires of an
     unprivileged caller. Raises LandlockError.
     """
     abi = abi_version()
     if abi < 1:
         raise LandlockError(errno.ENOSYS, unavailable_reason())
     handled = handled_rights(abi)
+    if abi >= SCOPES_ABI:
+        attr = _ScopedRulesetAttr(handled, 0, SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET)
+    else:
+        attr = _RulesetAttr(handled)
     try:
-        ruleset = _libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(_RulesetAttr(handled)), ctypes.sizeof(_RulesetAttr), 0)
+        ruleset = _libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     except OSError as e:
         raise LandlockError(e.errno, f"landlock_create_ruleset: {e.strerror}") from None
     try:

@@ -16,6 +16,7 @@ project folder, sandbox refused); 126 not executable; 127 not found.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
@@ -52,7 +53,7 @@ class RunOptions:
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
                  "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",
-                 "provider", "image", "mounts", "persist")
+                 "provider", "image", "mounts", "persist", "read", "allow_hooks")
 
     def __init__(self, argv: list[str], network: str | None = None, policies: list[str] = (),
                  allow: list[str] = (), deny: list[str] = (), project: str | os.PathLike | None = None,
@@ -60,7 +61,8 @@ class RunOptions:
                  proxy: ProxyConfig = ProxyConfig(), redact: bool = False, ask: str | None = None,
                  proxy_mode: str | None = None, agent: bool = False, max_output: int | None = None,
                  guard_commands: bool = False, provider: str | None = None, image: str | None = None,
-                 mounts: list[str] = (), persist: list[str] = ()):
+                 mounts: list[str] = (), persist: list[str] = (), read: list[str | os.PathLike] = (),
+                 allow_hooks: bool = False):
         self.argv = list(argv)
         self.network = network  # None: the policy files' `network` key, else "allowlist"
         self.policies = list(policies)
@@ -84,6 +86,8 @@ class RunOptions:
         self.image = image  # podman, docker: the image; None: the policy's [container] image
         self.mounts = list(mounts)  # podman, docker: "SRC:DST[:rw]", read-only unless :rw
         self.persist = list(persist)  # podman, docker: named volumes kept at /persist/NAME
+        self.read = [os.fspath(path) for path in read]  # more folders and files shown read-only (sandbox/grants.py)
+        self.allow_hooks = allow_hooks  # the files that run later (sandbox/protected.py) are the command's to change
 
     @property
     def state_dir(self) -> str | None:
@@ -394,6 +398,9 @@ def run(options: RunOptions, platform=None) -> int:
     for directory in options.add_dirs:
         if not os.path.isdir(directory):
             raise LaunchError(f"--add-dir {directory} does not exist")
+    for path in options.read:
+        if not os.path.exists(path):
+            raise LaunchError(f"--read {path} does not exist")
     reader = policy_reader()
     user = user_policy(options, reader)
     options = options.settled(user)
@@ -462,6 +469,8 @@ def run(options: RunOptions, platform=None) -> int:
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [project, tmpdir, *options.add_dirs]
         own_code = protect_own_code(writable)
+        # What runs later and does not exist yet cannot be shown read-only: moved aside after the run if made
+        absent = [] if options.allow_hooks else later_run_absent([project, *options.add_dirs])
         # every host folder the command can write, a container's writable mounts included
         writable_anywhere = writable + list(getattr(platform, "writable_elsewhere", list)())
         refusal = secret_file_refusal(credentials, writable_anywhere, own_code)
@@ -476,7 +485,8 @@ def run(options: RunOptions, platform=None) -> int:
                            # nor a secret file bound to hosts (it reads the placeholder instead).
                            hidden=[str(_state_dir(options))],
                            replaced=_replaced_files(options, credentials),
-                           placeholders=list(placeholders),
+                           placeholders=list(placeholders), readable=options.read,
+                           allow_hooks=options.allow_hooks, abandoned=[tmpdir],
                            stdout=outputs.stdout if outputs else None,
                            stderr=outputs.stderr if outputs else None)
         terminal = _TerminalGuard()  # before the command can take the terminal's foreground
@@ -542,6 +552,8 @@ def run(options: RunOptions, platform=None) -> int:
             say(environment.direct_connection_hint(options.argv[0], env["PATH"], project, env["HTTPS_PROXY"]))
         if session is not None and session.error is not None:
             say(f"egress: the proxy failed: {session.error}")
+        for line in quarantine(absent, _state_dir(options), run_id):
+            say(line)
         return status
     finally:
         if session is not None:
@@ -559,6 +571,54 @@ def run(options: RunOptions, platform=None) -> int:
         if terminal is not None:
             terminal.restore()
         _remove_tree(tmpdir)
+
+
+def later_run_absent(trees: list[str]) -> list[str]:
+    """The paths that run later, outside the sandbox (sandbox/protected.py), missing at the start.
+    A repository without a hooks folder gets an empty one (as `git init` makes it): shown read-only,
+    it cannot be filled with hooks."""
+    from sandbox.protected import later_run_paths
+
+    absent = []
+    for tree in trees:
+        for path in later_run_paths(tree):
+            if os.path.lexists(path):
+                continue
+            if os.path.basename(path) == "hooks" and os.path.isdir(os.path.dirname(path)):
+                try:
+                    os.mkdir(path, 0o755)
+                    continue
+                except OSError:
+                    pass
+            absent.append(path)
+    return absent
+
+
+def quarantine(absent: list[str], state_dir: str, run_id: str) -> list[str]:
+    """Move aside what the command made of the paths that run later (missing when it started),
+    into the state folder; one line each for the user. Nothing is deleted."""
+    made = [path for path in absent if os.path.lexists(path)]
+    if not made:
+        return []
+    folder = os.path.join(state_dir, "quarantine", run_id)
+    lines = []
+    for path in made:
+        target = os.path.join(folder, path.lstrip("/"))
+        try:
+            try:
+                os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+                os.rename(path, target)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                target = f"{path}.egress-quarantine-{run_id}"  # another file system: beside it, under a name nothing runs
+                os.rename(path, target)
+            lines.append(f"egress: the command made {path}, which would run outside the sandbox later; "
+                         f"moved to {target} (egress run --allow-hooks lets a command make it)")
+        except OSError as e:
+            lines.append(f"egress: the command made {path}, which would run outside the sandbox later, and it "
+                         f"could not be moved aside ({e.strerror}): look at it before you use this folder")
+    return lines
 
 
 def _write_files(builder, egress_ca, ca_bundle, files: dict) -> None:

@@ -68,9 +68,8 @@ EXIT_NOT_FOUND (127) the program was not found. `wait()` returns EXIT_TIMEOUT (1
 `.kind` names the failing step: "namespaces", "network", "mounts", "landlock", "privileges", "cwd",
 "exec", "internal".
 
-Caveats: start() forks the caller, so call it from a long-lived thread (the helper gets
-SIGKILL when the thread that forked it exits: PR_SET_PDEATHSIG), preferably before other
-threads exist; the caller must not reap children it did not start (waitpid(-1), or SIGCHLD
+Caveats: start() forks the caller, preferably before other threads exist (when the caller
+process dies, however it dies, the helper ends the sandbox and removes `spec.abandoned`); the caller must not reap children it did not start (waitpid(-1), or SIGCHLD
 set to SIG_IGN), or wait() loses the status and reports EXIT_SANDBOX.
 """
 
@@ -89,7 +88,7 @@ from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
-from sandbox import _libc, capture, landlock, mounts, namespaces, netcount, seccomp
+from sandbox import _libc, capture, grants, landlock, mounts, namespaces, netcount, protected, seccomp
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 
 __all__ = ["Network", "Sandbox", "SandboxError", "SandboxSpec", "begin", "enter_network", "start"]
@@ -409,14 +408,32 @@ def _send_fd(chan: socket.socket, message: bytes, fd: int) -> None:
 def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
     gc.disable()  # collecting the caller's garbage here could close descriptors we reuse
     _quiet_signals(ignore=_SUPERVISOR_IGNORES)
-    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != caller:  # the caller died before prctl took effect
-        return EXIT_SANDBOX
+    # No death signal: when the caller dies we must live on long enough to end the sandbox and
+    # remove its folders (_supervise watches the caller's pidfd). Init keeps one (on us).
     _install_stdio(spec)
     _close_fds_except({0, 1, 2, chan.fileno()})
     # The host's sockets, read before our own network namespace hides them from /proc/net/unix.
     masked = mounts.MASKED if spec.fs_confinement else ("/run", "/var/run")
     sockets = mounts.host_sockets(home=spec.env.get("HOME"), skip=masked)
+    view = _View(spec, sockets)
+    # Our own pidfd of the caller: when it dies (even by SIGKILL) we end the sandbox and remove
+    # the folders it would have removed. Opened before the check: a caller that died first fails it.
+    caller_fd = os.pidfd_open(caller)
+    if os.getppid() != caller:
+        return EXIT_SANDBOX
+    abandoned = _open_parents(spec.abandoned)
+    try:
+        return _make_and_supervise(spec, chan, view, caller_fd, abandoned)
+    finally:
+        if select.select([caller_fd], [], [], 0)[0]:  # the caller is gone, whatever happened meanwhile
+            _remove_abandoned(abandoned)
+
+
+def _make_and_supervise(spec: SandboxSpec, chan: socket.socket, view: _View, caller_fd: int,
+                        abandoned: list[tuple[int, str]]) -> int:
+    # The terminal the command gets as its foreground job: egress's, if egress is in its
+    # foreground process group now (else the command gets a session of its own, no terminal).
+    terminal = next((fd for fd in (0, 1, 2) if _foreground(fd)), None)
     try:
         namespaces.enter(os.geteuid(), os.getegid())
     except OSError as e:
@@ -436,17 +453,121 @@ def _run_helper(spec: SandboxSpec, chan: socket.socket, caller: int) -> int:
     except OSError as e:
         raise _network_failure(e)
     helper = os.pidfd_open(os.getpid())  # init's way to see that we died before it could notice
+    stops = os.pipe() if terminal is not None else None  # init says "the command stopped" (Ctrl-Z)
     init = os.fork()
     if init == 0:
-        _run_init(spec, chan, sockets, helper)  # never returns
+        os.close(caller_fd)
+        for parent, _ in abandoned:
+            os.close(parent)
+        if stops is not None:
+            os.close(stops[0])
+        _run_init(spec, chan, view, helper, terminal, stops[1] if stops else None)  # never returns
     os.close(helper)
+    if stops is not None:
+        os.close(stops[1])
     _send_pidfd(chan, b"B", init)
     try:
         chan.send(b"R")
     except OSError as e:
         raise _network_failure(e)
     chan.close()
-    return _exit_code(os.waitpid(init, 0)[1])
+    return _supervise(init, caller_fd, abandoned, terminal, stops[0] if stops else None)
+
+
+class _View:
+    """What init builds the command's filesystem from, worked out before the namespaces are made."""
+
+    def __init__(self, spec: SandboxSpec, sockets: list[str]) -> None:
+        self.sockets = sockets
+        later = [] if spec.allow_hooks else [p for tree in spec.writable for p in protected.later_run_paths(tree)]
+        # What runs later and exists now is shown read-only (what does not exist is the launcher's:
+        # it moves aside what the command made of it, sandbox/protected.py).
+        self.read_only = [*spec.read_only, *(p for p in later if os.path.lexists(p))]
+        self.replaced = dict(spec.replaced)
+        if spec.fs_confinement:
+            self.granted = grants.granted(spec.env)
+            home = spec.env.get("HOME", "")
+            self.empty = [*grants.EMPTY, *grants.LINKS, *([home] if home.startswith("/") else [])]
+            self.replaced.update((path, b"") for path in grants.hidden_files(spec.env) if path not in self.replaced)
+            # A secret file bound to hosts is shown, with its placeholder, wherever it lies.
+            self.granted += [path for path in spec.replaced if os.path.isfile(path)]
+
+
+def _supervise(init: int, caller_fd: int, abandoned: list[tuple[int, str]], terminal: int | None,
+               stops: int | None) -> int:
+    """Wait for init; if the caller dies first, end the sandbox and remove the folders it would have.
+
+    Job control, when the command has egress's terminal as a group of its own: the command
+    stopped (Ctrl-Z) -> the terminal goes back to egress's group, which is stopped as a shell's
+    job is (the shell prints "Stopped" and takes the terminal); egress continued in the
+    foreground (`fg`) -> the terminal goes back to the command, which is continued."""
+    init_fd = os.pidfd_open(init)
+    ready = select.poll()
+    ready.register(init_fd, select.POLLIN)
+    ready.register(caller_fd, select.POLLIN)
+    woken = -1
+    if stops is not None:
+        ready.register(stops, select.POLLIN)
+        woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake)
+        signal.signal(signal.SIGCONT, lambda *_: None)  # heard through the wakeup descriptor
+        ready.register(woken, select.POLLIN)
+    while True:
+        events = dict(ready.poll())
+        if init_fd in events:
+            return _exit_code(os.waitpid(init, 0)[1])
+        if caller_fd in events:
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)  # PID 1's end ends the namespace
+            os.waitpid(init, 0)
+            _remove_abandoned(abandoned)
+            return EXIT_SANDBOX
+        if stops is not None and stops in events:
+            if not os.read(stops, 64):
+                ready.unregister(stops)
+                continue
+            try:
+                os.tcsetpgrp(terminal, os.getpgrp())
+            except OSError:
+                pass
+            os.kill(0, signal.SIGTSTP)  # egress's group; we ignore it ourselves
+        if woken in events:
+            os.read(woken, 512)
+            try:
+                if os.tcgetpgrp(terminal) == os.getpgrp():  # `fg`, not `bg`: the terminal is ours to hand on
+                    os.tcsetpgrp(terminal, init)
+            except OSError:
+                pass
+            try:
+                os.killpg(init, signal.SIGCONT)
+            except OSError:
+                pass
+
+
+def _open_parents(folders: Sequence[str]) -> list[tuple[int, str]]:
+    """(descriptor of the parent, name) for each folder: they reach the host's folder even once
+    init has made another view of the filesystem in the mount namespace we share."""
+    opened = []
+    for folder in folders:
+        try:
+            opened.append((os.open(os.path.dirname(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
+                           os.path.basename(folder)))
+        except OSError:
+            continue
+    return opened
+
+
+def _remove_abandoned(abandoned: list[tuple[int, str]]) -> None:
+    import shutil  # only on this rare path
+
+    for parent, name in abandoned:
+        shutil.rmtree(name, ignore_errors=True, dir_fd=parent)
+
+
+def _foreground(fd: int) -> bool:
+    try:
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def _network_failure(error: OSError) -> _Failure:
@@ -494,7 +615,8 @@ def _set_up_listener(spec: SandboxSpec, chan: socket.socket) -> None:
 
 
 @_child
-def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str], helper: int) -> int:
+def _run_init(spec: SandboxSpec, chan: socket.socket, view: _View, helper: int, terminal: int | None,
+              stops: int | None) -> int:
     """PID 1: confine itself (its children inherit it), spawn the command, reap, relay its status."""
     _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)  # the helper gone -> the namespace goes
     # A helper killed before that line (the caller closed the box while the sandbox was being
@@ -507,29 +629,50 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str], helper
     _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
     host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # to tell the caller our pids
     try:
-        mounts.build_view(spec.writable, read_only_host=spec.fs_confinement, mask_tmp=spec.fs_confinement,
-                          readable=[spec.cwd, *spec.readable], read_only=spec.read_only, hidden=spec.hidden, replaced=spec.replaced, sockets=sockets)
+        if spec.fs_confinement:  # an allow list: nothing of the host is there unless granted (sandbox/grants.py)
+            mounts.build_granted_view(spec.writable, granted=view.granted, empty=view.empty,
+                                      readable=[spec.cwd, *spec.readable], read_only=view.read_only,
+                                      hidden=spec.hidden, replaced=view.replaced, sockets=view.sockets)
+        else:  # writes anywhere the caller may: the host's own tree, less /run and its sockets
+            mounts.build_view(spec.writable, read_only_host=False, mask_tmp=False, readable=[spec.cwd, *spec.readable],
+                              read_only=view.read_only, hidden=spec.hidden, replaced=view.replaced,
+                              sockets=view.sockets)
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "mounts", f"cannot make the command's view of the filesystem: {e.strerror}")
-    namespaces.mount_proc()
+    if not spec.fs_confinement:
+        namespaces.mount_proc()
     try:
         os.chdir(spec.cwd)
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "cwd", f"cannot change directory to {spec.cwd}: {e.strerror}")
     path = _find_program(spec.argv[0], spec.env)
     if spec.fs_confinement:
+        # The command's own terminal, by the descriptors it gets (reopened as /dev/stdout, /dev/tty's
+        # target): its devpts is not in the view, and no other terminal of the user is granted.
+        own = [f"/proc/self/fd/{fd}" for fd in (0, 1, 2) if _isatty(fd)]
         try:
-            landlock.restrict_writes(spec.writable)
+            landlock.restrict_writes(spec.writable, devices=(*landlock.DEVICES, *own))
         except OSError as e:
             raise _Failure(EXIT_SANDBOX, "landlock", f"cannot confine writes: {e.strerror}")
     else:
         _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
     try:
-        seccomp.install(refuse_setid=os.geteuid() == 0)
-        namespaces.new_session_keyring()
+        namespaces.new_session_keyring()  # before the filter, which refuses keyctl to the command
+        seccomp.install(refuse_setid=True)
         namespaces.drop_capabilities()
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "privileges", f"cannot drop the command's privileges: {e.strerror}")
+    # A process group of its own (init's, which the command joins), so that kill(0, ...) and the
+    # terminal's signals reach the run and nothing of the caller's: made the terminal's
+    # foreground group when egress had the terminal, else a session of its own (no terminal).
+    try:
+        if terminal is not None:
+            os.setpgid(0, 0)
+            os.tcsetpgrp(terminal, os.getpgrp())  # init ignores SIGTTOU: allowed from the background
+        else:
+            os.setsid()
+    except OSError as e:
+        raise _Failure(EXIT_SANDBOX, "internal", f"cannot give the command a process group of its own: {e.strerror}")
     _wait_for_go(chan)
     try:
         # vfork+exec: no copy of the caller's memory for a process that only execs.
@@ -541,8 +684,13 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, sockets: list[str], helper
     os.close(host_proc)
     chan.close()
     while True:  # PID 1 adopts orphans: reap them until the command itself ends
-        pid, status = os.waitpid(-1, 0)
-        if pid == command:
+        pid, status = os.waitpid(-1, os.WUNTRACED if stops is not None else 0)
+        if pid == command and os.WIFSTOPPED(status):
+            try:
+                os.write(stops, b"S")  # the helper hands the terminal back and stops egress, as a shell would
+            except OSError:
+                pass
+        elif pid == command:
             return _exit_code(status)
 
 
@@ -633,6 +781,13 @@ def _close_fds_except(keep: set[int]) -> None:
         if high > low:
             os.closerange(low, high)
         low = high + 1
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def _exit_code(status: int) -> int:

@@ -74,6 +74,7 @@ _MOUNT_ATTR_NODEV = 0x4
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
 
 # Where host programs keep their sockets (ssh-agent, tmux, X11, docker, podman, dbus,
 # systemd, user runtime folders) and shared scratch: shown empty inside.
@@ -218,6 +219,163 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
         for _, clone, _ in clones:
             os.close(clone)
     _cover(covered)
+
+
+# The host's device files a program needs, bound into the view's own /dev (sandbox/grants.py's
+# default deny: no /dev/vsock, /dev/kvm, /dev/fuse, /dev/log, nor the user's other terminals).
+DEVICE_NAMES = ("null", "zero", "full", "random", "urandom", "tty")
+_DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+              "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"}
+_ATTACH_POINTS = ("/tmp", "/mnt", "/var/tmp", "/media")  # where the new root is put together
+
+
+def build_granted_view(writable: Iterable[str], *, granted: Iterable[str], empty: Iterable[str] = (),
+                       readable: Iterable[str] = (), read_only: Iterable[str] = (), hidden: Iterable[str] = (),
+                       replaced: Mapping[str, bytes] | None = None, sockets: Iterable[str] = ()) -> None:
+    """Make the calling process's (private) mount namespace a view built from an allow list, and
+    make it its root (pivot_root): nothing of the host is there unless named. Raises OSError.
+
+    `writable` trees are bound writable; `granted` and `readable` paths (folders or files) are
+    bound read-only; `empty` folders exist, empty and read-only; /dev holds only DEVICE_NAMES, a
+    devpts of the command's own (its ptys, none of the user's other terminals) and a private
+    /dev/shm; /proc is the PID namespace's own. Every bind is nosuid and nodev. Then, as in
+    build_view: `read_only` islands (folders or files) inside writable trees, `hidden`
+    folders, `replaced` files and still-visible `sockets` are covered, the folders on the way
+    to each pinned. The root itself is read-only: nothing can be created beside the grants.
+    Paths named through symlinks (/bin -> usr/bin, /var/run -> /run, a project reached through
+    a link) find the same links inside.
+    """
+    originals = [*writable, *readable, *granted, *empty]
+    trees = sorted({os.path.realpath(p) for p in writable}, key=len)
+    for path in trees:
+        if not os.path.isdir(path):
+            raise OSError(errno.ENOENT, f"writable path {path}: no such folder")
+    shown: list[str] = []
+    for path in sorted({os.path.realpath(p) for p in (*readable, *granted)}, key=len):
+        if os.path.exists(path) and not any(_within(path, t) for t in trees) \
+                and not any(_within(path, s) for s in shown if os.path.isdir(s)):
+            shown.append(path)
+    folders = [os.path.realpath(p) for p in empty]
+    links = _links_on_the_way(originals)
+    # Cloned before anything changes: the attach point may hide some of them.
+    clones = [(path, _clone(path), True) for path in trees] + [(path, _clone(path), False) for path in shown]
+    clones.sort(key=lambda c: len(c[0]))
+    folder_kind = {path: os.path.isdir(path) for path, _, _ in clones}  # before the attach point hides some
+    devices = [(name, _clone(f"/dev/{name}")) for name in DEVICE_NAMES if os.path.exists(f"/dev/{name}")]
+    # The command's own terminal (its devpts is not in the view) at /dev/console, as bubblewrap
+    # does: ttyname() and `tty` find it there, and nothing else of the host's terminals is shown.
+    terminal = next((fd for fd in (0, 1, 2) if _isatty(fd)), None)
+    if terminal is not None:
+        try:  # by its name in our copy of the host's mounts (a clone of the descriptor's own mount: EINVAL)
+            devices.append(("console", _clone(os.ttyname(terminal))))
+        except OSError:
+            pass  # a terminal of another devpts: `tty` says "not a tty", nothing else changes
+    host_proc = _clone("/proc")
+    try:
+        base = next(p for p in _ATTACH_POINTS if os.path.isdir(p) and not os.path.islink(p))
+        _libc.mount("tmpfs", base, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+        for link, target in links:
+            _make_link(base + link, target)
+        for path, clone, rw in clones:
+            _setattr(clone, "", _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (0 if rw else _MOUNT_ATTR_RDONLY), 0,
+                     _AT_EMPTY_PATH | _AT_RECURSIVE)
+            _mount_point(base + path, folder_kind[path])
+            _move(clone, base + path)
+        for path in folders:
+            os.makedirs(base + path, mode=0o755, exist_ok=True)
+        _build_dev(base + "/dev", devices)
+        os.makedirs(base + "/proc", exist_ok=True)
+        if not _mount_own_proc(base + "/proc"):
+            _move(host_proc, base + "/proc")  # a container whose /proc has masked entries refuses a new one
+        os.chdir(base)
+        _libc.pivot_root(".", ".")  # the old root now lies over the new one: detached next
+        _libc.umount2(".", _libc.MNT_DETACH)
+        os.chdir("/")
+    finally:
+        for _, clone, _ in clones:
+            os.close(clone)
+        for _, clone in devices:
+            os.close(clone)
+        os.close(host_proc)
+    islands = sorted({os.path.realpath(p) for p in read_only if os.path.lexists(p)}, key=len)
+    covered = _covered(hidden, replaced or {}, sockets)
+    for folder in pinned_chain([*islands, *covered.targets()], trees):
+        try:
+            _rebind(folder, read_only=False)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot pin {folder} (a folder on the way to a hidden or read-only "
+                                   f"path in a writable tree; the command could move it): {e.strerror}") from e
+    for path in islands:
+        _rebind(path, read_only=True)
+    _cover(covered)
+    for mount in ("/dev", "/"):
+        _setattr(_AT_FDCWD, mount, _MOUNT_ATTR_RDONLY, 0, 0)
+
+
+def _links_on_the_way(paths: Iterable[str]) -> list[tuple[str, str]]:
+    """Every symlink met while resolving each path, as (link, its target), outermost first."""
+    found: dict[str, str] = {}
+    for path in paths:
+        current = "/"
+        for part in [p for p in os.path.abspath(path).split("/") if p]:
+            candidate = os.path.join(current, part)
+            if os.path.islink(candidate):
+                try:
+                    found.setdefault(candidate, os.readlink(candidate))
+                except OSError:
+                    break
+                current = os.path.realpath(candidate)
+            else:
+                current = candidate
+    return sorted(found.items(), key=lambda item: len(item[0]))
+
+
+def _make_link(where: str, target: str) -> None:
+    os.makedirs(os.path.dirname(where), mode=0o755, exist_ok=True)
+    try:
+        os.symlink(target, where)
+    except FileExistsError:
+        pass
+
+
+def _mount_point(where: str, folder: bool) -> None:
+    """An empty folder or file at ``where`` in the new root, with its parents."""
+    if folder:
+        os.makedirs(where, mode=0o755, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(where), mode=0o755, exist_ok=True)
+    os.close(os.open(where, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+
+
+def _build_dev(dev: str, devices: list[tuple[str, int]]) -> None:
+    """/dev with the host's ordinary devices, a devpts of the command's own and a private /dev/shm."""
+    os.makedirs(dev, exist_ok=True)
+    _libc.mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=0755,size=64k")
+    for name, clone in devices:
+        _mount_point(f"{dev}/{name}", folder=False)
+        _move(clone, f"{dev}/{name}")
+    for name, target in _DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/pts")
+    # A new instance: the command's own ptys (pty.openpty, script, expect), none of the host's.
+    _libc.mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.mkdir(f"{dev}/shm")
+    _libc.mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _mount_own_proc(where: str) -> bool:
+    try:
+        _libc.mount("proc", where, "proc", MS_NOSUID | MS_NODEV | _MS_NOEXEC)
+        return True
+    except OSError:
+        return False
 
 
 def _rebind(folder: str, read_only: bool) -> None:

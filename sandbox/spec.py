@@ -46,6 +46,11 @@ class SandboxSpec:
     fs_confinement: apply Landlock and show the host read-only with /tmp, /var/tmp masked; if
         False the command may write wherever its uid may (/run and host sockets stay masked).
     stdin, stdout, stderr: file descriptors for the command's 0, 1, 2 (None: the caller's).
+    allow_hooks: let the command change the files at the top of each writable tree that run later,
+        outside the sandbox (sandbox/protected.py: git hooks and config, editor folders, .envrc);
+        by default they are read-only inside (Linux) or unwritable (macOS).
+    abandoned: folders the sandbox removes itself if the caller dies before the command has
+        ended (the run's temporary folder): a launcher killed with SIGKILL leaves nothing.
     socket_dirs: folders where the command may bind and reach Unix sockets of its own (macOS,
         where Seatbelt decides per path: the run's private folder; on Linux the command's own
         view of the filesystem decides, and this is not needed).
@@ -58,7 +63,7 @@ class SandboxSpec:
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
                  "read_only", "readable", "hidden", "replaced", "stdin", "stdout", "stderr", "socket_dirs",
-                 "capture", "placeholders")
+                 "capture", "placeholders", "allow_hooks", "abandoned")
 
     def __init__(
         self,
@@ -79,6 +84,8 @@ class SandboxSpec:
         socket_dirs: Sequence[str] = (),
         capture: bool = False,
         placeholders: Sequence[str] = (),
+        allow_hooks: bool = False,
+        abandoned: Sequence[str] = (),
     ) -> None:
         if not argv:
             raise ValueError("argv must name a command")
@@ -99,6 +106,8 @@ class SandboxSpec:
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.socket_dirs = [os.path.abspath(p) for p in socket_dirs]
         self.placeholders = [str(name) for name in placeholders]
+        self.allow_hooks = bool(allow_hooks)
+        self.abandoned = [os.path.abspath(p) for p in abandoned]
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if k not in ("env", "replaced"))

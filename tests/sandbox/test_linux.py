@@ -229,10 +229,10 @@ keyctl, add_key, mine = map(int, sys.argv[1:4])
 def call(nr, *args):
     return libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
 buf = ctypes.create_string_buffer(256)
-n = call(keyctl, 6, -3, buf, 256)  # KEYCTL_DESCRIBE the session keyring
-print(buf.raw[:max(n, 0)].rstrip(b"\\0").decode().rsplit(";", 1)[-1])
-print(call(keyctl, 3, mine))  # KEYCTL_REVOKE the caller's key
-call(add_key, b"user", b"planted", b"x", 1, -3)
+print(call(keyctl, 6, -3, buf, 256), ctypes.get_errno())  # KEYCTL_DESCRIBE the session keyring
+print(call(keyctl, 3, mine), ctypes.get_errno())  # KEYCTL_REVOKE the caller's key
+print(call(add_key, b"user", b"planted", b"x", 1, -3), ctypes.get_errno())  # into the session keyring
+print(call(add_key, b"user", b"planted", b"x", 1, -4), ctypes.get_errno())  # into the user keyring
 """
 
 KEYRING = """
@@ -269,9 +269,10 @@ def test_the_callers_session_keyring_is_out_of_reach():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == 0
-    described, revoked = result["inside"]
-    assert described == "_ses"  # a new anonymous session keyring, not "egress-test-session"
-    assert int(revoked) == -1  # the caller's key is out of reach
+    # Every keyring call is refused to the command (seccomp, EPERM): no keyring is read, planted
+    # into or revoked, the caller's session and user keyrings included (red team N2).
+    calls = [tuple(map(int, result["inside"][i:i + 2])) for i in range(0, 8, 2)]
+    assert calls == [(-1, errno.EPERM)] * 4, calls
     assert result["keys_after"] == [result["mine"]]  # nothing planted, nothing revoked
 
 
@@ -370,16 +371,21 @@ def areas(tmp_path, host_dir):
     Path("/etc", etc_name).unlink(missing_ok=True)  # only there if confinement failed
 
 
-def test_writes_succeed_only_beneath_writable_paths(areas):
+@pytest.mark.parametrize("shown", [True, False], ids=["granted read-only", "not granted"])
+def test_writes_succeed_only_beneath_writable_paths(areas, shown):
+    # A host folder the command was granted (--read) is read-only; one it was not is not there at all.
     w, other, etc_name = areas
-    status, out = run([*py(WRITE_PROBE), str(w), str(other), etc_name], w, writable=[w])
+    status, out = run([*py(WRITE_PROBE), str(w), str(other), etc_name], w, writable=[w],
+                      readable=[str(other)] if shown else [])
     assert status == 0
     results = json.loads(out)
     allowed = {"create in writable", "mkdir in writable", "rename in writable", "truncate /dev/null", "read /etc/passwd"}
     assert {k: v for k, v in results.items() if k in allowed} == dict.fromkeys(allowed, "ok")
     for name, outcome in results.items():
         if name not in allowed:
-            assert outcome in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EXDEV), (name, outcome)
+            refusals = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EXDEV) if shown or "/etc" in name else (
+                errno.ENOENT,)
+            assert outcome in refusals, (name, outcome)
     assert (other / "existing").read_text() == "keep"
     assert sorted(p.name for p in other.iterdir()) == ["existing"]
     assert not Path("/etc", etc_name).exists()
@@ -753,7 +759,7 @@ def test_works_for_an_unprivileged_user(tmp_path):
         assert result["links"] == ["lo"]
         assert result["got"] == "welcome"
         assert result["write_w"] == "ok"
-        assert result["write_other"] == errno.EROFS  # nobody owns it: the host is read-only inside
+        assert result["write_other"] == errno.ENOENT  # nobody owns it, and it was not granted: not there
         assert result["init_fds"] == errno.EACCES  # init keeps capabilities; the command cannot reach into it
         assert result["status"] == 0
     finally:

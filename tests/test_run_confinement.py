@@ -1,0 +1,166 @@
+"""`egress run` refuses what it does not grant (issue 25), end to end with the real launcher.
+
+Each test is an attack of the second red-team review, made the way a prompt-injected agent
+would: signalling the harness that started egress (N3), stopping the launcher to outlive
+--timeout, killing it to leave its run folder behind, planting a git hook or an editor task
+for the user's next ordinary action (item 7). The sandbox-level matrix, as root and as
+nobody, is tests/sandbox/test_default_deny.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env, egress_command
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def namespaces_available():
+    probe = subprocess.run(["unshare", "-Urn", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user+network namespaces are not available here: {probe.stderr.decode().strip()}")
+
+
+def run_args(tmp_path: Path, project: Path, *command: str, extra=()) -> list[str]:
+    return [*egress_command(), "run", "--network", "off", "--headless", "--state-dir", str(tmp_path / "state"),
+            "--project", str(project), *extra, "--", *command]
+
+
+def env_for(tmp_path: Path) -> dict:
+    runs = tmp_path / "runs"  # the run's folder is made here: what a killed launcher would leave
+    runs.mkdir(exist_ok=True)
+    return clean_env(tmp_path, PYTHONPATH=os.getcwd(), TMPDIR=str(runs))
+
+
+def test_the_command_cannot_signal_the_harness_that_started_egress(tmp_path):
+    # The harness and egress share a process group (a script without job control); before,
+    # the command's kill(0, SIGUSR1) reached the harness, a sibling, and egress itself (-10).
+    project = tmp_path / "project"
+    project.mkdir()
+    inner = " ".join(map(_quote, run_args(tmp_path, project, sys.executable, "-c",
+                                          "import os, signal; os.kill(0, signal.SIGUSR1); print('sent')")))
+    harness = f"trap 'echo HARNESS-SIGNALLED' USR1; sleep 30 & sibling=$!; {inner}; echo status=$?; " \
+              f"kill $sibling; wait $sibling; echo sibling=$?"
+    done = subprocess.run(["sh", "-c", harness], capture_output=True, text=True, timeout=120, cwd=project,
+                          env=env_for(tmp_path))
+    lines = done.stdout.split()
+    # The command's own group got it (it was killed by it, as kill(0) asks): nothing outside did.
+    assert "HARNESS-SIGNALLED" not in lines, done.stdout + done.stderr
+    assert f"status={128 + signal.SIGUSR1}" in lines, done.stdout + done.stderr
+    assert f"sibling={128 + signal.SIGTERM}" in lines, done.stdout  # killed by the harness, not by the command
+
+
+def test_timeout_holds_when_the_command_stops_its_group(tmp_path):
+    # Red team N3: a child leaves the group, the parent stops "its" group (then the launcher's)
+    # with SIGSTOP: the child ran on past --timeout until someone sent SIGCONT.
+    project = tmp_path / "project"
+    project.mkdir()
+    stopper = textwrap.dedent("""
+        import os, signal, time
+        if os.fork() == 0:
+            os.setpgid(0, 0)
+            while True:
+                time.sleep(0.2)
+        time.sleep(0.5)
+        os.kill(0, signal.SIGSTOP)
+    """)
+    # egress in a session of its own, as the red team ran it: only the sandbox could stop it
+    done = subprocess.run(run_args(tmp_path, project, sys.executable, "-c", stopper, extra=["--timeout", "2"]),
+                          capture_output=True, text=True, timeout=90, cwd=project, env=env_for(tmp_path),
+                          start_new_session=True)
+    assert done.returncode == 124, done.stderr
+    assert "timed out after 2 s" in done.stderr
+
+
+def test_a_killed_launcher_leaves_no_run_folder(tmp_path):
+    # Red team N3: a launcher killed mid-run left /tmp/egress-run-<id>-... (the command's TMPDIR,
+    # with whatever it wrote there) on the host. Its sandbox helper now removes it.
+    project = tmp_path / "project"
+    project.mkdir()
+    env = env_for(tmp_path)
+    launcher = subprocess.Popen(run_args(tmp_path, project, "sh", "-c", 'echo "$TMPDIR"; echo x > "$TMPDIR/left"; '
+                                         'exec sleep 60'), stdout=subprocess.PIPE, text=True, cwd=project, env=env)
+    try:
+        folder = Path(launcher.stdout.readline().strip())
+        assert folder.parent == Path(env["TMPDIR"]) and (folder / "left").exists()
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        for _ in range(300):  # a bound on the wait, not on its speed
+            if not folder.exists():
+                break
+            time.sleep(0.1)
+        assert not folder.exists(), sorted(p.name for p in folder.iterdir())
+        assert list(Path(env["TMPDIR"]).iterdir()) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+@pytest.fixture
+def repository(tmp_path):
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    project = tmp_path / "project"
+    project.mkdir()
+    remote = project / "remote.git"  # a remote the sandbox can reach: inside the project
+    subprocess.run([git, "init", "-q", "--bare", str(remote)], check=True)
+    subprocess.run([git, "init", "-q", str(project)], check=True)
+    for key, value in (("user.name", "t"), ("user.email", "t@example.invalid"), ("remote.origin.url", str(remote))):
+        subprocess.run([git, "-C", str(project), "config", key, value], check=True)
+    return project
+
+
+PLANT = """
+    for path in .git/hooks/pre-commit .git/config .gitmodules .envrc .vscode/tasks.json .claude/settings.json; do
+        mkdir -p "$(dirname "$path")" 2>/dev/null
+        if (echo '#!/bin/sh' >> "$path") 2>/dev/null; then echo "wrote $path"; else echo "refused $path"; fi
+    done
+    mv .git .git-moved 2>/dev/null && echo "moved .git" || echo "pinned .git"
+    git config core.hooksPath /tmp/x 2>/dev/null && echo "configured" || echo "config refused"
+    echo one > a.txt && git add a.txt && git commit -qm one && echo committed
+    git push -q origin HEAD:main 2>&1 && git fetch -q origin main && echo fetched
+"""
+
+
+def test_files_that_run_later_are_read_only_inside(tmp_path, repository):
+    # Item 7: git hooks and config, .gitmodules, editor and agent folders, .envrc: the user's next
+    # `git commit`, `cd` or editor start would run what the command planted, unconfined.
+    done = subprocess.run(run_args(tmp_path, repository, "sh", "-c", PLANT), capture_output=True, text=True,
+                          timeout=120, cwd=repository, env=env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "refused .git/hooks/pre-commit" in lines and "refused .git/config" in lines, lines
+    assert "pinned .git" in lines and "config refused" in lines, lines
+    assert "committed" in lines and "fetched" in lines, done.stdout + done.stderr  # git still works
+    assert not (repository / ".git" / "hooks" / "pre-commit").exists()
+    assert "hooksPath" not in (repository / ".git" / "config").read_text()
+    # What did not exist could be made inside, and was moved aside after the run, with a line each.
+    for name in (".gitmodules", ".envrc", ".vscode", ".claude"):
+        assert not (repository / name).exists(), name
+        assert f"the command made {repository / name}" in done.stderr, done.stderr
+    quarantined = tmp_path / "state" / "quarantine"
+    assert any(p.name == "tasks.json" for p in quarantined.rglob("*")), done.stderr  # nothing is lost
+
+
+def test_allow_hooks_lets_the_command_write_them(tmp_path, repository):
+    done = subprocess.run(run_args(tmp_path, repository, "sh", "-c", PLANT, extra=["--allow-hooks"]),
+                          capture_output=True, text=True, timeout=120, cwd=repository, env=env_for(tmp_path))
+    assert "wrote .git/hooks/pre-commit" in done.stdout.splitlines(), done.stdout + done.stderr
+    assert (repository / ".envrc").exists() and (repository / ".vscode" / "tasks.json").exists()
+    assert "the command made" not in done.stderr
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\\''") + "'"
