@@ -147,53 +147,65 @@ def _mounted_inside(steps: list[str], roots: Iterable[str], inside) -> bool:
     table = mount_table()
     if table is None:  # no /proc/self/mountinfo (macOS): no bind mounts to follow
         return False
-    views = []  # (path, device, folder of that file system shown there) for each tree and mount in one
+    points = {point: (folder, device) for point, folder, device in table}  # the last mount on a point hides the others
+    views = []  # (path, device, folder of that file system shown there), as parts: each tree, each mount in one
     for root in {os.path.realpath(r) for r in roots}:
-        views.append((root, *_on_file_system(root, table)))
-        views += [(point, device, folder) for point, folder, device in table if point != root and _within(point, root)]
+        tree = tuple(_parts(root))
+        views.append((tree, *_on_file_system(tree, points)))
+        views += [(point, device, folder) for point, folder, device in table
+                  if len(point) > len(tree) and point[:len(tree)] == tree]
+    devices = {device for _, device, _ in views}
     for location in steps:
-        device, folder = _on_file_system(location, table)
+        parts = tuple(_parts(location))
+        device, folder = _on_file_system(parts, points)
+        if device not in devices:
+            continue
         for path, shown_device, shown in views:
-            if device == shown_device and _within(folder, shown):
-                name = os.path.join(path, *_parts(folder)[len(_parts(shown)):])
-                if name != location and inside(name):
+            if device == shown_device and folder[:len(shown)] == shown:
+                name = path + folder[len(shown):]
+                if name != parts and inside("/" + "/".join(name)):
                     return True
     return False
 
 
 _OCTAL = re.compile(rb"\\([0-7]{3})")
+_parsed: tuple[bytes, list] = (b"", [])  # mount_table's last text and what it read from it
 
 
-def mount_table() -> list[tuple[str, str, str]] | None:
+def mount_table() -> list[tuple[tuple[str, ...], tuple[str, ...], bytes]] | None:
     """(mount point, the folder of its file system it shows, the file system's device
-    "major:minor") for each mount of this process's namespace, in mount order; None where
-    there is no /proc/self/mountinfo."""
+    b"major:minor") for each mount of this process's namespace in mount order, paths as their
+    parts; None where there is no /proc/self/mountinfo."""
+    global _parsed
     try:
         with open("/proc/self/mountinfo", "rb") as file:
-            lines = file.read().splitlines()
+            text = file.read()
     except OSError:
         return None
+    if _parsed[0] == text:  # a run asks for each policy and secret file: parse once while mounts stay
+        return _parsed[1]
     table = []
-    for line in lines:
-        fields = line.split(b" ")
+    for line in text.splitlines():
+        fields = line.split(b" ", 5)
         if len(fields) < 5:
             continue
-        root, point = (os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), f)) for f in fields[3:5])
-        table.append((point, root, fields[2].decode("ascii", "replace")))
+        root, point = fields[3], fields[4]
+        if b"\\" in line:  # a space, tab, newline or backslash in a path: written as \ooo
+            root, point = (_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), f) for f in (root, point))
+        table.append((tuple(_parts(os.fsdecode(point))), tuple(_parts(os.fsdecode(root))), fields[2]))
+    _parsed = (text, table)
     return table
 
 
-def _on_file_system(location: str, table: list[tuple[str, str, str]]) -> tuple[str, str]:
-    """(device, folder of that file system) that absolute ``location`` shows: through the last
-    mount on the longest mount point holding it."""
-    best = ("/", "/", "")
-    depth = -1
-    for point, root, device in table:
-        if _within(location, point) and len(_parts(point)) >= depth:
-            best, depth = (point, root, device), len(_parts(point))
-    point, root, device = best
-    rest = _parts(location)[len(_parts(point)):]
-    return device, "/" + "/".join(_parts(root) + rest)
+def _on_file_system(parts: tuple[str, ...], points: dict) -> tuple[bytes, tuple[str, ...]]:
+    """(device, folder of that file system) that an absolute path (as its ``parts``) shows, through
+    the mount on the longest mount point holding it (``points``: mount point -> (folder, device),
+    the last mount on each point)."""
+    for depth in range(len(parts), -1, -1):
+        mount = points.get(parts[:depth])
+        if mount is not None:
+            return mount[1], mount[0] + parts[depth:]
+    return b"", parts
 
 
 def own_code(code_dirs: Iterable[str], import_path: Iterable[str], trees: Iterable[str]) -> tuple[list[str], list[str]]:
