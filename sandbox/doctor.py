@@ -87,8 +87,14 @@ def check_landlock() -> Check:
 
 # Run inside a real sandbox by check_protections: each attempt a hostile command would make.
 _PROBE = r"""
-import errno, fcntl, json, os, pty, sys, termios
-hidden = sys.argv[1]
+import ctypes, errno, fcntl, json, os, pty, signal, socket, sys, termios
+hidden, caller_group = sys.argv[1], int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+
+def raw(number, *args):  # a system call's errno, or "ok"
+    if libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) for a in args]) == -1:
+        return ctypes.get_errno()
+    return "ok"
 
 def attempt(fn):
     try:
@@ -115,6 +121,16 @@ print(json.dumps({
     "hidden": sorted(os.listdir(hidden)),
     "shm": os.stat("/dev/shm").st_dev if os.path.isdir("/dev/shm") else None,
     "capabilities": status.get("CapBnd", "").strip() + status.get("CapEff", "").strip(),
+    # signal 0: checks whether a signal would be delivered, and delivers none
+    "signal caller": attempt(lambda: os.killpg(caller_group, 0)),
+    "session": [os.getsid(0), os.getpgrp()],
+    "empty": {d: sorted(os.listdir(d)) for d in ("/home", "/srv", "/mnt", "/media", "/root") if os.path.isdir(d)},
+    "dev": sorted(os.listdir("/dev")),
+    "keyctl": raw({"x86_64": 250, "aarch64": 219, "riscv64": 219}.get(os.uname().machine, 250), 0, -4, 0),
+    "vsock": attempt(lambda: socket.socket(40, socket.SOCK_STREAM).close()),
+    "clone3": raw(435, 0, 0),
+    "setuid": attempt(lambda: (open("su", "w").close(), os.chmod("su", 0o4755))),
+    "hook": attempt(lambda: open(".git/hooks/pre-commit", "w").close()),
 }))
 """
 
@@ -128,15 +144,18 @@ def check_protections() -> list[Check]:
     from sandbox import mounts
     from sandbox.linux import SandboxError, SandboxSpec, start
 
-    names = ("tty injection", "host files", "unix sockets", "egress state", "shared memory", "capabilities")
+    names = ("tty injection", "host files", "unix sockets", "egress state", "shared memory", "capabilities",
+             "signals", "terminals", "keyrings", "socket families", "cgroups", "set-id files", "later-run files")
     work = tempfile.mkdtemp(prefix="egress-doctor-")
     try:
         hidden = os.path.join(work, "state")
         os.makedirs(os.path.join(hidden, "runs"))
+        os.makedirs(os.path.join(work, ".git", "hooks"))  # a repository's hooks: read-only inside
         read, write = os.pipe()
         try:
-            box = start(SandboxSpec([sys.executable, "-I", "-S", "-c", _PROBE, hidden], {"PATH": "/usr/bin:/bin"},
-                                    work, writable=[work], network=False, hidden=[hidden], stdout=write))
+            box = start(SandboxSpec([sys.executable, "-I", "-S", "-c", _PROBE, hidden, str(os.getpgrp())],
+                                    {"PATH": "/usr/bin:/bin"}, work, writable=[work], network=False, hidden=[hidden],
+                                    stdout=write))
         except SandboxError as e:
             return [Check(name, "unavailable", f"a probe sandbox could not start: {e}") for name in names]
         finally:
@@ -167,14 +186,13 @@ def check_protections() -> list[Check]:
     exposed = [os.path.realpath(p) for p in [work, *SandboxSpec(["true"], {}, "/").readable]]
     leftovers = {d: [n for n in entries
                      if not any(p == os.path.join(d, n) or p.startswith(os.path.join(d, n) + "/") for p in exposed)]
-                 for d, entries in seen["masked"].items()}
+                 for d, entries in {**seen["masked"], **seen["empty"]}.items()}
     leftovers = {d: entries for d, entries in leftovers.items() if entries}
-    sockets = [p for p in mounts.host_sockets(home=os.environ.get("HOME"), skip=mounts.MASKED)
-               if not any(p == m or p.startswith(m + "/") for m in mounts.MASKED)]
     checks.append(_wall("unix sockets", not leftovers,
-                        f"{', '.join(seen['masked'])} shown empty; {len(sockets)} other host socket(s) bound now "
-                        "covered at each run's start; a socket bound later outside those folders stays reachable",
-                        f"masked folders show {leftovers}"))
+                        "the command's filesystem is an allow list (system folders, toolchains, the project, "
+                        "--add-dir and --read): no host socket elsewhere is there to connect to, whatever "
+                        "namespace bound it; sockets inside granted folders are covered at each run's start",
+                        f"folders outside the grants show {leftovers}"))
     checks.append(_wall("egress state", seen["hidden"] == [],
                         "egress's state folder (each run's socket, the CA's key) is hidden from commands, "
                         "and those sockets refuse peers inside sandboxes",
@@ -185,6 +203,38 @@ def check_protections() -> list[Check]:
     checks.append(_wall("capabilities", set(seen["capabilities"]) <= {"0"},
                         "commands hold no capability, even when the caller is root",
                         f"capabilities remain ({seen['capabilities']})"))
+    from sandbox import landlock
+
+    scoped = landlock.abi_version() >= landlock.SCOPES_ABI
+    layers = ("a process group and session of its own, and Landlock's signal scope (ABI 6)" if scoped else
+              "a process group and session of its own (this kernel has no Landlock signal scope: Linux 6.12+)")
+    checks.append(_wall("signals", seen["signal caller"] in (errno.ESRCH, errno.EPERM) and seen["session"] == [1, 1],
+                        f"the command signals nothing outside its run: {layers}",
+                        f"the command could signal egress's process group ({seen['signal caller']}, "
+                        f"session {seen['session']})"))
+    from sandbox.mounts import DEVICE_NAMES
+
+    allowed_dev = {*DEVICE_NAMES, "console", "fd", "stdin", "stdout", "stderr", "ptmx", "pts", "shm"}
+    checks.append(_wall("terminals", set(seen["dev"]) <= allowed_dev,
+                        "/dev holds the ordinary devices, the command's own ptys and its own terminal: no other "
+                        "terminal of yours, no /dev/vsock, /dev/kvm or /dev/log",
+                        f"/dev shows more: {sorted(set(seen['dev']) - allowed_dev)}"))
+    checks.append(_wall("keyrings", seen["keyctl"] == errno.EPERM,
+                        "keyctl, add_key and request_key are refused: no keyring of yours is read, planted or revoked",
+                        f"keyctl was not refused ({seen['keyctl']})"))
+    checks.append(_wall("socket families", seen["vsock"] in (errno.EAFNOSUPPORT, errno.EPERM),
+                        "only Unix, IPv4, IPv6 and netlink-route sockets can be made (no AF_VSOCK to the hypervisor)",
+                        f"an AF_VSOCK socket could be made ({seen['vsock']})"))
+    checks.append(_wall("cgroups", seen["clone3"] == errno.ENOSYS,
+                        "clone3 is refused (libc falls back to clone): no process can be started in another cgroup",
+                        f"clone3 was not refused ({seen['clone3']})"))
+    checks.append(_wall("set-id files", seen["setuid"] == errno.EPERM,
+                        "no set-user-id or set-group-id file can be made, whoever the caller is",
+                        f"chmod 4755 was not refused ({seen['setuid']})"))
+    checks.append(_wall("later-run files", seen["hook"] == errno.EROFS,
+                        "git hooks and config, .gitmodules, editor and agent folders and .envrc of the project are "
+                        "read-only inside (egress run --allow-hooks lifts it); made anew, they are moved aside",
+                        f"a git hook could be written ({seen['hook']})"))
     return checks
 
 
