@@ -9,8 +9,10 @@
 
 What runs: ``/usr/bin/sandbox-exec -p PROFILE PROGRAM ARGS...``, where PROFILE is
 sandbox/seatbelt.py's profile for the spec's paths (canonical: symlinks resolved, the name stored
-on disk) and PROGRAM is argv[0] found on the spec's PATH from its working folder, so a missing or
-unexecutable program is 127/126 before anything starts, as on Linux. sandbox-exec applies the
+on disk), the files in its writable trees that run later (sandbox/protected.py; none with
+allow_hooks) and the trees its programs keep their code in (:func:`code_trees`), and PROGRAM is
+argv[0] found on the spec's PATH from its working folder, so a missing or unexecutable program is
+127/126 before anything starts, as on Linux. sandbox-exec applies the
 profile to itself and execs the program, so the process started is the command itself, and
 everything it starts inherits the profile; nothing can lift it.
 
@@ -33,7 +35,7 @@ import signal
 import subprocess
 
 from egress.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
-from sandbox import seatbelt
+from sandbox import protected, seatbelt
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 
 
@@ -52,14 +54,56 @@ def plan(spec: SandboxSpec, sandbox_exec: str, canonical=seatbelt.canonical) -> 
     125: a path no profile can hold)."""
     program = find_program(spec.argv[0], spec.env, spec.cwd)
     real = lambda paths: [canonical(path) for path in paths]  # noqa: E731
+    writable = real(spec.writable)
+    # Not in the run's own temporary folder, which goes with the run: nothing there runs later.
+    # (getattr: a spec made before SandboxSpec had allow_hooks and abandoned protects them all.)
+    gone = real(getattr(spec, "abandoned", ()))
+    later = [] if getattr(spec, "allow_hooks", False) else later_run([t for t in writable if t not in gone], canonical)
     try:
         text = seatbelt.profile(
-            real(spec.writable), spec.proxy_port if spec.network else None,
+            writable, spec.proxy_port if spec.network else None,
             read_only=real(spec.read_only), hidden=real(spec.hidden), unreadable_files=real(spec.replaced),
-            sockets=real(spec.socket_dirs), fs_confinement=spec.fs_confinement)
+            sockets=real(spec.socket_dirs), fs_confinement=spec.fs_confinement, later_run=later,
+            code=code_trees(spec.env, real(spec.readable), canonical))
     except seatbelt.ProfileError as e:
         raise SandboxError(EXIT_LAUNCHER, f"cannot write the sandbox profile: {e}", "profile") from None
     return Launch([sandbox_exec, "-p", text, program, *spec.argv[1:]], dict(spec.env), spec.cwd, text, program)
+
+
+def later_run(trees: list[str], canonical=seatbelt.canonical) -> list[str]:
+    """The files in each writable tree that run later, outside the sandbox (sandbox/protected.py),
+    as named inside the tree and, where a symlink leads elsewhere (a `.vscode` linked to a
+    shared folder), as the kernel reports them: Seatbelt decides by that name."""
+    found: list[str] = []
+    for tree in trees:
+        for path in protected.later_run_paths(tree):
+            found += [p for p in (path, canonical(path)) if p not in found]
+    return found
+
+
+def code_trees(env: dict[str, str], readable: list[str], canonical=seatbelt.canonical) -> list[str]:
+    """Where the run's programs keep their code, besides the system's and the installed toolchains'
+    (sandbox/seatbelt.py): the caller's interpreter trees, each folder on the command's PATH and,
+    for a bin, sbin or shims folder, the prefix around it, whose lib/ holds the libraries its
+    programs load (~/.local for uv's and pipx's Pythons, ~/.nvm/versions/node/vN, ~/.pyenv,
+    ~/.cargo); rustup's toolchains (RUSTUP_HOME, which no PATH names) and the user's own Python
+    packages (~/Library/Python, pip install --user). Never "/", a folder directly under it, or
+    the whole home folder."""
+    home = env.get("HOME", "")
+    home = canonical(home) if home.startswith("/") else ""
+    trees = list(readable)
+    for entry in env.get("PATH", "").split(os.pathsep):
+        if not entry.startswith("/"):
+            continue  # "." and relative entries name wherever the command stands
+        folder = canonical(entry)
+        trees.append(folder)
+        if os.path.basename(folder) in ("bin", "sbin", "shims"):
+            trees.append(os.path.dirname(folder))
+    if home:
+        rustup = env.get("RUSTUP_HOME", "") or os.path.join(home, ".rustup")
+        trees += [canonical(rustup)] if rustup.startswith("/") else []
+        trees.append(os.path.join(home, "Library", "Python"))
+    return [tree for tree in dict.fromkeys(trees) if tree.count("/") >= 2 and tree != home]
 
 
 class Sandbox:

@@ -4,6 +4,8 @@ tests can check their structure, not their text (tests/sandbox/test_seatbelt.py,
 
 from __future__ import annotations
 
+import re
+
 
 class Str(str):
     """A string literal."""
@@ -121,3 +123,72 @@ def strings(text: str) -> list[str]:
                 found.append(str(x))
     walk(read_sbpl(text))
     return found
+
+
+def decide(text: str, operation: str, path: str | None = None, *, name: str | None = None,
+           fallback: str | None = None) -> str:
+    """What the profile decides, "allow" or "deny", for ``operation`` on ``path`` (a file
+    operation) or ``name`` (a sysctl), as Seatbelt does: the last rule that names the operation,
+    or a wildcard over it (file-write* names file-write-create), and whose filters match, wins;
+    (deny default) when none does. ``fallback``: the operation whose decision an operation no
+    rule names takes instead of the default (to show that a rule holds whatever a macOS takes
+    file-map-executable to fall back to).
+
+    Filters read: subpath, literal, regex (as POSIX does: $ only at the end), sysctl-name,
+    sysctl-name-prefix; a rule for ``operation`` with any other filter is an error here, so a
+    test cannot pass by not reading a rule."""
+    verdict = None
+    for action, operations, filters in rules(read_sbpl(text)):
+        if not any(_names(op, operation) for op in operations):
+            continue
+        if not filters or any(_matches(f, path, name) for f in filters):
+            verdict = action
+    if verdict is None and fallback is not None:
+        return decide(text, fallback, path, name=name)
+    if verdict is None:
+        verdict = decide(text, "default") if operation != "default" else "deny"
+    return verdict
+
+
+def _names(rule_operation: str, operation: str) -> bool:
+    if rule_operation.endswith("*"):
+        return operation.startswith(rule_operation[:-1])
+    return rule_operation == operation
+
+
+def _matches(f: list, path: str | None, name: str | None) -> bool:
+    kind, argument = f[0], (f[1] if len(f) > 1 else None)
+    if kind in ("subpath", "literal", "regex"):
+        if path is None:
+            raise AssertionError(f"a path rule {f!r} for an operation asked without a path")
+        if kind == "subpath":
+            return path == argument or path.startswith(argument.rstrip("/") + "/")
+        if kind == "literal":
+            return path == argument
+        return re.search(posix_regex(argument), path, re.DOTALL) is not None
+    if kind in ("sysctl-name", "sysctl-name-prefix"):
+        if name is None:
+            raise AssertionError(f"a sysctl rule {f!r} asked without a name")
+        return name == argument if kind == "sysctl-name" else name.startswith(argument)
+    raise AssertionError(f"decide() does not read the filter {f!r}")
+
+
+def posix_regex(pattern: str) -> str:
+    """``pattern`` for Python's re with POSIX's $: the end of the text only (Python's also
+    matches before a final newline, which a file name may end with)."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "$":
+            c = r"\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)

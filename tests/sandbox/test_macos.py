@@ -22,6 +22,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,7 +30,7 @@ from conftest import TEST_NAMES, clean_env
 from egress.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.proxyauth import USER
 from sandbox.environment import CA_VARIABLES, PROXY_VARIABLES
-from sbpl import filter_paths, read_sbpl, rules, writable_subpaths
+from sbpl import decide, filter_paths, read_sbpl, rules, writable_subpaths
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
@@ -228,6 +229,102 @@ def test_without_an_os_sandbox_egress_run_refuses_with_125(mac, tmp_path):
     with pytest.raises(LaunchError) as missing:
         run(options, platform=MacOS(sandbox_exec=str(tmp_path / "no-sandbox-exec")))
     assert missing.value.status == EXIT_LAUNCHER and "is missing" in str(missing.value)
+
+
+# ------------------------------------------------------------------ files that run later, code, hooks allowed
+
+
+def _repository(project: Path) -> None:
+    """A git repository as `git init` leaves it, with hooks elsewhere in the tree (core.hooksPath)."""
+    (project / ".git" / "hooks").mkdir(parents=True)
+    (project / ".git" / "hooks" / "pre-commit.sample").write_text("#!/bin/sh\n")
+    (project / ".git" / "config").write_text("[core]\n\tbare = false\n\thooksPath = .husky\n")
+    (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+
+
+def test_the_profile_keeps_the_projects_files_that_run_later_unwritable(mac, tmp_path):
+    _repository(mac.project)
+    shared = tmp_path / "shared-vscode"
+    shared.mkdir()
+    (mac.project / ".vscode").symlink_to(shared)  # Seatbelt sees the name the kernel resolves
+    done, [record] = mac("sh", "-c", "exit 0")
+    assert done.returncode == 0, done.stderr
+    text = _profile(record)
+    project = os.path.realpath(mac.project)
+    for path in (".git/hooks/pre-commit", ".git/config", ".husky/pre-commit", ".gitmodules", ".envrc",
+                 ".claude/settings.json", ".GIT/HOOKS/post-checkout", ".vscode/tasks.json"):
+        for operation in ("file-write-create", "file-write-data", "file-write-unlink", "file-write-mode"):
+            assert decide(text, operation, f"{project}/{path}") == "deny", (operation, path)
+    assert decide(text, "file-write-create", f"{shared}/tasks.json") == "deny"
+    for path in (".git", ".GIT"):
+        assert decide(text, "file-write-unlink", f"{project}/{path}") == "deny"
+    for path in (".git/index", ".git/objects/ab/cd", ".git/refs/heads/main", "src/x.py"):
+        assert decide(text, "file-write-create", f"{project}/{path}") == "allow", path
+    tmpdir = os.path.realpath(record["env"]["TMPDIR"])
+    assert decide(text, "file-write-create", f"{tmpdir}/work/.git/hooks/x") == "allow"
+
+
+def test_with_hooks_allowed_the_profile_has_no_such_rule(mac):
+    """egress run --allow-hooks: the spec's allow_hooks, read with getattr by sandbox/macos.py so a
+    spec made before the field existed keeps the protection."""
+    from sandbox import macos
+    from sandbox.spec import SandboxSpec
+
+    _repository(mac.project)
+    spec = SandboxSpec(["sh", "-c", "true"], {"PATH": os.environ["PATH"]}, str(mac.project),
+                       writable=[str(mac.project)], network=False)
+    project = os.path.realpath(mac.project)
+    assert decide(macos.plan(spec, str(mac.stand_in)).profile, "file-write-data",
+                  f"{project}/.git/hooks/pre-commit") == "deny"
+    allowed = SimpleNamespace(**{name: getattr(spec, name) for name in SandboxSpec.__slots__ if hasattr(spec, name)})
+    allowed.allow_hooks = True
+    text = macos.plan(allowed, str(mac.stand_in)).profile
+    assert decide(text, "file-write-data", f"{project}/.git/hooks/pre-commit") == "allow"
+    assert decide(text, "file-write-unlink", f"{project}/.git") == "allow"
+    # The run's temporary folder goes with the run: nothing planted there runs later.
+    allowed.allow_hooks, allowed.abandoned = False, [str(mac.project)]
+    text = macos.plan(allowed, str(mac.stand_in)).profile
+    assert decide(text, "file-write-data", f"{project}/.git/hooks/pre-commit") == "allow"
+    from egress.entry import OPTIONS
+
+    if "--allow-hooks" not in OPTIONS:
+        pytest.skip("egress run --allow-hooks is not there yet")
+    done, [record] = mac("sh", "-c", "exit 0", extra=["--allow-hooks"])
+    assert done.returncode == 0, done.stderr
+    assert decide(_profile(record), "file-write-data", f"{project}/.git/hooks/pre-commit") == "allow"
+
+
+def test_code_is_mapped_from_the_run_s_interpreter_project_and_path_only(mac, tmp_path):
+    tools = tmp_path / "tools"
+    (tools / "bin").mkdir(parents=True)
+    (tools / "lib").mkdir()
+    done, [record] = mac("sh", "-c", "exit 0", env={"PATH": f"{tools / 'bin'}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    text = _profile(record)
+    project = os.path.realpath(mac.project)
+    for path in (f"{project}/.venv/lib/python3.12/site-packages/x.so", f"{os.path.realpath(sys.prefix)}/lib/x.so",
+                 f"{os.path.realpath(tools)}/lib/libtool.dylib", "/usr/lib/libz.dylib", "/opt/homebrew/lib/x.dylib"):
+        assert decide(text, "file-map-executable", path) == "allow", path
+    for path in ("/Users/Shared/x.dylib", f"{os.path.realpath(tmp_path)}/elsewhere/x.so"):
+        assert decide(text, "file-map-executable", path) == "deny", path
+    assert decide(text, "sysctl-read", name="kern.procargs2") == "deny"
+
+
+def test_code_trees_are_the_paths_prefixes_and_never_the_home_or_root():
+    from sandbox.macos import code_trees
+
+    same = lambda path: os.path.normpath(path)  # noqa: E731 (a Mac's names, without a Mac)
+    env = {"HOME": "/Users/me", "PATH": os.pathsep.join([
+        "/Users/me/.cargo/bin", "/Users/me/.pyenv/shims", "/Users/me/.local/bin", "/Users/me/bin", "/usr/bin", "/bin",
+        "/opt/homebrew/bin", ".", "relative/bin", "/Users/me/.nvm/versions/node/v22.1.0/bin", "/"])}
+    trees = code_trees(env, ["/Users/me/.local/pipx/venvs/egress"], canonical=same)
+    for tree in ("/Users/me/.cargo", "/Users/me/.pyenv", "/Users/me/.local", "/Users/me/bin",
+                 "/Users/me/.nvm/versions/node/v22.1.0", "/opt/homebrew", "/Users/me/.rustup",
+                 "/Users/me/Library/Python", "/Users/me/.local/pipx/venvs/egress"):
+        assert tree in trees, tree
+    for tree in ("/Users/me", "/usr", "/", "/Users", ".", "relative/bin", "relative"):
+        assert tree not in trees, tree
+    assert "/Users/you/.rustup" in code_trees({**env, "RUSTUP_HOME": "/Users/you/.rustup"}, [], canonical=same)
 
 
 # ------------------------------------------------------------------ egress doctor

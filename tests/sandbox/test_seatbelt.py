@@ -10,13 +10,18 @@ for a table of hostile path names too.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sandbox.seatbelt import MACH_SERVICES, ProfileError, canonical, profile, sbpl_string
-from sbpl import Atom, ReadError, Regex, Str, filter_paths, read_sbpl, rules, strings, writable_subpaths  # noqa: F401
+from sandbox.protected import LATER_RUN
+from sandbox.seatbelt import FOLDS, MACH_SERVICES, ProfileError, any_case, canonical, profile, sbpl_string
+from sbpl import (Atom, ReadError, Regex, Str, decide, filter_paths, posix_regex, read_sbpl, rules,  # noqa: F401
+                  strings, writable_subpaths)
 
 GOLDEN = Path(__file__).with_name("golden")
 
@@ -153,6 +158,185 @@ def test_paths_are_normalised_and_deduplicated():
     assert writable_subpaths(text) == ["/Users/me/project", "/Users/me"]
 
 
+# ------------------------------------------------------------------ what the strongest peers do not grant
+
+
+def test_no_sysctl_is_ever_written():
+    text = profile(["/p"], 1)
+    assert not [r for r in rules(read_sbpl(text)) if r[0] == "allow" and any(o.startswith("sysctl-w") for o in r[1])]
+    for name in ("kern.grade_cputype", "kern.tcsm_enable", "kern.maxproc"):
+        assert decide(text, "sysctl-write", name=name) == "deny"
+
+
+def test_sysctls_are_read_by_name_and_no_other_process_s_arguments_are():
+    text = profile(["/p"], 1)
+    for name in ("hw.ncpu", "hw.memsize", "hw.cachelinesize", "hw.optional.arm.FEAT_SHA3", "hw.optional.avx2_0",
+                 "kern.osproductversion", "kern.proc.pid.4242", "machdep.cpu.brand_string", "sysctl.proc_translated"):
+        assert decide(text, "sysctl-read", name=name) == "allow", name
+    # KERN_PROCARGS2: the arguments and environment of the user's other processes (egress's launcher,
+    # the user's shells); kern.proc.all: every process on the Mac.
+    for name in ("kern.procargs2", "kern.procargs", "kern.proc.all", "kern.proc.uid.501", "security.mac.sandbox.x",
+                 "vm.swapusage.x"):
+        assert decide(text, "sysctl-read", name=name) == "deny", name
+
+
+CODE_TREES = ["/Users/me/.local", "/Users/me/.rustup"]
+
+
+@pytest.mark.parametrize("fallback", [None, "file-read-data"], ids=["alone", "falling-back-to-reads"])
+def test_code_is_mapped_only_from_where_code_is_installed(fallback):
+    """Whether or not this macOS decides file-map-executable as it decides reads when no rule names
+    it, the profile's own rules decide it: the system, toolchains, the run's trees; nowhere else."""
+    text = profile(["/Users/me/project", "/private/tmp/run"], 1, code=CODE_TREES)
+    for path in ("/usr/lib/libSystem.B.dylib", "/System/Library/Frameworks/Python.framework/Versions/3.9/Python",
+                 "/opt/homebrew/Cellar/python@3.12/3.12.4/Frameworks/Python.framework/Versions/3.12/Python",
+                 "/usr/local/lib/libpq.5.dylib", "/Applications/Xcode.app/Contents/Developer/usr/lib/libLTO.dylib",
+                 "/Library/Developer/CommandLineTools/usr/lib/libclang.dylib",
+                 "/Users/me/project/.venv/lib/python3.12/site-packages/numpy/_core/_multiarray_umath.so",
+                 "/Users/me/project/target/debug/deps/libserde_derive-1a2b.dylib", "/private/tmp/run/build/x.so",
+                 "/Users/me/.rustup/toolchains/stable-aarch64-apple-darwin/lib/librustc_driver-1.dylib",
+                 "/Users/me/.local/share/uv/python/cpython-3.12/lib/libpython3.12.dylib"):
+        assert decide(text, "file-map-executable", path, fallback=fallback) == "allow", path
+    for path in ("/Users/Shared/evil.dylib", "/Volumes/USB/lib.dylib", "/Users/me/Downloads/x.dylib",
+                 "/private/var/folders/ab/cd/T/other/x.so", "/Users/me/projectile/x.so", "/tmp/x.dylib"):
+        assert decide(text, "file-map-executable", path, fallback=fallback) == "deny", path
+    found = rules(read_sbpl(text))
+    assert found.index(("deny", ("file-map-executable",), [])) < next(
+        i for i, r in enumerate(found) if r[:2] == ("allow", ("file-map-executable",)))
+
+
+def test_no_dynamic_code_generation_is_granted():
+    assert decide(profile(["/p"], 1), "dynamic-code-generation") == "deny"
+
+
+# ------------------------------------------------------------------ files that run later (issue 25 item 7)
+
+
+TREE = "/Users/me/project"
+LATER = [f"{TREE}/{name}" for name in LATER_RUN] + [f"{TREE}/.git/modules/lib/hooks", f"{TREE}/.husky"]
+WRITES = ("file-write-create", "file-write-data", "file-write-unlink", "file-write-mode", "file-write-xattr",
+          "file-write-times", "file-write-flags", "file-write-owner", "file-write-setugid", "file-write-acl")
+
+
+def _later_profile(tree=TREE, later=None, **options):
+    later = [p.replace(TREE, tree, 1) for p in (LATER if later is None else later)]
+    return profile([tree, "/private/tmp/run"], 1, later_run=later, **options)
+
+
+@pytest.mark.parametrize("relative", [
+    ".git/hooks/pre-commit", ".git/hooks", ".git/config", ".gitmodules", ".vscode/tasks.json", ".vscode",
+    ".idea/workspace.xml", ".cursor/mcp.json", ".claude/settings.json", ".mcp.json", ".envrc",
+    ".git/modules/lib/hooks/post-checkout", ".husky/pre-commit",
+    # what a case-insensitive volume takes for the same names
+    ".GIT/HOOKS/pre-commit", ".Git/Config", ".VSCODE/tasks.json", ".ENVRC", ".git/hoo\u212as/pre-commit",
+    ".git/con\ufb01g", ".v\u017fcode/tasks.json", ".MCP.JSON", ".git/MODULES/lib/HOOKS/x",
+])
+def test_files_that_run_later_cannot_be_written_in_any_way(relative):
+    text = _later_profile()
+    for operation in WRITES:
+        assert decide(text, operation, f"{TREE}/{relative}") == "deny", (operation, relative)
+
+
+@pytest.mark.parametrize("relative", [
+    ".git/index", ".git/objects/ab/cdef", ".git/refs/heads/main", ".git/HEAD", ".git/COMMIT_EDITMSG",
+    ".git/config.lock", ".git/FETCH_HEAD", ".git/logs/HEAD", ".git/modules/lib/index", ".envrc.example",
+    ".vscode-server-notes", ".github/workflows/ci.yml", "src/main.py", ".gitignore", "hooks/x", "config",
+])
+def test_everything_else_in_the_tree_stays_writable(relative):
+    """git add, commit and fetch write these; the project's own files are the command's."""
+    text = _later_profile()
+    for operation in ("file-write-create", "file-write-data", "file-write-unlink"):
+        assert decide(text, operation, f"{TREE}/{relative}") == "allow", (operation, relative)
+
+
+@pytest.mark.parametrize("path", [f"{TREE}/.git", f"{TREE}/.GIT", f"{TREE}/.git/modules", f"{TREE}/.git/modules/lib",
+                                  f"{TREE}/.git/Modules/LIB"])
+def test_the_folders_on_the_way_cannot_be_renamed_removed_made_or_rewritten(path):
+    """`mv .git .git2; write .git2/hooks/x; mv .git2 .git`; `mv staged .git` where there was none; a
+    `.git` file (a worktree's `gitdir:`) rewritten to name a repository of the command's making."""
+    text = _later_profile()
+    for operation in WRITES:
+        assert decide(text, operation, path) == "deny", (operation, path)
+
+
+def test_the_tree_cannot_be_moved_away_or_replaced_but_works_inside():
+    text = _later_profile()
+    assert decide(text, "file-write-unlink", TREE) == "deny"  # mv project /private/tmp/run/p, write, mv back
+    assert decide(text, "file-write-create", TREE) == "deny"  # a rename over an empty project
+    assert decide(text, "file-write-create", f"{TREE}/new") == "allow"
+    assert decide(text, "file-write-unlink", f"{TREE}/new") == "allow"
+
+
+def test_the_later_run_denies_come_after_every_allow():
+    found = rules(read_sbpl(_later_profile()))
+    last_allow = max(i for i, r in enumerate(found) if r[0] == "allow")
+    later = [i for i, r in enumerate(found) if r[0] == "deny" and any(
+        TREE + "/.git" in p for p in filter_paths(r[2], "subpath") + filter_paths(r[2], "literal"))]
+    assert later and min(later) > last_allow
+
+
+def test_with_hooks_allowed_there_is_no_such_rule():
+    text = _later_profile(later=[])
+    assert decide(text, "file-write-data", f"{TREE}/.git/hooks/pre-commit") == "allow"
+    assert decide(text, "file-write-unlink", f"{TREE}/.git") == "allow"
+
+
+@pytest.mark.parametrize("name,tree", [(n, os.path.normpath(p)) for n, p in HOSTILE if n != "very long"],
+                         ids=[n for n, _ in HOSTILE if n != "very long"])
+def test_a_hostile_tree_name_keeps_the_later_run_rules_exact(name, tree):
+    """The regexes name the tree as written, every character of it escaped: the rules deny its
+    files, not its neighbours', whatever its name (a regex a name could widen would deny more, one
+    it could narrow would deny less)."""
+    text = _later_profile(tree=tree)
+    assert decide(text, "file-write-create", f"{tree}/.git/hooks/x") == "deny"
+    assert decide(text, "file-write-create", f"{tree}/.GIT/HOOKS/x") == "deny"
+    assert decide(text, "file-write-unlink", f"{tree}/.Git") == "deny"
+    assert decide(text, "file-write-create", f"{tree}/src/x") == "allow"
+    assert decide(text, "file-write-create", f"{tree}/.git/index") == "allow"
+    for regex in (str(f[1]) for _, _, fs in rules(read_sbpl(text)) for f in fs if f[0] == "regex"):
+        if regex.startswith("^/dev/"):
+            continue
+        assert re.compile(posix_regex(regex))  # a regex Python reads as the same one
+        assert re.search(posix_regex(regex), f"{tree}x/.git/hooks/y", re.DOTALL) is None
+        assert re.search(posix_regex(regex), "/Users/me/other/.git/hooks/y", re.DOTALL) is None
+
+
+def test_a_path_too_deep_for_a_seatbelt_string_is_refused_with_the_way_out():
+    deep = TREE + "/" + "/".join(["hooks"] * 60)
+    with pytest.raises(ProfileError, match="--allow-hooks"):
+        profile([TREE], 1, later_run=[deep])
+    very_long = dict(HOSTILE)["very long"]
+    with pytest.raises(ProfileError, match="--allow-hooks"):
+        _later_profile(tree=very_long)
+
+
+def test_the_case_folding_table_is_the_unicode_databases():
+    """Every character whose (full, NFD) case folding is ASCII, from this Python's Unicode data: what
+    APFS takes for an ASCII name besides its two cases."""
+    derived: dict[str, str] = {}
+    for code in range(0x80, sys.maxunicode + 1):
+        folded = unicodedata.normalize("NFD", unicodedata.normalize("NFD", chr(code)).casefold())
+        if folded.isascii():
+            derived[folded] = derived.get(folded, "") + chr(code)
+    assert derived == FOLDS
+
+
+@pytest.mark.parametrize("text", [".git/hooks", ".git/config", ".gitmodules", ".vscode", ".mcp.json", ".envrc",
+                                  "ffi/st;`"])
+def test_any_case_matches_every_spelling_and_nothing_else(text):
+    regex = re.compile("^" + any_case(text) + "$")
+    spellings = {text, text.upper(), text.title(), text.swapcase()}
+    for seq, alternatives in FOLDS.items():
+        for alternative in alternatives:
+            spellings.add(text.replace(seq, alternative))
+    for spelling in spellings:
+        assert regex.match(spelling), spelling
+        assert unicodedata.normalize("NFD", spelling).casefold() == text.casefold() or spelling != text
+    for other in (text + "x", "x" + text, text[:-1], text.replace(".", "x"), text.replace("/", "_")):
+        if other.casefold() != text.casefold():
+            assert not regex.match(other), other
+
+
 # ------------------------------------------------------------------ canonical paths
 
 
@@ -195,14 +379,18 @@ CASES = {
                       proxy_port=53117, read_only=["/Users/me/project/.venv"],
                       hidden=["/Users/me/.local/state/egress"],
                       unreadable_files=["/Users/me/project/audit.log"],
-                      sockets=["/private/var/folders/ab/cd/T/egress-run-0a1b2c"]),
+                      sockets=["/private/var/folders/ab/cd/T/egress-run-0a1b2c"],
+                      later_run=[f"/Users/me/project/{name}" for name in LATER_RUN],
+                      code=["/Users/me/.local", "/Users/me/.cargo", "/Users/me/.rustup", "/Users/me/Library/Python"]),
     "network-off": dict(writable=["/Users/me/project", "/private/tmp/egress-run-0a1b2c", "/Users/me/data"],
                         proxy_port=None, hidden=["/Users/me/.local/state/egress"],
                         sockets=["/private/tmp/egress-run-0a1b2c"]),
     "no-fs-confinement": dict(writable=["/Users/me/project"], proxy_port=8080,
                               hidden=["/Users/me/.local/state/egress"], fs_confinement=False),
     "hostile": dict(writable=['/Users/me/a "quoted" (dir)\n; (allow default)', "/Users/me/back\\slash\\"],
-                    proxy_port=1, hidden=["/Users/jérôme/état"]),
+                    proxy_port=1, hidden=["/Users/jérôme/état"],
+                    later_run=['/Users/me/a "quoted" (dir)\n; (allow default)/.git/hooks',
+                               "/Users/me/back\\slash\\/.envrc"]),
 }
 
 
