@@ -102,9 +102,10 @@ SYSCTL_PREFIXES = ("hw.optional.", "hw.perflevel", "kern.proc.pgrp.", "kern.proc
 SYSTEM_CODE = ("/System/Library", "/System/iOSSupport", "/System/Cryptexes", "/System/Volumes/Preboot/Cryptexes",
                "/Library/Apple", "/usr/lib", "/usr/libexec", "/bin", "/sbin", "/usr/bin", "/usr/sbin")
 # Where programs are installed: Xcode and the command line tools, python.org's and Java's
-# frameworks, Homebrew (Apple silicon, Intel), MacPorts, Nix, applications' bundled tools.
-TOOLCHAINS = ("/Library/Developer", "/Library/Frameworks", "/Library/Java", "/Applications", "/opt/homebrew",
-              "/usr/local", "/opt/local", "/nix/store")
+# frameworks, the system Ruby's, Python's and Perl's machine-wide packages (their compiled
+# extensions), Homebrew (Apple silicon, Intel), MacPorts, Nix, applications' bundled tools.
+TOOLCHAINS = ("/Library/Developer", "/Library/Frameworks", "/Library/Java", "/Library/Ruby", "/Library/Python",
+              "/Library/Perl", "/Applications", "/opt/homebrew", "/usr/local", "/opt/local", "/nix/store")
 
 # Characters (and pairs and triples) that a case-insensitive volume takes for ASCII text besides
 # its two cases: APFS compares names case-folded (full folding) and normalised (NFD), so

@@ -192,6 +192,7 @@ def test_code_is_mapped_only_from_where_code_is_installed(fallback):
                  "/opt/homebrew/Cellar/python@3.12/3.12.4/Frameworks/Python.framework/Versions/3.12/Python",
                  "/usr/local/lib/libpq.5.dylib", "/Applications/Xcode.app/Contents/Developer/usr/lib/libLTO.dylib",
                  "/Library/Developer/CommandLineTools/usr/lib/libclang.dylib",
+                 "/Library/Ruby/Gems/2.6.0/gems/nokogiri-1.15/lib/nokogiri/nokogiri.bundle",
                  "/Users/me/project/.venv/lib/python3.12/site-packages/numpy/_core/_multiarray_umath.so",
                  "/Users/me/project/target/debug/deps/libserde_derive-1a2b.dylib", "/private/tmp/run/build/x.so",
                  "/Users/me/.rustup/toolchains/stable-aarch64-apple-darwin/lib/librustc_driver-1.dylib",
