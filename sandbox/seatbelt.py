@@ -375,8 +375,8 @@ def _later_run_rules(later_run: Sequence[str], trees: Sequence[str], roots: Sequ
     for path in later_run:
         tree = _tree_of(path, trees)
         protected += [f"(subpath {sbpl_string(path)})"]
-        if tree is not None:
-            protected.append(f"(regex {sbpl_string(_spellings(tree, path, '(/|$)'))})")
+        if tree is not None:  # the path, and what is below it: two plain regexes, as the peers write them
+            protected += [f"(regex {sbpl_string(_spellings(tree, path, end))})" for end in ("$", "/")]
         for folder in _ancestors(path, roots):
             if tree is not None and folder != tree and _inside(folder, tree):
                 inside += [f for f in (f"(literal {sbpl_string(folder)})",
