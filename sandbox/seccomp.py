@@ -61,15 +61,15 @@ Details that matter (each a past escape in another sandbox):
   i386 table (ioctl is 54 there) and x32 through numbers with bit 30 set (refused outright: no
   distribution ships x32 programs); any other architecture value fails.
 
-Cost: the kernel (5.11 on) remembers, per table, each system call whose answer cannot depend on
-its arguments and skips the filter for it; only the calls looked at here (ioctl, the opens, chmod,
+Cost: the kernel (5.11 on) remembers, per table, each system call whose answer cannot depend on its
+arguments and skips the filter for it; only the calls looked at here (ioctl, the opens, chmod,
 socket...) run it. Each table finds the number by a binary search, so on older kernels a call
-passes at most 11 instructions (up to 20 before, one comparison after another). Measured in a sandbox on Linux 6.18 (2-vCPU
-VM, C loops, fastest of 11 rounds) against the filter before these rules: for a root caller, whose
-filter already looked at the modes, getppid, socket()+close(), open()+close() and ioctl all 0.99x
-to 1.01x; for an unprivileged caller, whose opens now run the filter, open()+close() 1.06x (~0.2 us
-here), socket()+close() 1.02x, getppid and ioctl 1.00x. Any filter at all costs getppid ~60 ns here
-(the kernel's slower system call path), before as now.
+passes at most 11 instructions (up to 20 before, one comparison after another). Measured in a
+sandbox on Linux 6.18 (2-vCPU VM, C loops, fastest of 11 rounds) against the filter before these
+rules: for a root caller, whose filter already looked at the modes, getppid, socket()+close(),
+open()+close() and ioctl all 0.99x to 1.01x; for an unprivileged caller, whose opens now run the
+filter, open()+close() 1.06x (~0.2 us here), socket()+close() 1.02x, getppid and ioctl 1.00x. Any
+filter at all costs getppid ~60 ns here (the kernel's slower system call path), before as now.
 
 The filter is inherited by everything the command starts and cannot be removed. It needs
 no_new_privs (set by Landlock, or by the caller) when the process lacks CAP_SYS_ADMIN.

@@ -240,7 +240,8 @@ def test_every_table_assembles_within_jump_range(machine):
         assert len(program) < 256 and all(jt < 256 and jf < 256 for _, jt, jf, _ in program)
 
 
-HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "i386": "/usr/include/x86_64-linux-gnu/asm/unistd_32.h",
+HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
+           "i386": "/usr/include/x86_64-linux-gnu/asm/unistd_32.h",
            "aarch64": "/usr/include/asm-generic/unistd.h"}
 
 
