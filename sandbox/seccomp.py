@@ -176,6 +176,14 @@ def supported() -> bool:
     return os.uname().machine in _TABLES
 
 
+def native_numbers() -> dict[str, int]:
+    """This machine's own numbers of the calls refused outright, for a probe that tries them
+    (sandbox/doctor.py): keyctl, add_key, request_key, socket, socketpair, clone3."""
+    table = _TABLES[os.uname().machine][0]
+    return {"keyctl": table.keyctl, "add_key": table.add_key, "request_key": table.request_key,
+            "socket": table.socket, "socketpair": table.socketpair, "clone3": CLONE3}
+
+
 def _calls(table: _Table, join_session: bool) -> dict[int, str]:
     """Each number the filter looks at in this table, and the label it goes to."""
     calls = {table.ioctl: "ioctl", table.socket: "socket", table.socketpair: "socketpair",

@@ -207,6 +207,12 @@ def _drive(runner, driver: str, probe: str, args: dict) -> dict:
     return outcome
 
 
+def test_the_doctors_numbers_are_this_machines():
+    from sandbox import seccomp
+
+    assert seccomp.native_numbers() == NUMBERS[platform.machine()]
+
+
 def _setid_files(folder: Path) -> list[str]:
     return [str(p) for p in folder.rglob("*") if p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)]
 
