@@ -164,3 +164,84 @@ def test_allow_hooks_lets_the_command_write_them(tmp_path, repository):
 
 def _quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\\''") + "'"
+
+
+SHELL_JOB = r"""
+import os, signal, sys, time
+# A shell's job control, as bash does it: the job (egress) in a process group of its own, made
+# the terminal's foreground group; stopped (Ctrl-Z), the shell takes the terminal and says so;
+# `fg` gives it back and continues the group.
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    while os.tcgetpgrp(0) != os.getpgrp():  # a job starts once it is the foreground one
+        time.sleep(0.01)
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    os.execvpe(sys.argv[1], sys.argv[1:], os.environ)
+os.setpgid(child, child)
+os.tcsetpgrp(0, child)
+_, status = os.waitpid(child, os.WUNTRACED)
+os.tcsetpgrp(0, os.getpgrp())
+print("SHELL: stopped" if os.WIFSTOPPED(status) else "SHELL: ended early", flush=True)
+time.sleep(1)
+print("SHELL: fg", flush=True)
+os.tcsetpgrp(0, child)
+os.killpg(child, signal.SIGCONT)
+_, status = os.waitpid(child, 0)
+os.tcsetpgrp(0, os.getpgrp())
+print("SHELL: status", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_ctrl_z_stops_the_run_as_a_shells_job_and_fg_continues_it(tmp_path):
+    # The command has a process group of its own, the terminal's foreground one: Ctrl-Z stops
+    # it, and egress's helper hands the terminal back and stops egress, so the shell sees a
+    # stopped job (not a hung terminal); `fg` continues both; Ctrl-C reaches the command.
+    import pty
+    import select
+
+    project = tmp_path / "project"
+    project.mkdir()
+    ticker = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done"
+    command = run_args(tmp_path, project, "sh", "-c", ticker)
+    pid, master = pty.fork()
+    if pid == 0:
+        try:
+            os.chdir(project)
+            os.execve(sys.executable, [sys.executable, "-c", SHELL_JOB, *command], env_for(tmp_path))
+        finally:
+            os._exit(127)
+    seen = b""
+
+    def read_until(marker: bytes) -> bytes:
+        nonlocal seen
+        for _ in range(600):  # a bound on the wait, not on its speed
+            if marker in seen:
+                return seen
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:
+                    break
+        raise AssertionError(f"never saw {marker!r} in {seen.decode(errors='replace')}")
+
+    try:
+        read_until(b"tick 2")
+        os.write(master, b"\x1a")  # Ctrl-Z
+        read_until(b"SHELL: stopped")
+        ticks_while_stopped = seen.count(b"tick")
+        read_until(b"SHELL: fg")
+        stopped = seen[seen.index(b"SHELL: stopped"):seen.index(b"SHELL: fg")]
+        assert b"tick" not in stopped, stopped  # the command stopped with egress, for the shell's second
+        read_until(f"tick {ticks_while_stopped + 2}".encode())  # it goes on after fg
+        os.write(master, b"\x03")  # Ctrl-C
+        read_until(b"SHELL: status")
+        assert b"SHELL: status 130" in seen, seen.decode(errors="replace")
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(master)
