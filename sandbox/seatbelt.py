@@ -279,7 +279,7 @@ def profile(writable: Sequence[str], proxy_port: int | None, *, read_only: Seque
         "(allow signal (target same-sandbox))",
         "(allow process-info* (target same-sandbox))",
         "",
-        "; reads: everywhere, as on Linux (the hidden paths are taken back below)",
+        "; reads: everywhere, as in both peers' profiles (egress's state and secret files are taken back below)",
         "(allow file-read*)",
         "",
         "; code is mapped executable only from the system, installed toolchains, the run's interpreter",
