@@ -1,13 +1,29 @@
-"""The project as a rootful container's user sees it: an idmapped mount of it.
+"""Who a rootful container runs as, and the project as that user sees it: an idmapped mount of it.
 
-Rootful podman maps no ids: the container's uid 1000 is the host's uid 1000, which cannot write a
-project owned by the person who ran egress (and a project made writable for it is writable for
-everyone). An idmapped mount (Linux 5.12+, mount_setattr(MOUNT_ATTR_IDMAP)) translates ids on
-one mount only: through it the owner's files show as uid:gid 1000, and what uid 1000 creates is
-stored as the owner's. The host's files and every other mount keep their ids.
+The container's user is no account of the host. Rootful podman and docker map no ids: the
+container's uid is the host's uid, so the old fixed 1000 was the host's first human user, whose
+user keyring the container could read (N5: keyrings are per uid, not per namespace), whose files
+it could reach through any mount, and whose processes could signal it. container_ids() picks
+ids no one else holds: from FIRST_ID (2,000,000,000) up, the first ids that are no user's and no
+group's in the user database (looked up by id, so NSS sources that do not enumerate count too),
+in nobody's subordinate range (/etc/subuid, /etc/subgid: rootless podman, docker's userns-remap
+and LXD run containers as those), and that no process of egress's PID namespace runs with (the
+containers of other runs live in PID namespaces of their own, and share the ids). The range is
+above the ids systemd hands out without recording them (dynamic users 61184-65519, nspawn's
+container ids up to 1879048191), below its "foreign" range (2147352576 up), and below 2^31,
+which some programs read as a signed int. The same ids every run on one machine, so a --persist
+volume stays its owner's.
 
-    attached = owner_mapped("/home/ann/project", "/tmp/egress-container-x/work", 1000, 1000)
-    ... podman run --mount type=bind,src=/tmp/egress-container-x/work,dst=/work ...
+Rootful podman cannot then write a project owned by the person who ran egress (and a project
+made writable for it is writable for everyone). An idmapped mount (Linux 5.12+,
+mount_setattr(MOUNT_ATTR_IDMAP)) translates ids on one mount only: through it the owner's files
+show as the container's uid:gid, and what the container's user creates is stored as the owner's.
+The host's files and every other mount keep their ids. The view is nosuid and nodev, and so is
+nosuid_view's copy of a writable --mount: a set-id file made anyway gives nothing.
+
+    uid, holder = container_ids()
+    attached = owner_mapped("/home/ann/project", "/run/egress-container-x/work", uid, uid)
+    ... podman run --user UID:UID --mount type=bind,src=/run/egress-container-x/work,dst=/work ...
     detach(attached)
 
 Why egress makes it, not the engine: podman 4.3.1 passes `--mount ...,idmap` to the OCI runtime
@@ -48,8 +64,91 @@ _NAMESPACE_HOLDER = (
 )
 
 
+FIRST_ID = 2_000_000_000
+_SUBORDINATE = ("/etc/subuid", "/etc/subgid")
+
+
 class Refused(OSError):
     """The project is not one egress may show to the container's user as its owner's."""
+
+
+def container_ids(count: int = 2, first: int = FIRST_ID) -> list[int]:
+    """``count`` ids, each free as a uid and as a gid (see the module's docstring), lowest first
+    from ``first``: the command's, then docker's holder's."""
+    import grp
+    import pwd
+
+    taken = _ids_of_processes()
+    ranges = _subordinate_ranges()
+    found, candidate = [], first
+    while len(found) < count:
+        free = candidate not in taken and not any(start <= candidate < end for start, end in ranges)
+        for lookup in (pwd.getpwuid, grp.getgrgid) if free else ():
+            try:
+                lookup(candidate)
+                free = False
+            except KeyError:
+                pass
+        if free:
+            found.append(candidate)
+        candidate += 1
+    return found
+
+
+def _subordinate_ranges() -> list[tuple[int, int]]:
+    """[start, end) of every range in /etc/subuid and /etc/subgid."""
+    ranges = []
+    for path in _SUBORDINATE:
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(":")
+            if len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                ranges.append((int(fields[1]), int(fields[1]) + int(fields[2])))
+    return ranges
+
+
+def _ids_of_processes() -> set[int]:
+    """Every uid and gid (real, effective, saved, filesystem, supplementary) of the processes in
+    this PID namespace."""
+    try:
+        ours = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ours = None
+    ids: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if ours is not None and os.stat(f"/proc/{name}/ns/pid").st_ino != ours:
+                continue
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith(("Uid:", "Gid:", "Groups:")):
+                        ids.update(int(v) for v in line.split()[1:])
+        except (OSError, ValueError):
+            continue  # it ended
+    return ids
+
+
+def nosuid_view(source: str, target: str) -> str:
+    """Attach at ``target`` (an empty folder, or an empty file for a file) a copy of the mount tree
+    at ``source``, every mount of it nosuid and nodev; the ids are the host's. Returns target.
+    Raises OSError (nothing attached)."""
+    tree = mounts._clone(source)
+    try:
+        try:
+            mounts._setattr(tree, "", mounts._MOUNT_ATTR_NOSUID | mounts._MOUNT_ATTR_NODEV, 0,
+                            mounts._AT_EMPTY_PATH | mounts._AT_RECURSIVE)
+        except OSError as e:
+            raise OSError(e.errno, f"mount_setattr(MOUNT_ATTR_NOSUID): {os.strerror(e.errno)}") from None
+        mounts._move(tree, target)
+    finally:
+        os.close(tree)
+    return target
 
 
 def owner_mapped(source: str, target: str, uid: int, gid: int) -> str:
