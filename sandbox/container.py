@@ -24,15 +24,21 @@ There are two ways in, one per engine, both made of sandbox/linux.py's code:
 The engine runs outside, as the caller.
 
 Every container gets HARDENING, whatever the caller passed (the only values a caller sets are
-the cpu and memory sizes, and the image); docker's holder too, with a user of its own. The project
-is mounted at /work read-write and is the working folder; with the engine run as root, through an
-idmapped mount in which the project's owner is the container's user (sandbox/idmap.py; a
-root-owned project is refused). --mount adds folders read-only unless `:rw` is written;
---persist NAME keeps a named volume at /persist/NAME, given to the container's user (podman's
-`:U`; docker has none, so egress makes the volume and gives its folder to 1000). The environment
-is made here, not inherited: the brokered secrets' placeholders (the launcher's, as for every
-sandbox), the proxy variables, the CA bundle (mounted read-only at CA_PATH) under every name
-clients read, HOME and TMPDIR in /tmp. What the namespace provider's mounts promise (a secret
+the cpu and memory sizes, and the image), and hardening()'s two: egress's seccomp profile
+(sandbox/container_seccomp.py: the engine's default allow list, with keyrings, socket families
+but four, clone3, new namespaces, io_uring and set-id modes refused) and a user that is no account
+of the host (sandbox/idmap.py's container_ids: the engines map no ids, so the container's uid is
+the host's); docker's holder too, with a user of its own. The project is mounted at /work
+read-write and is the working folder; with the engine run as root, through an idmapped, nosuid
+mount in which the project's owner is the container's user (sandbox/idmap.py; a root-owned
+project is refused). --mount adds folders read-only unless `:rw` is written (a writable one
+through a nosuid copy of its mount: docker's --mount cannot say nosuid); --persist NAME keeps a
+named volume at /persist/NAME, given to the container's user (podman's `:U`, nosuid; docker has
+neither, so egress makes the volume and gives its folder to the container's user, and there the
+profile's set-id refusal and no-new-privileges hold alone). The environment is made here, not
+inherited: the brokered secrets' placeholders (the launcher's, as for every sandbox), the proxy
+variables, the CA bundle (mounted read-only at CA_PATH) under every name clients read, HOME and
+TMPDIR in /tmp. What the namespace provider's mounts promise (a secret
 file shows its placeholder, egress's state is hidden, its code read-only) becomes mounts wherever
 the container sees those paths (covers()). Rootless podman is refused (ROOTLESS_REASON).
 Machine-specific engine settings (a runtime, a cgroup manager, default ulimits) are the engine's
@@ -61,8 +67,6 @@ from sandbox.spec import SandboxError, SandboxSpec
 WORKDIR = "/work"
 CA_PATH = "/etc/egress/ca-bundle.pem"
 PERSIST_ROOT = "/persist"
-USER = "1000:1000"  # whatever the image says: root in a container is root on a shared kernel
-HOLDER_USER = "65534:65534"  # not the command's: the command can neither signal nor ptrace its holder
 DEFAULT_CPUS = str(min(2, os.cpu_count() or 1))  # docker refuses more than the machine has
 DEFAULT_MEMORY = "2048m"
 # Never conditional on what the caller passed (issue 14): a flag added here holds for every run.
@@ -73,9 +77,15 @@ HARDENING = (
     "--read-only",
     "--tmpfs", "/tmp:rw,exec,nosuid,size=512m",
     "--tmpfs", "/run:rw,nosuid,size=16m",
-    "--user", USER,
 )
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def hardening(user: int, profile: str) -> list[str]:
+    """HARDENING, with egress's seccomp profile (the file at ``profile``) and ``user`` as uid and
+    gid: never whatever the image says (root in a container is root on a shared kernel), never an
+    account of the host (idmap.container_ids)."""
+    return [*HARDENING, "--security-opt", f"seccomp={profile}", "--user", f"{user}:{user}"]
 
 
 class ContainerSpec:
@@ -151,12 +161,15 @@ def container_environment(spec_env: dict[str, str], placeholders=()) -> dict[str
 
 def engine_argv(engine: str, name: str, network: list[str], spec: SandboxSpec, chosen: ContainerSpec,
                 ca_bundle: str | None, interactive: bool = False, work: str | None = None,
-                shown: dict[str, str] | None = None) -> list[str]:
+                shown: dict[str, str] | None = None, *, user: int, profile: str,
+                writable: dict[str, str] | None = None) -> list[str]:
     """The whole `ENGINE run ...` command line (tests read it). ``network``: the way in's flags;
     ``work``: what to mount at /work instead of the project itself (its owner-mapped view,
     sandbox/idmap.py); ``shown``: each of spec.replaced's files -> the host file holding what the
-    container sees instead (covers())."""
-    argv = [engine, "run", "--rm", "--name", name, *HARDENING,
+    container sees instead (covers()); ``user``, ``profile``: hardening()'s; ``writable``: each
+    writable --mount's source -> what to mount instead (its nosuid view)."""
+    writable = writable or {}
+    argv = [engine, "run", "--rm", "--name", name, *hardening(user, profile),
             "--cpus", chosen.cpus, "--memory", chosen.memory, "--memory-swap", chosen.memory,
             *network,
             "--mount", f"type=bind,src={work or spec.cwd},dst={WORKDIR}", "--workdir", WORKDIR]
@@ -164,13 +177,13 @@ def engine_argv(engine: str, name: str, network: list[str], spec: SandboxSpec, c
         argv += ["--interactive"]
     if ca_bundle:
         argv += ["--mount", f"type=bind,src={ca_bundle},dst={CA_PATH},ro"]
-    for source, target, writable in chosen.mounts:
-        argv += ["--mount", f"type=bind,src={source},dst={target}" + ("" if writable else ",ro")]
+    for source, target, rw in chosen.mounts:
+        argv += ["--mount", f"type=bind,src={writable.get(source, source)},dst={target}" + ("" if rw else ",ro")]
     for volume in chosen.persist:
-        # podman's U: the volume belongs to the container's user (1000), who could not write it else
-        # (docker has no U: EngineNamespace.give_volumes does it)
-        argv += ["--volume", f"{volume}:{PERSIST_ROOT}/{volume}" + (":U" if engine == "podman" else "")]
-    for mount in covers(spec, chosen, shown or {}, work):
+        # podman's U: the volume belongs to the container's user, who could not write it else; nosuid
+        # (docker has neither: EngineNamespace.give_volumes does the first)
+        argv += ["--volume", f"{volume}:{PERSIST_ROOT}/{volume}" + (":U,nosuid" if engine == "podman" else "")]
+    for mount in covers(spec, chosen, shown or {}, work, writable):
         argv += ["--mount", mount]
     for key, value in sorted(container_environment(spec.env, spec.placeholders).items()):
         argv += ["--env", f"{key}={value}"]
@@ -189,7 +202,8 @@ def container_paths(path: str, spec: SandboxSpec, chosen: ContainerSpec) -> list
     return found
 
 
-def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work: str | None = None) -> list[str]:
+def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work: str | None = None,
+           writable: dict[str, str] | None = None) -> list[str]:
     """--mount values that keep, inside the container, what the namespace provider's mounts keep
     (sandbox/mounts.py): a hidden folder (egress's state) shows empty, egress's own code read-only,
     wherever a mount shows them; a replaced file (a secret bound to hosts, the audit log) shows
@@ -201,7 +215,7 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work
     inside_hidden = [p for p in [*islands, *map(os.path.realpath, shown)]
                      if any(p != h and p.startswith(h.rstrip("/") + "/") for h in hidden)]
     mounts = pins(spec, chosen, [p for p in [*hidden, *islands, *map(os.path.realpath, shown)]
-                                 if p not in inside_hidden], work)
+                                 if p not in inside_hidden], work, writable)
     for folder in hidden:
         mounts += [f"type=tmpfs,dst={_plain(p)},ro,tmpfs-size=4096" for p in container_paths(folder, spec, chosen)]
     for folder in spec.read_only:
@@ -217,7 +231,8 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work
     return mounts
 
 
-def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str | None) -> list[str]:
+def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str | None,
+         writable: dict[str, str] | None = None) -> list[str]:
     """--mount values binding each folder between a writable tree (/work, a `--mount ...:rw`) and a
     covered path inside it onto itself, outermost first: a mount point cannot be renamed or removed
     (EBUSY), so the command cannot move a cover away with its parent. Measured before: docker ran
@@ -225,11 +240,13 @@ def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str
     host (the tmpfs cover went with it), and the command made the state folder again with its own
     CA for the next run (as sandbox/mounts.py pins for the namespace provider). The project's pins
     come from ``work``, its owner-mapped view: bound from the project itself they would show the
-    host's ids, and the owner's folders would no longer be the container user's."""
+    host's ids, and the owner's folders would no longer be the container user's; a writable
+    --mount's from ``writable``, its nosuid view."""
     from sandbox.paths import pinned_chain
 
     trees = [(os.path.realpath(spec.cwd), work or spec.cwd, WORKDIR)]
-    trees += [(os.path.realpath(source), source, target) for source, target, writable in chosen.mounts if writable]
+    trees += [(os.path.realpath(source), (writable or {}).get(source, source), target)
+              for source, target, rw in chosen.mounts if rw]
     mounts, seen = [], set()
     for real, source, target in trees:
         for folder in pinned_chain(covered, [real]):
@@ -317,9 +334,10 @@ class Container:
                     f"policy's [container] table")
         if shutil.which(self.engine) is None:
             return f"--provider {self.engine}: {self.engine} is not installed (not on PATH)"
-        if self.engine == "docker":
-            return EngineNamespace.refusal()
-        return rootless_refusal(self.engine)
+        from sandbox import container_seccomp
+
+        refused = EngineNamespace.refusal() if self.engine == "docker" else rootless_refusal(self.engine)
+        return refused or container_seccomp.refusal(self.engine)
 
     def listener(self, networked: bool):
         from sandbox.platforms import LINUX_PROXY_PORT, Listener
@@ -334,20 +352,24 @@ class Container:
         return [source for source, _, writable in self.chosen.mounts if writable]
 
     def start(self, spec: SandboxSpec, listener) -> ContainerBox:
+        from sandbox import idmap
+
         way = EngineNamespace if self.engine == "docker" else OwnNamespace
-        view = HostView.make(spec)  # before the namespace: a refusal costs nothing else
+        user, holder_user = idmap.container_ids()
+        view = HostView.make(spec, self.chosen, user)  # before the namespace: a refusal costs nothing else
         try:
-            network = way(self.engine, spec)
+            network = way(self.engine, spec, view.profile, holder_user)
         except BaseException:
             view.close()
             raise
         try:
-            network.give_volumes(self.chosen.persist)
+            network.give_volumes(self.chosen.persist, user)
             ca = spec.env.get("SSL_CERT_FILE") if spec.network else None
             name = f"egress-{os.urandom(6).hex()}"
             argv = engine_argv(self.engine, name, network.flags, spec, self.chosen, ca,
                                interactive=not _isatty(spec.stdin if spec.stdin is not None else 0),
-                               work=view.work, shown=view.shown)
+                               work=view.work, shown=view.shown, user=user, profile=view.profile,
+                               writable=view.writable)
             process = engine_start(self.engine, argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr)
         except BaseException:
             network.close()
@@ -360,7 +382,8 @@ class OwnNamespace:
     """podman's way in: sandbox/linux.py's namespace, held by a Python reading its stdin; the
     engine joins it by path."""
 
-    def __init__(self, engine: str, spec: SandboxSpec):
+    def __init__(self, engine: str, spec: SandboxSpec, profile: str, holder_user: int):
+        # (profile, holder_user: docker's holder is a container; this one is a process of egress's)
         from sandbox import linux
 
         read, write = os.pipe()
@@ -381,7 +404,7 @@ class OwnNamespace:
         self.listen_socket, self.capture = self.holder.listen_socket, self.holder.capture
         self.capture_error = self.holder.capture_error
 
-    def give_volumes(self, names) -> None:
+    def give_volumes(self, names, user: int) -> None:
         pass  # engine_argv's :U
 
     def direct_attempts(self) -> int | None:
@@ -413,7 +436,7 @@ class EngineNamespace:
             return f"--provider docker: {e}"
         return None
 
-    def __init__(self, engine: str, spec: SandboxSpec):
+    def __init__(self, engine: str, spec: SandboxSpec, profile: str, holder_user: int):
         from sandbox import holder, linux
 
         self.engine = engine
@@ -426,8 +449,8 @@ class EngineNamespace:
         try:
             image = self._holder_image()
             argv = [engine, "run", "--rm", "--interactive", "--pull", "never", "--name", self.name,
-                    *holder_hardening(), "--network", "none", "--memory", "32m", "--memory-swap", "32m",
-                    "--log-driver", "none", "--", image, holder.PROGRAM]
+                    *hardening(holder_user, profile), "--network", "none", "--memory", "32m",
+                    "--memory-swap", "32m", "--log-driver", "none", "--", image, holder.PROGRAM]
             # Its own session: a terminal's Ctrl-C is for the command, not for the holder's client.
             self._client = engine_start(engine, argv, stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                        start_new_session=True)
@@ -487,17 +510,16 @@ class EngineNamespace:
         finally:
             os.close(alive)
 
-    def give_volumes(self, names) -> None:
+    def give_volumes(self, names, user: int) -> None:
         """Docker's stand-in for podman's :U: the volume (made now if new) is given to the container's
         user, who could not write its root-owned folder else."""
-        uid, gid = map(int, USER.split(":"))
         for name in names:
             made = engine_run(self.engine, "volume", "create", name)
             where = engine_run(self.engine, "volume", "inspect", "--format", "{{.Mountpoint}}", name)
             try:
                 if made.returncode != 0 or where.returncode != 0:
                     raise OSError(0, (made.stderr or where.stderr).strip())
-                os.chown(where.stdout.strip(), uid, gid)
+                os.chown(where.stdout.strip(), user, user)
             except OSError as e:
                 raise SandboxError(EXIT_LAUNCHER, f"--persist {name}: cannot give the volume to the container's "
                                    f"user: {e.strerror or e}", "mounts") from None
@@ -570,33 +592,41 @@ class EngineNamespace:
 
 
 class HostView:
-    """What a container's mounts need on the host, made before it starts and taken away after:
-    the stand-ins of spec.replaced's files, and (an engine run as root) the project's owner-mapped
-    view (sandbox/idmap.py), all in one private folder."""
+    """What a container's mounts and flags need on the host, made before it starts and taken away
+    after: egress's seccomp profile, the stand-ins of spec.replaced's files, and (an engine run as
+    root) the project's owner-mapped view and the nosuid views of writable --mounts
+    (sandbox/idmap.py), all in one private folder."""
 
     def __init__(self):
         self.folder: str | None = None
+        self.profile: str | None = None  # egress's seccomp profile (sandbox/container_seccomp.py)
         self.work: str | None = None  # the owner-mapped project, mounted at /work; None: the project itself
         self.shown: dict[str, str] = {}
+        self.writable: dict[str, str] = {}  # a writable --mount's source -> its nosuid view
 
     @classmethod
-    def make(cls, spec: SandboxSpec) -> HostView:
+    def make(cls, spec: SandboxSpec, chosen: ContainerSpec, user: int) -> HostView:
+        from sandbox import container_seccomp
+
         view = cls()
         replaced = {path: data for path, data in spec.replaced.items() if os.path.isfile(path)}
         # An engine run as root maps no ids (rootless podman is refused; docker is refused unless root)
         mapped = os.geteuid() == 0
-        if not (replaced or mapped):
-            return view
         _sweep()
         # /run: root's runtime folder, which no age-based cleaner walks (one walking into a view
         # left attached by a killed egress would delete the project through it)
-        where = RUNTIME_DIR if mapped else None  # (unmapped: stand-in files only, no mount to sweep)
+        where = RUNTIME_DIR if mapped else None  # (unmapped: files only, no mount to sweep)
         try:
             view.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=where)
         except OSError as e:
             raise SandboxError(EXIT_LAUNCHER, f"cannot make the container's view of the project in "
                                               f"{where or tempfile.gettempdir()}: {e.strerror or e}", "mount") from None
         try:
+            try:
+                view.profile = container_seccomp.write(view.folder)
+            except OSError as e:
+                raise SandboxError(EXIT_LAUNCHER, f"cannot write the containers' seccomp profile in {view.folder}: "
+                                                  f"{e.strerror or e}", "seccomp") from None
             for index, (path, data) in enumerate(sorted(replaced.items())):
                 stand_in = os.path.join(view.folder, f"shown{index}")
                 fd = os.open(stand_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
@@ -604,20 +634,20 @@ class HostView:
                     f.write(data)
                 view.shown[path] = stand_in
             if mapped:
-                view._map_work(spec.cwd)
+                view._map_work(spec.cwd, user)
+                view._view_writable(chosen)
         except BaseException:
             view.close()
             raise
         return view
 
-    def _map_work(self, project: str) -> None:
+    def _map_work(self, project: str, user: int) -> None:
         from sandbox import idmap
 
         target = os.path.join(self.folder, "work")
         os.mkdir(target, 0o700)
-        uid, gid = map(int, USER.split(":"))
         try:
-            self.work = idmap.owner_mapped(project, target, uid, gid)
+            self.work = idmap.owner_mapped(project, target, user, user)
         except idmap.Refused as e:
             raise SandboxError(EXIT_LAUNCHER, f"{e.strerror}, and the container's user writes there as the project's "
                                               f"owner: run it from a project owned by an unprivileged user (chown "
@@ -629,37 +659,63 @@ class HostView:
                                               f"need Linux 5.12+ and a filesystem that has them (ext4, xfs, btrfs, "
                                               f"tmpfs 6.3+); --provider namespace needs none", "mount") from None
 
+    def _view_writable(self, chosen: ContainerSpec) -> None:
+        """A nosuid view of each writable --mount (docker's --mount cannot say nosuid): a set-id file
+        made there anyway (egress's profile refuses the modes) gives nothing, in this container or
+        the next."""
+        from sandbox import idmap
+
+        for index, source in enumerate(sorted({s for s, _, rw in chosen.mounts if rw})):
+            target = os.path.join(self.folder, f"{_VIEW}{index}")
+            if os.path.isdir(source):
+                os.mkdir(target, 0o700)
+            else:
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            try:
+                self.writable[source] = idmap.nosuid_view(source, target)
+            except OSError as e:
+                raise SandboxError(EXIT_LAUNCHER, f"--mount {source}: cannot make its nosuid view "
+                                                  f"({e.strerror or e}); nothing ran", "mount") from None
+
     def close(self) -> None:
         if self.folder is not None:
             _take_away(self.folder)
-            self.folder = self.work = None
+            self.folder = self.work = self.profile = None
+            self.writable = {}
 
 
 RUNTIME_DIR = "/run"
 _PREFIX = "egress-container-"
+_VIEW = "rw"  # a writable --mount's view: rw0, rw1, ...
 
 
 def _take_away(folder: str) -> None:
-    """Remove a HostView's folder: detach the project's view first; rmdir only, never a recursive
-    removal (the folder held the project). Left in place if the view cannot be detached."""
+    """Remove a HostView's folder: detach the views first (the project's, the writable mounts');
+    rmdir or unlink only, never a recursive removal (the folder held the project). Left in place if
+    a view cannot be detached."""
     import errno
 
-    from sandbox import idmap
+    from sandbox import container_seccomp, idmap
 
-    work = os.path.join(folder, "work")
     try:
-        if os.path.lexists(work) and stat.S_ISDIR(os.lstat(work).st_mode):  # a symlink is no view (never followed)
-            try:  # (os.path.ismount cannot tell: a bind of the same filesystem keeps its st_dev)
-                idmap.detach(work)
-            except OSError as e:
-                if e.errno != errno.EINVAL:  # EINVAL: not a mount (any more)
-                    raise
-        for name in os.listdir(folder):
+        names = os.listdir(folder)
+        views = [n for n in names if n == "work" or n.startswith(_VIEW)]
+        for name in views:
             path = os.path.join(folder, name)
-            if name.startswith("shown"):
+            if not stat.S_ISLNK(os.lstat(path).st_mode):  # a symlink is no view (never followed)
+                try:  # (os.path.ismount cannot tell: a bind of the same filesystem keeps its st_dev)
+                    idmap.detach(path)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:  # EINVAL: not a mount (any more)
+                        raise
+        for name in names:
+            path = os.path.join(folder, name)
+            if name.startswith("shown") or name == container_seccomp.FILE_NAME:
                 os.unlink(path)
-            else:
+            elif stat.S_ISDIR(os.lstat(path).st_mode):
                 os.rmdir(path)
+            elif name in views:
+                os.unlink(path)  # a file's view, detached
         os.rmdir(folder)
     except OSError:
         pass  # a view still attached stays so: removing through it would remove the project's files
@@ -685,13 +741,6 @@ def _sweep() -> None:
         if (pid.isdigit() and not os.path.exists(f"/proc/{pid}") and stat.S_ISDIR(info.st_mode)
                 and info.st_uid == os.geteuid()):
             _take_away(path)
-
-
-def holder_hardening() -> list[str]:
-    """HARDENING, with the holder's own user."""
-    flags = list(HARDENING)
-    flags[flags.index("--user") + 1] = HOLDER_USER
-    return flags
 
 
 class ContainerBox:

@@ -11,6 +11,7 @@ never in egress's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
@@ -65,21 +66,49 @@ def test_every_container_gets_the_whole_hardening_list_whatever_was_asked(tmp_pa
             "docker": ["--network", "container:h", "--pid", "container:h"]}
     for (engine, network), chosen in itertools.product(ways.items(), (
             ct.ContainerSpec("img"), ct.ContainerSpec("img", [f"{tmp_path}:/data:rw"], ["cache"], "1", "64m"))):
-        argv = ct.engine_argv(engine, "egress-x", network, spec, chosen, "/x/ca.pem")
+        argv = ct.engine_argv(engine, "egress-x", network, spec, chosen, "/x/ca.pem", user=2000000000,
+                              profile="/v/seccomp.json", writable={str(tmp_path): "/v/rw0"})
         text = " ".join(argv)
         assert " ".join(ct.HARDENING) in text  # the same list for both engines
+        assert "--cap-drop ALL" in text and "--security-opt no-new-privileges" in text
+        assert "--security-opt seccomp=/v/seccomp.json --user 2000000000:2000000000" in text
         assert f"--memory {chosen.memory} --memory-swap {chosen.memory}" in text
-        assert "--user 1000:1000" in text and " ".join(network) in text
+        assert " ".join(network) in text
         assert f"type=bind,src={tmp_path},dst=/work " in text + " "
         assert f"src=/x/ca.pem,dst={ct.CA_PATH},ro" in text
         assert "AWS_SECRET_ACCESS_KEY" not in text  # the caller's environment stays outside
         assert argv[-2:] == ["img", "id"] and argv[-3] == "--"
+        if chosen.persist:  # a writable mount through its nosuid view; podman's volume nosuid too
+            assert "type=bind,src=/v/rw0,dst=/data " in text + " "
+            assert ("--volume cache:/persist/cache:U,nosuid" if engine == "podman" else
+                    "--volume cache:/persist/cache") in text
 
 
-def test_the_docker_holder_gets_the_same_hardening_with_a_user_of_its_own():
-    flags = ct.holder_hardening()
-    assert flags[flags.index("--user") + 1] == ct.HOLDER_USER != ct.USER
-    assert [f for f in flags if f != ct.HOLDER_USER] == [f for f in ct.HARDENING if f != ct.USER]
+def test_the_containers_user_and_the_holders_are_no_accounts_of_this_host(tmp_path):
+    """N5: the fixed 1000 was the host's first user (whose user keyring the container read). The
+    ids skip the user database, subordinate ranges, and ids a process of this PID namespace runs with."""
+    import grp
+
+    from sandbox import idmap
+
+    user, holder = idmap.container_ids()
+    assert idmap.FIRST_ID <= user < holder < 2**31 and ct.hardening(holder, "/p")[-1] == f"{holder}:{holder}"
+    for uid in (user, holder):
+        with pytest.raises(KeyError):
+            pwd.getpwuid(uid)
+        with pytest.raises(KeyError):
+            grp.getgrgid(uid)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert idmap.container_ids(1, first=nobody) != [nobody]  # an account: skipped
+    if os.geteuid() == 0:  # a process running as the first id: skipped while it runs
+        sleeper = subprocess.Popen(["sleep", "60"], user=user, group=user, extra_groups=[])
+        try:
+            while str(user) not in open(f"/proc/{sleeper.pid}/status").read():
+                time.sleep(0.01)
+            assert user not in idmap.container_ids()
+        finally:
+            sleeper.kill()
+            sleeper.wait()
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the holder program is x86_64 code")
@@ -210,7 +239,7 @@ def image_tarball(tmp_path_factory):
         (root / folder).mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
     for applet in ("sh", "ls", "echo", "cat", "id", "seq", "sleep", "head", "tail", "touch", "ping", "wc", "true",
-                   "kill", "nslookup", "nc", "ip", "tr", "stat", "mkdir", "mv", "rmdir"):
+                   "kill", "nslookup", "nc", "ip", "tr", "stat", "mkdir", "mv", "rmdir", "chmod", "grep"):
         (root / "bin" / applet).symlink_to("busybox")
     shutil.copy(curl, root / "bin" / "curl")
     libraries = subprocess.run(["ldd", curl], capture_output=True, text=True, check=True).stdout
@@ -323,13 +352,20 @@ def engine(request) -> Engine:
     return request.getfixturevalue(request.param)
 
 
-# The projects' owner: not root, not the container's 1000, and in the user database (egress maps
+# The projects' owner: not root, not the container's user, and in the user database (egress maps
 # the owner's own groups only, so it must know them)
 OWNER, OWNER_GROUP = pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid
 
 
+def container_user() -> int:
+    """The uid (and gid) egress runs the command's container as here: no account of this host."""
+    from sandbox import idmap
+
+    return idmap.container_ids()[0]
+
+
 def make_project(tmp_path) -> Path:
-    """The run's project, owned by OWNER: the container's user (1000) writes there as its owner."""
+    """The run's project, owned by OWNER: the container's user writes there as its owner."""
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     os.chown(project, OWNER, OWNER_GROUP)
@@ -345,11 +381,13 @@ def in_container(tmp_path, engine: Engine, *command, extra=(), policy=None, time
                       **kwargs)
 
 
-def test_container_runs_as_1000_on_a_read_only_root_with_the_project_at_work(tmp_path, engine):
+def test_container_runs_as_no_account_on_a_read_only_root_with_the_project_at_work(tmp_path, engine):
     result = in_container(tmp_path, engine, "sh", "-c",
                           "id -u; echo no > /x; echo yes > /work/made && cat /work/made; pwd; exit 3")
     assert result.returncode == 3, result.stderr
-    assert result.stdout.splitlines() == ["1000", "yes", "/work"]
+    uid = int(result.stdout.split()[0])
+    assert uid == container_user() and uid not in {entry.pw_uid for entry in pwd.getpwall()}  # N5: not 1000
+    assert result.stdout.splitlines()[1:] == ["yes", "/work"]
     assert "Read-only file system" in result.stderr
     assert (tmp_path / "project" / "made").read_text() == "yes\n"
 
@@ -424,6 +462,287 @@ def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, eng
         engine.run("volume", "rm", "--force", volume)
 
 
+# ------------------------------------------------------------------ egress's seccomp profile and user
+
+
+# A static program (glibc, built here) that makes each call and prints "name errno" (0: it worked):
+# the busybox image has no libc, and busybox has no keyctl or socket family of its choosing.
+PROBE_SOURCE = r"""
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void report(const char *name, long ret) { printf("%s %d\n", name, ret < 0 ? errno : 0); fflush(stdout); }
+static long closed(long fd) { if (fd >= 0) close((int)fd); return fd; }
+static long sock(long domain, int type, int proto) { return closed(syscall(SYS_socket, domain, type, proto)); }
+static void *nothing(void *arg) { return arg; }
+
+static long thread(void) {  /* glibc tries clone3 first, and falls back to clone on ENOSYS */
+    pthread_t t;
+    int e = pthread_create(&t, NULL, nothing, NULL);
+    if (e) { errno = e; return -1; }
+    return pthread_join(t, NULL) ? -1 : 0;
+}
+
+static long forked(void) {
+    int status;
+    pid_t pid = fork();
+    if (pid == 0) _exit(7);
+    if (pid < 0 || waitpid(pid, &status, 0) < 0) return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 7 ? 0 : (errno = ECHILD, -1);
+}
+
+static long clone_flags(long flags) {  /* a child with these flags, which ends at once */
+    long pid = syscall(SYS_clone, flags | SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid((pid_t)pid, NULL, 0);
+    return pid;
+}
+
+static long unshared(long flags) {  /* in a child: a namespace it made would stay with the probe */
+    int status;
+    pid_t pid = fork();
+    if (pid == 0) _exit(syscall(SYS_unshare, flags) == 0 ? 0 : errno);
+    waitpid(pid, &status, 0);
+    return WEXITSTATUS(status) ? (errno = WEXITSTATUS(status), -1) : 0;
+}
+
+static long unix_pair(void) {
+    int fds[2];
+    char c = 0;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) < 0) return -1;
+    long ok = write(fds[0], "u", 1) == 1 && read(fds[1], &c, 1) == 1 && c == 'u' ? 0 : -1;
+    close(fds[0]);
+    close(fds[1]);
+    return ok;
+}
+
+static long inet_loopback(void) {  /* a TCP connection over lo */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0 || c < 0) return -1;
+    long ok = bind(s, (void *)&a, sizeof a) == 0 && listen(s, 1) == 0 && getsockname(s, (void *)&a, &n) == 0
+              && connect(c, (void *)&a, sizeof a) == 0 ? closed(accept(s, NULL, NULL)) : -1;
+    close(s);
+    close(c);
+    return ok < 0 ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+    long ring = atol(argv[1]), key = atol(argv[2]);
+    char buf[256] = {0};
+    printf("uid %d\n", (int)getuid());
+    /* keyrings (N2, N5): the user keyring of the container's uid, a ring and key of the host's uid 1000 */
+    report("keyctl get @u", syscall(SYS_keyctl, 0, -4, 0));  /* KEYCTL_GET_KEYRING_ID */
+    report("keyctl link", syscall(SYS_keyctl, 8, ring, -3));  /* KEYCTL_LINK into the session keyring */
+    long got = syscall(SYS_keyctl, 11, key, buf, sizeof buf - 1);  /* KEYCTL_READ */
+    report("keyctl read", got);
+    if (got > 0) printf("payload %s\n", buf);
+    report("add_key", syscall(SYS_add_key, "user", "egress-planted", "x", 1, -4));
+    report("request_key", syscall(SYS_request_key, "user", "egress-none", 0, 0));
+    /* socket families (N10): never bound or connected */
+    report("vsock", sock(40, SOCK_STREAM, 0));
+    report("vsock with high bits", sock(40L | 1L << 32, SOCK_STREAM, 0));
+    report("packet", sock(17, SOCK_RAW, htons(3)));
+    report("netlink audit", sock(16, SOCK_RAW, 9));
+    report("netlink sock_diag", sock(16, SOCK_RAW, 4));
+    report("socketpair inet", syscall(SYS_socketpair, AF_INET, SOCK_STREAM, 0, (int[2]){0}));
+    report("unix", unix_pair());
+    report("inet", inet_loopback());
+    report("inet6", sock(AF_INET6, SOCK_DGRAM, 0));
+    report("netlink route", sock(16, SOCK_RAW, 0));
+    /* processes and namespaces (N6) */
+    report("clone3", syscall(SYS_clone3, NULL, 0));  /* a size no kernel takes: EINVAL if let through */
+    report("thread", thread());
+    report("fork", forked());
+    report("clone newuser", clone_flags(CLONE_NEWUSER));
+    report("unshare newuser", unshared(CLONE_NEWUSER));
+    report("unshare fs", unshared(CLONE_FS));
+    report("setns", syscall(SYS_setns, -1, 0));  /* EBADF if let through */
+    report("io_uring", syscall(SYS_io_uring_setup, 1, (char[120]){0}));
+    report("syslog", syscall(SYS_syslog, 10, 0, 0));  /* SYSLOG_ACTION_SIZE_BUFFER */
+    /* set-id files (N9), in the folder named */
+    if (chdir(argv[3]) < 0) return 2;
+    report("plain create", closed(syscall(SYS_openat, AT_FDCWD, "plain", O_CREAT | O_WRONLY, 0644)));
+    report("setuid by chmod", syscall(SYS_fchmodat, AT_FDCWD, "plain", 04755));
+    report("setgid by chmod", syscall(SYS_fchmodat, AT_FDCWD, "plain", 02755));
+    int fd = open("plain", O_RDONLY);
+    report("setuid by fchmod", syscall(SYS_fchmod, fd, 04755));
+    close(fd);
+    report("setgid by openat", closed(syscall(SYS_openat, AT_FDCWD, "su-openat", O_CREAT | O_WRONLY, 02755)));
+    report("setuid by tmpfile", closed(syscall(SYS_openat, AT_FDCWD, ".", O_TMPFILE | O_WRONLY, 04755)));
+    report("setuid by mknodat", syscall(SYS_mknodat, AT_FDCWD, "su-mknod", S_IFREG | 04755, 0));
+#ifdef SYS_open
+    report("setuid by open", closed(syscall(SYS_open, "su-open", O_CREAT | O_WRONLY, 04755)));
+    report("setuid by creat", closed(syscall(SYS_creat, "su-creat", 04755)));
+    report("setuid by chmod (old call)", syscall(SYS_chmod, "plain", 04755));
+#endif
+    report("openat2", closed(syscall(SYS_openat2, AT_FDCWD, "plain", (long long[3]){0}, 24)));
+    /* what open's mode says when it creates nothing is whatever was in the register */
+    report("open, garbage mode", closed(syscall(SYS_openat, AT_FDCWD, "plain", O_RDONLY, 06777)));
+    report("open folder, garbage mode", closed(syscall(SYS_openat, AT_FDCWD, ".", O_RDONLY | O_DIRECTORY, 06777)));
+    report("plain chmod", syscall(SYS_fchmodat, AT_FDCWD, "plain", 0755));
+    return 0;
+}
+"""
+
+# As the host's uid 1000 (the old container user): a key in its user keyring, held while the test
+# runs, invalidated after. Prints the ring's and the key's serials.
+KEY_HOLDER = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+add_key, keyctl = map(int, sys.argv[1:3])
+ring = libc.syscall(keyctl, 0, -4, 1)  # KEYCTL_GET_KEYRING_ID of @u, made if need be
+secret = b"UID-1000-KEYRING-SECRET"
+key = libc.syscall(add_key, b"user", b"egress-test-uid-1000", secret, len(secret), -4)
+print(ring, key, flush=True)
+sys.stdin.read()
+libc.syscall(keyctl, 21, key)  # KEYCTL_INVALIDATE
+"""
+KEY_CALLS = {"x86_64": (248, 250), "aarch64": (217, 219), "riscv64": (217, 219)}  # add_key, keyctl
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> Path:
+    """PROBE_SOURCE built static, in a folder every user can read (mounted read-only at /probe)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the probe (the test image has no libc)")
+    folder = tmp_path_factory.mktemp("probe")
+    (folder / "probe.c").write_text(PROBE_SOURCE)
+    built = subprocess.run(["gcc", "-static", "-O1", "-o", str(folder / "probe"), str(folder / "probe.c"),
+                            "-lpthread"], capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"gcc cannot build a static program here (libc6-dev): {built.stderr.strip()[-200:]}")
+    folder.chmod(0o755)
+    (folder / "probe").chmod(0o755)
+    return folder
+
+
+@pytest.fixture
+def host_user_key():
+    """(ring, key): the user keyring of the host's uid 1000 and a key in it, held for the test."""
+    if os.uname().machine not in KEY_CALLS or not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("the key holder needs /usr/bin/python3 and this machine's keyctl numbers")
+    calls = map(str, KEY_CALLS[os.uname().machine])
+    holder = subprocess.Popen(["/usr/bin/python3", "-I", "-S", "-c", KEY_HOLDER, *calls],
+                              user=1000, group=1000, extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd="/")
+    try:
+        ring, key = map(int, holder.stdout.readline().split())
+        assert ring > 0 and key > 0
+        yield ring, key
+    finally:
+        holder.stdin.close()
+        holder.wait()
+        holder.stdout.close()
+
+
+def _host_has_ipv6() -> bool:
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close()
+        return True
+    except OSError:
+        return False
+
+
+def _set_id_files(*folders: Path) -> list[str]:
+    import stat
+
+    return [str(p) for folder in folders for p in folder.rglob("*")
+            if p.lstat().st_mode & (stat.S_ISUID | stat.S_ISGID)]
+
+
+def test_egress_profile_refuses_in_the_container_what_it_does_not_grant(tmp_path, engine, probe, host_user_key):
+    """Each attempt worked in the red-team review (issue 25): the container, as the host's uid
+    1000, read that user's keyring (N5: podman's default let keyctl through); AF_VSOCK shares the
+    host's port space (N10); clone3 takes CLONE_INTO_CGROUP (N6); chmod 4755 in the project left
+    a file giving every local account the owner's uid (N9). What programs need keeps working."""
+    ring, key = host_user_key
+    result = in_container(tmp_path, engine, "/probe/probe", str(ring), str(key), "/work",
+                          extra=["--mount", f"{probe}:/probe"])
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines())
+    assert int(seen.pop("uid")) == container_user() != 1000
+    assert "payload" not in seen, seen["payload"]  # uid 1000's key stays unread
+    refused = {
+        errno.EPERM: ["keyctl get @u", "keyctl link", "keyctl read", "add_key", "request_key", "clone newuser",
+                      "unshare newuser", "setns", "syslog", "setuid by chmod", "setgid by chmod", "setuid by fchmod",
+                      "setgid by openat", "setuid by tmpfile", "setuid by mknodat"]
+                     + (["setuid by open", "setuid by creat", "setuid by chmod (old call)"]
+                        if "setuid by open" in seen else []),
+        errno.EAFNOSUPPORT: ["vsock", "vsock with high bits", "packet", "netlink audit", "netlink sock_diag",
+                             "socketpair inet"],
+        errno.ENOSYS: ["clone3", "io_uring", "openat2"],
+        0: ["unix", "inet", "netlink route", "thread", "fork", "unshare fs", "plain create", "open, garbage mode",
+            "open folder, garbage mode", "plain chmod"] + (["inet6"] if _host_has_ipv6() else []),
+    }
+    assert {name: int(seen[name]) for names in refused.values() for name in names} == {
+        name: err for err, names in refused.items() for name in names}
+    project = tmp_path / "project"
+    assert _set_id_files(project) == [] and (project / "plain").stat().st_mode & 0o7777 == 0o755
+    assert (project / "plain").stat().st_uid == OWNER  # made by the container's user, the owner's on the host
+
+
+def test_no_set_id_file_is_left_and_every_writable_mount_is_nosuid(tmp_path, engine):
+    """N9: a container run as root over another user's project left `chmod 4755` files that gave
+    any local account the owner's uid. egress's profile refuses the modes; and the project's view
+    and every writable mount are nosuid, so a set-id file there would give nothing."""
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    script = ("touch /work/f /data/f; chmod 4755 /work/f; echo work=$?; chmod 2755 /work/f; echo sgid=$?;"
+              " chmod 4755 /data/f; echo data=$?; chmod 755 /work/f; echo plain=$?;"
+              " grep -E ' /(work|data) ' /proc/self/mountinfo")
+    result = in_container(tmp_path, engine, "sh", "-c", script, extra=["--mount", f"{data}:/data:rw"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["work=1", "sgid=1", "data=1", "plain=0"], result.stdout
+    options = {line.split()[4]: line.split()[5].split(",") for line in lines[4:]}
+    assert set(options) == {"/work", "/data"} and all("nosuid" in o for o in options.values()), options
+    assert _set_id_files(tmp_path / "project", data) == []
+    assert (data / "f").stat().st_uid == container_user()  # the engine's ids there: no account's
+    assert left_views() == []  # the writable mount's view detached, its folder gone
+
+
+@pytest.mark.parametrize("name", ["podman", "docker"])
+def test_without_the_engines_default_profile_nothing_runs(tmp_path, name):
+    """The profile is built on the engine's default allow list; where it is missing, egress says
+    so in one line and runs nothing, rather than run with a weaker profile."""
+    from sandbox import container_seccomp
+
+    if shutil.which(name) is None or shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip(f"{name}, unshare and root are needed (the other refusals come first otherwise)")
+    project = make_project(tmp_path)
+    (tmp_path / "policy.toml").write_text(POLICY)
+    folders = sorted({os.path.dirname(p) for p in container_seccomp.DEFAULT_PROFILES})
+    masks = "".join(f"mount -t tmpfs tmpfs {folder} && " for folder in folders if os.path.isdir(folder))
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", masks + 'exec "$@"', "sh",
+                             *egress_command(), "run", "--policy", str(tmp_path / "policy.toml"), "--state-dir",
+                             str(tmp_path / "state"), "--provider", name, "--image", IMAGE, "--", "touch", "/work/ran"],
+                            cwd=project, capture_output=True, text=True, timeout=120,
+                            env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+    assert result.returncode == 125, result.stderr
+    said = [line for line in result.stderr.splitlines() if "seccomp" in line]
+    assert len(said) == 1 and (f"egress builds the containers' seccomp profile on the engine's default allow list, "
+                               f"{container_seccomp.DEFAULT_PROFILES[-1]}, which is missing: install "
+                               f"{container_seccomp.PACKAGE}; nothing ran") in said[0], result.stderr
+    assert not (project / "ran").exists()
+
+
 def test_the_state_folder_in_the_project_cannot_be_moved_away(tmp_path, engine):
     """The state folder in the project (a project at $HOME): its cover must not move with a renamed
     parent. Measured before the folders on the way were pinned: docker ran `mv /work/.local
@@ -469,7 +788,7 @@ def _state_folder_cannot_be_moved_away(tmp_path, engine, project):
         lines = result.stdout.splitlines()
         assert lines[:len(attempts)] == [f"{name.replace(' ', '_')}=1" for name in attempts], result.stdout
         # the pins come from the owner-mapped view: the owner's folder is still the container user's
-        assert lines[len(attempts):] == ["1000", "wrote"], result.stdout
+        assert lines[len(attempts):] == [str(container_user()), "wrote"], result.stdout
         (project / ".local" / "mine").unlink()
     # Nothing moved or planted on the host.
     assert {path: os.lstat(path).st_ino for path in chain} == before
@@ -577,7 +896,8 @@ def test_files_made_in_work_belong_to_the_projects_owner_and_nothing_else_is_wri
               "for p in /x /etc/x /work/../y /work/link /bin/x; do echo no > $p && echo wrote $p; done; true")
     result = in_container(tmp_path, engine, "sh", "-c", script)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["1000", "1000:1000"]  # the owner's project, as the container's user sees it
+    uid = container_user()
+    assert result.stdout.splitlines() == [str(uid), f"{uid}:{uid}"]  # the owner's project, as its user sees it
     for made in ("made", "sub", "sub/f"):
         info = (project / made).lstat()
         assert (info.st_uid, info.st_gid) == (OWNER, OWNER_GROUP), made
@@ -637,7 +957,7 @@ def test_the_owner_mapping_opens_the_project_once_and_follows_no_symlink_there(t
 
 
 def test_a_project_the_owner_mapping_cannot_be_made_for_runs_nothing(tmp_path, podman):
-    # ramfs has no idmapped mounts: the run must stop, not hand uid 1000 a project it cannot write
+    # ramfs has no idmapped mounts: the run must stop, not hand the container a project it cannot write
     # (or, made writable for it, one everybody can write).
     env, image = podman.env, podman.image
     project = tmp_path / "project"
@@ -898,6 +1218,9 @@ def test_the_holder_is_no_way_out(tmp_path, docker, test_host):
 
 def test_the_holder_gets_the_hardening_list(tmp_path, docker):
     """The holder's own configuration, read from the engine while a run holds it."""
+    from sandbox import container_seccomp, idmap
+
+    user, holder_user = idmap.container_ids()
     project = make_project(tmp_path)
     (tmp_path / "policy.toml").write_text(POLICY)
     (tmp_path / "launcher-tmp").mkdir()
@@ -915,11 +1238,20 @@ def test_the_holder_gets_the_hardening_list(tmp_path, docker):
         host = config["HostConfig"]
         assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"]
         assert "no-new-privileges" in host["SecurityOpt"] and host["PidsLimit"] == 512
-        assert config["Config"]["User"] == ct.HOLDER_USER and host["Binds"] in (None, [])
+        assert config["Config"]["User"] == f"{holder_user}:{holder_user}" and host["Binds"] in (None, [])
         command = [name for name in docker.containers() if name not in holder][0]
-        joined = json.loads(docker.run("inspect", command).stdout)[0]["HostConfig"]
+        inspected = json.loads(docker.run("inspect", command).stdout)[0]
+        joined = inspected["HostConfig"]
         assert joined["NetworkMode"].startswith("container:")
         assert joined["PidMode"].startswith("container:")
+        assert inspected["Config"]["User"] == f"{user}:{user}" != config["Config"]["User"]
+        # both with egress's seccomp profile (docker keeps its text), written for the run, root's alone
+        profile = [o for o in host["SecurityOpt"] if o.startswith("seccomp=")]
+        assert profile and json.loads(profile[0][len("seccomp="):]) == json.loads(container_seccomp.profile_text())
+        assert [o for o in joined["SecurityOpt"] if o.startswith("seccomp=")] == profile
+        written = [os.path.join(ct.RUNTIME_DIR, n, container_seccomp.FILE_NAME) for n in os.listdir(ct.RUNTIME_DIR)
+                   if n.startswith(f"{ct._PREFIX}{run.pid}-")]
+        assert len(written) == 1 and os.stat(written[0]).st_mode & 0o777 == 0o600
     finally:
         run.stdin.close()
         assert run.wait(120) == 0
