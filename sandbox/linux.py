@@ -658,7 +658,7 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, view: _View, helper: int, 
         _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries gain nothing either way
     try:
         namespaces.new_session_keyring()  # before the filter, which refuses keyctl to the command
-        seccomp.install(refuse_setid=True)
+        seccomp.install()
         namespaces.drop_capabilities()
     except OSError as e:
         raise _Failure(EXIT_SANDBOX, "privileges", f"cannot drop the command's privileges: {e.strerror}")

@@ -104,7 +104,6 @@ IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: the same number
 CLONE3 = 435  # the same on every table
 _OPENAT2 = 437  # the same on every table
 _CREATES = 0o100 | 0o20000000  # O_CREAT | __O_TMPFILE: the open flags that make a file with `mode`
-_KEYCTL_JOIN_SESSION_KEYRING = 1
 
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -184,11 +183,11 @@ def native_numbers() -> dict[str, int]:
             "socket": table.socket, "socketpair": table.socketpair, "clone3": CLONE3}
 
 
-def _calls(table: _Table, join_session: bool) -> dict[int, str]:
+def _calls(table: _Table) -> dict[int, str]:
     """Each number the filter looks at in this table, and the label it goes to."""
     calls = {table.ioctl: "ioctl", table.socket: "socket", table.socketpair: "socketpair",
              table.add_key: "eperm", table.request_key: "eperm",
-             table.keyctl: "keyctl-join" if join_session else "eperm",
+             table.keyctl: "eperm",
              CLONE3: "enosys", _OPENAT2: "enosys", **{nr: "enosys" for nr in IO_URING}}
     if table.socketcall is not None:
         calls[table.socketcall] = "socketcall"
@@ -209,7 +208,7 @@ def _search(calls: list[tuple[int, str]], name: str) -> list[tuple]:
             + [("label", upper)] + _search(calls[half:], upper))
 
 
-def _program(machine: str, join_session: bool = False) -> list[tuple[int, int, int, int]]:
+def _program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions.
 
     load arch -> the table's block, or ENOSYS for an architecture this machine cannot enter; in a
@@ -217,8 +216,6 @@ def _program(machine: str, join_session: bool = False) -> list[tuple[int, int, i
     shared return, or a shared block that reads its arguments (ioctl's request, socket's family,
     a mode); a number not looked at -> allowed. Blocks and returns are shared by every table, so
     the program grows by one search per table (each jump stays within classic BPF's 255).
-
-    `join_session`: let keyctl(KEYCTL_JOIN_SESSION_KEYRING) through (see install()).
     """
     code: list[tuple] = [("ld", _OFF_ARCH)]
     tables = _TABLES[machine]
@@ -229,7 +226,7 @@ def _program(machine: str, join_session: bool = False) -> list[tuple[int, int, i
         code += [("label", f"table{i}"), ("ld", _OFF_NR)]
         if table.arch == _ARCH_X86_64:
             code.append(("jge", _X32_BIT, "enosys", None))
-        code += _search(sorted(_calls(table, join_session).items()), f"t{i}")
+        code += _search(sorted(_calls(table).items()), f"t{i}")
     # the blocks that read arguments; each ends in a shared return
     code += [("label", "ioctl"), ("ld", _arg_low(1))]
     code += [("jeq", request, "eperm", None) for request in REFUSED_IOCTLS] + [_ALLOW]
@@ -244,9 +241,6 @@ def _program(machine: str, join_session: bool = False) -> list[tuple[int, int, i
     code += [("jeq", family, "allow", None) for family in SOCKETPAIR_FAMILIES] + [("ret", _RETURNS["eafnosupport"])]
     code += [("label", "socketcall"), ("ld", _arg_low(0)), ("jeq", _SYS_SOCKET, "enosys", None),
              ("jeq", _SYS_SOCKETPAIR, "enosys", None), ("jge", _SYS_SENDMMSG + 1, "enosys", "allow")]
-    if join_session:
-        code += [("label", "keyctl-join"), ("ld", _arg_low(0)),
-                 ("jeq", _KEYCTL_JOIN_SESSION_KEYRING, "allow", "eperm")]
     for mode_arg, flags_arg in sorted({(m, f) for t in tables for _, m, f in t.modes}, key=str):
         code.append(("label", f"mode-{mode_arg}-{flags_arg}"))
         if flags_arg is not None:  # open/openat: only a creating open takes a mode
@@ -290,21 +284,16 @@ def _assemble(code: list[tuple]) -> list[tuple[int, int, int, int]]:
     return program
 
 
-def install(refuse_setid: bool | None = None) -> None:
+def install() -> None:
     """Install the filter on the calling thread (and so on everything it later runs).
 
-    Call it as `install()`, after joining the command's new session keyring: keyctl is refused
-    from here on. `refuse_setid` is the old call's keyword, accepted and ignored (set-id modes are
-    now refused for every caller) until sandbox/linux.py's call site drops it; while it is passed,
-    that call site still joins its session keyring after this, so keyctl(KEYCTL_JOIN_SESSION_KEYRING)
-    alone is let through (it only ever gives the caller a new keyring; reading, linking, adding
-    and searching stay refused).
+    Call it after joining the command's new session keyring: keyctl is refused from here on.
     Raises OSError if the kernel refuses it or the machine's architecture is not known.
     """
     machine = os.uname().machine  # platform.machine()'s answer, without importing platform (~2 ms)
     if machine not in _TABLES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for the {machine} architecture")
-    program = _program(machine, join_session=refuse_setid is not None)
+    program = _program(machine)
     raw = struct.pack("HBBI" * len(program), *(field for ins in program for field in ins))  # struct sock_filter[]
     buffer = ctypes.create_string_buffer(raw, len(raw))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }

@@ -57,8 +57,8 @@ def run(program, arch: int, nr: int, *args: int) -> int:
 
 
 def programs(machine: str):
-    """The filter as install() makes it, and as the old call site's install(refuse_setid=...) does."""
-    return seccomp._program(machine), seccomp._program(machine, join_session=True)
+    """The filter as install() makes it."""
+    return (seccomp._program(machine),)
 
 
 TIOCSTI, TIOCLINUX, TIOCGWINSZ = 0x5412, 0x541C, 0x5413
@@ -145,14 +145,6 @@ def test_keyrings_refused_on_every_table(machine, entry):
     for nr in keys:
         for option in (0, 1, 8, 11):  # GET_KEYRING_ID, JOIN_SESSION_KEYRING, LINK, READ
             assert run(seccomp._program(machine), ARCH[entry], nr, option, -4) == EPERM, (nr, option)
-    # The old call site joins its session keyring after install(refuse_setid=...): that one call alone.
-    legacy = seccomp._program(machine, join_session=True)
-    add_key, request_key, keyctl = keys
-    assert run(legacy, ARCH[entry], keyctl, 1, 0) == ALLOW
-    for option in (0, 8, 11, 1 << 32):
-        assert run(legacy, ARCH[entry], keyctl, option, -4) == EPERM
-    assert run(legacy, ARCH[entry], add_key, 0x7FFF0000, 0x7FFF0000, 0, 0, -4) == EPERM
-    assert run(legacy, ARCH[entry], request_key, 0x7FFF0000, 0x7FFF0000, 0, 0) == EPERM
 
 
 SOCKET_CASES = [
@@ -220,24 +212,22 @@ def test_clone3_refused_so_libc_falls_back_to_clone(machine, entry):
 def test_calls_not_looked_at_are_allowed_in_few_steps(machine):
     # The search sends every number the filter does not look at to ALLOW, whatever its arguments,
     # in a bounded path (the kernel before 5.11 runs the filter on every call).
-    for join_session in (False, True):
-        program = seccomp._program(machine, join_session)
-        for entry in ENTRIES[machine]:
-            table = next(t for t in seccomp._TABLES[machine] if t.arch == ARCH[entry])
-            looked_at = seccomp._calls(table, join_session)
-            for nr in [*range(0, 600), 1000, 0x3FFFFFFF]:
-                if nr in looked_at:
-                    continue
-                verdict, steps = trace(program, ARCH[entry], nr, 40, 0x5412, 0o4755, 0o100, -1, -1)
-                assert verdict == ALLOW, (entry, nr)
-                assert steps <= 11, (entry, nr, steps)  # seccomp.py's docstring says so
+    program = seccomp._program(machine)
+    for entry in ENTRIES[machine]:
+        table = next(t for t in seccomp._TABLES[machine] if t.arch == ARCH[entry])
+        looked_at = seccomp._calls(table)
+        for nr in [*range(0, 600), 1000, 0x3FFFFFFF]:
+            if nr in looked_at:
+                continue
+            verdict, steps = trace(program, ARCH[entry], nr, 40, 0x5412, 0o4755, 0o100, -1, -1)
+            assert verdict == ALLOW, (entry, nr)
+            assert steps <= 11, (entry, nr, steps)  # seccomp.py's docstring says so
 
 
 @pytest.mark.parametrize("machine", sorted(ENTRIES))
 def test_every_table_assembles_within_jump_range(machine):
-    for join_session in (False, True):
-        program = seccomp._program(machine, join_session)
-        assert len(program) < 256 and all(jt < 256 and jf < 256 for _, jt, jf, _ in program)
+    program = seccomp._program(machine)
+    assert len(program) < 256 and all(jt < 256 and jf < 256 for _, jt, jf, _ in program)
 
 
 HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
