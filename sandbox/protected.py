@@ -16,7 +16,9 @@ inside; so does egress, at the top of each writable tree (the project, `--add-di
   egress's state folder, and egress says so: nothing is lost, nothing runs;
 * where `.git/config` says that hooks live elsewhere inside the tree (`core.hooksPath`), or
   includes another file inside it (`include.path`), those are protected too, and so are the
-  hooks and config of each submodule under `.git/modules`.
+  hooks and config of each submodule under `.git/modules`, and each linked worktree's
+  `commondir` and `config.worktree` (`.git/commondir`, made, would send git to a config of the
+  command's: found by the macOS work of issue 25).
 
 `egress run --allow-hooks` turns all of this off for a run. Pure path work and a small
 reader of git's config syntax; no git is run (it may not be installed, and it would read
@@ -33,6 +35,8 @@ import re
 LATER_RUN = (
     ".git/hooks",  # run by git itself
     ".git/config",  # names programs: hooksPath, fsmonitor, filters, diff drivers, aliases, sshCommand
+    ".git/commondir",  # made, it sends git to another folder's config and hooks
+    ".git/config.worktree",  # read as config where extensions.worktreeConfig is on
     ".gitmodules",  # the next `git submodule update`'s URLs and paths
     ".vscode",  # tasks (runOn: folderOpen), launch configurations, settings naming programs
     ".idea",  # JetBrains run configurations and startup tasks
@@ -61,6 +65,9 @@ def later_run_paths(tree: str) -> list[str]:
         found += [p for module in _module_dirs(modules) for p in (os.path.join(module, "hooks"),
                                                                    os.path.join(module, "config"))]
         found += _config_targets(os.path.join(git_dir, "config"), tree)
+        # each linked worktree's own pointers and config (git worktree add)
+        found += [os.path.join(git_dir, "worktrees", name, leaf) for name in _names(os.path.join(git_dir, "worktrees"))
+                  for leaf in ("commondir", "config.worktree")]
     seen: list[str] = []
     for path in found:
         path = os.path.normpath(path)
@@ -84,6 +91,13 @@ def _git_dir(tree: str) -> str | None:
         return None
     target = os.path.normpath(os.path.join(tree, first[len("gitdir:"):].strip()))
     return target if os.path.isdir(target) else None
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))[:256]
+    except OSError:
+        return []
 
 
 def _module_dirs(modules: str) -> list[str]:

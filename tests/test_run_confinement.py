@@ -131,6 +131,7 @@ PLANT = """
     git config core.hooksPath /tmp/x 2>/dev/null && echo "configured" || echo "config refused"
     echo one > a.txt && git add a.txt && git commit -qm one && echo committed
     git push -q origin HEAD:main 2>&1 && git fetch -q origin main && echo fetched
+    echo "$PWD/elsewhere" > .git/commondir && echo "wrote .git/commondir"  # git would read config there
 """
 
 
@@ -147,7 +148,7 @@ def test_files_that_run_later_are_read_only_inside(tmp_path, repository):
     assert not (repository / ".git" / "hooks" / "pre-commit").exists()
     assert "hooksPath" not in (repository / ".git" / "config").read_text()
     # What did not exist could be made inside, and was moved aside after the run, with a line each.
-    for name in (".gitmodules", ".envrc", ".vscode", ".claude"):
+    for name in (".gitmodules", ".envrc", ".vscode", ".claude", ".git/commondir"):
         assert not (repository / name).exists(), name
         assert f"the command made {repository / name}" in done.stderr, done.stderr
     quarantined = tmp_path / "state" / "quarantine"
