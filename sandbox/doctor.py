@@ -325,6 +325,12 @@ def macos_promises() -> list[Check]:
         Check("tty injection", "warning", "not refused on macOS: a command can type into the terminal it shares "
                                           "(TIOCSTI); run untrusted commands without a terminal (egress run ... "
                                           "< /dev/null > log 2>&1)"),
+        Check("later-run files", "ok", "git hooks and config, .gitmodules, editor and agent folders, .mcp.json "
+                                       "and .envrc at the top of each writable tree are unwritable under any "
+                                       "spelling, .git cannot be moved (--allow-hooks lifts it)"),
+        Check("code and sysctls", "ok", "no sysctl is written and only named facts are read (no other process's "
+                                        "arguments or environment); code is mapped only from the system, installed "
+                                        "toolchains, the run's interpreter and PATH, and the writable trees"),
         Check("process tree", "warning", "--timeout and the run's end kill the command's process group; a process "
                                          "that leaves it (setsid, a daemon) outlives the run, still sandboxed, "
                                          "its proxy gone"),
