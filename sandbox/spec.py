@@ -33,8 +33,9 @@ class SandboxSpec:
     env: the command's whole environment (nothing is inherited).
     writable: trees the command may modify (must exist); /dev/null, ttys, a private /dev/shm are added.
     read_only: folders inside the writable trees that the command may not change (egress's own code).
-    readable: folders kept visible (read-only) even where a mask would hide them; the caller's own
-        interpreter trees (sys.prefix, base_prefix) always are: a venv under /tmp stays runnable.
+    readable: folders and files shown read-only besides what the sandbox grants itself
+        (sandbox/grants.py; `egress run --read`); the caller's own interpreter trees (sys.prefix,
+        base_prefix) always are: a venv under /tmp stays runnable.
     hidden: folders the command sees empty (egress's state: control sockets, the CA's key).
     replaced: files the command sees with other contents (secret files -> their placeholders).
     placeholders: names of the variables in env that hold a brokered secret's placeholder; a
@@ -57,8 +58,9 @@ class SandboxSpec:
 
     On macOS (sandbox/macos.py) the same fields mean the same, with three differences that
     Seatbelt imposes: hidden folders and replaced files are unreadable and unwritable (a
-    profile cannot show other contents), `readable` is moot (everything is readable), and the
-    network is outbound to 127.0.0.1:proxy_port only, on the host's own loopback.
+    profile cannot show other contents), everything is readable (`readable` names where code
+    may be mapped besides the system's and the toolchains'), and the network is outbound to
+    127.0.0.1:proxy_port only, on the host's own loopback.
     """
 
     __slots__ = ("argv", "env", "cwd", "writable", "network", "proxy_port", "fs_confinement",
