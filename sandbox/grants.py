@@ -64,13 +64,15 @@ def granted(env: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
         if entry.startswith("/") and not _above_or_at(entry, home):
             paths.append(entry)
     paths += list(extra)
+    root = os.stat("/")
     shown: list[str] = []
     for path in paths:
         try:
-            os.stat(path)
+            found = os.stat(path)
         except (OSError, ValueError):
             continue
-        if os.path.realpath(path) != "/" and path not in shown:
+        # never the whole root (a PATH entry that is a link to /): compared by inode, not realpath (~10x the cost)
+        if (found.st_dev, found.st_ino) != (root.st_dev, root.st_ino) and path not in shown:
             shown.append(path)
     return shown
 
