@@ -29,7 +29,6 @@ existing or not: Seatbelt decides by name.
 from __future__ import annotations
 
 import os
-import re
 
 # Relative to the top of a writable tree. A folder covers everything below it.
 LATER_RUN = (
@@ -47,8 +46,6 @@ LATER_RUN = (
 )
 # What a git config may say that points at more files to protect, relative to the repository.
 _PATH_KEYS = {("core", "hookspath"), ("include", "path"), ("includeif", "path")}
-_SECTION = re.compile(r'^\s*\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*(.*)$')
-_ENTRY = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*=\s*(.*?)\s*$")
 
 
 def later_run_paths(tree: str) -> list[str]:
@@ -121,7 +118,10 @@ def _module_dirs(modules: str) -> list[str]:
 
 
 def _config_targets(config: str, tree: str) -> list[str]:
-    """Files and folders inside ``tree`` that the repository's config takes code or config from."""
+    """Files and folders inside ``tree`` that the repository's config takes code or config from.
+
+    A small reader of git's syntax (no `re`: `egress run` does not import it): `[section]` or
+    `[section "sub"]` headers, `key = value` lines, `#` and `;` comments."""
     try:
         with open(config, encoding="utf-8", errors="replace") as f:
             text = f.read(1 << 20)
@@ -130,16 +130,20 @@ def _config_targets(config: str, tree: str) -> list[str]:
     targets = []
     section = ""
     for line in text.splitlines():
-        line = line.split("#", 1)[0].split(";", 1)[0] if '"' not in line else line
-        header = _SECTION.match(line)
-        if header:
-            section = header.group(1).lower().split(".", 1)[0]
-            line = header.group(3)
-        entry = _ENTRY.match(line)
-        if not entry or (section, entry.group(1).lower()) not in _PATH_KEYS:
+        line = line.strip()
+        if line.startswith("["):
+            header, _, line = line[1:].partition("]")
+            section = header.strip().split(None, 1)[0].split(".", 1)[0].lower() if header.strip() else ""
+            line = line.strip()
+        key, equals, value = line.partition("=")
+        if not equals or (section, key.strip().lower()) not in _PATH_KEYS:
             continue
-        value = entry.group(2).strip().strip('"')
-        if value.startswith("~"):
+        value = value.strip()
+        if value.startswith('"') and '"' in value[1:]:
+            value = value[1:value.index('"', 1)]
+        else:
+            value = value.split("#", 1)[0].split(";", 1)[0].strip()
+        if not value or value.startswith("~"):
             continue  # in the home folder: outside every writable tree unless it is one
         base = os.path.dirname(os.path.dirname(config)) if section == "core" else os.path.dirname(config)
         targets.append(os.path.normpath(os.path.join(base, value)))
