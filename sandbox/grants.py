@@ -60,9 +60,14 @@ def granted(env: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
         paths += [os.path.join(home, name) for name in (*TOOLCHAINS, *CONFIG)]
     paths += [env[name] for name in TOOLCHAIN_VARIABLES if env.get(name, "").startswith("/")
               and not _above_or_at(env[name], home)]
+    roots = {os.path.basename(name) for name in TOOLCHAINS}
     for entry in env.get("PATH", "").split(":"):
         if entry.startswith("/") and not _above_or_at(entry, home):
             paths.append(entry)
+            # a version manager's shims or bin run what lies beside them (pyenv's libexec, versions)
+            parent = os.path.dirname(entry.rstrip("/"))
+            if os.path.basename(parent) in roots and not _above_or_at(parent, home):
+                paths.append(parent)
     paths += list(extra)
     root = os.stat("/")
     shown: list[str] = []

@@ -67,7 +67,7 @@ socket...) run it. Each table finds the number by a binary search, so on older k
 passes at most 11 instructions (up to 20 before, one comparison after another). Measured in a
 sandbox on Linux 6.18 (2-vCPU VM, C loops, fastest of 11 rounds) against the filter before these
 rules: for a root caller, whose filter already looked at the modes, getppid, socket()+close(),
-open()+close() and ioctl all 0.99x to 1.01x; for an unprivileged caller, whose opens now run the
+open()+close() and ioctl all 0.99x to 1.01x; for an unprivileged caller, whose opens now go through the
 filter, open()+close() 1.06x (~0.2 us here), socket()+close() 1.02x, getppid and ioctl 1.00x. Any
 filter at all costs getppid ~60 ns here (the kernel's slower system call path), before as now.
 
