@@ -245,22 +245,24 @@ def build_granted_view(writable: Iterable[str], *, granted: Iterable[str], empty
     Paths named through symlinks (/bin -> usr/bin, /var/run -> /run, a project reached through
     a link) find the same links inside.
     """
-    originals = [*writable, *readable, *granted, *empty]
-    trees = sorted({os.path.realpath(p) for p in writable}, key=len)
+    paths = _Resolver()
+    trees = sorted({paths.real(p) for p in writable}, key=len)
     for path in trees:
-        if not os.path.isdir(path):
+        if not paths.is_dir(path):
             raise OSError(errno.ENOENT, f"writable path {path}: no such folder")
     shown: list[str] = []
-    for path in sorted({os.path.realpath(p) for p in (*readable, *granted)}, key=len):
-        if os.path.exists(path) and not any(_within(path, t) for t in trees) \
-                and not any(_within(path, s) for s in shown if os.path.isdir(s)):
+    for path in sorted({paths.real(p) for p in (*readable, *granted)}, key=len):
+        if paths.exists(path) and not any(_within(path, t) for t in trees) \
+                and not any(_within(path, s) for s in shown if paths.is_dir(s)):
             shown.append(path)
-    folders = [os.path.realpath(p) for p in empty]
-    links = _links_on_the_way(originals)
+    folders = [paths.real(p) for p in empty]
+    covered_by_binds = [*trees, *(s for s in shown if paths.is_dir(s))]
+    links = sorted(((link, target) for link, target in paths.links.items()
+                    if not any(_within(link, tree) for tree in covered_by_binds)), key=lambda item: len(item[0]))
     # Cloned before anything changes: the attach point may hide some of them.
     clones = [(path, _clone(path), True) for path in trees] + [(path, _clone(path), False) for path in shown]
     clones.sort(key=lambda c: len(c[0]))
-    folder_kind = {path: os.path.isdir(path) for path, _, _ in clones}  # before the attach point hides some
+    folder_kind = {path: paths.is_dir(path) for path, _, _ in clones}  # before the attach point hides some
     devices = [(name, _clone(f"/dev/{name}")) for name in DEVICE_NAMES if os.path.exists(f"/dev/{name}")]
     # The command's own terminal (its devpts is not in the view) at /dev/console, as bubblewrap
     # does: ttyname() and `tty` find it there, and nothing else of the host's terminals is shown.
@@ -312,22 +314,49 @@ def build_granted_view(writable: Iterable[str], *, granted: Iterable[str], empty
         _setattr(_AT_FDCWD, mount, _MOUNT_ATTR_RDONLY, 0, 0)
 
 
-def _links_on_the_way(paths: Iterable[str]) -> list[tuple[str, str]]:
-    """Every symlink met while resolving each path, as (link, its target), outermost first."""
-    found: dict[str, str] = {}
-    for path in paths:
-        current = "/"
-        for part in [p for p in os.path.abspath(path).split("/") if p]:
-            candidate = os.path.join(current, part)
-            if os.path.islink(candidate):
-                try:
-                    found.setdefault(candidate, os.readlink(candidate))
-                except OSError:
-                    break
-                current = os.path.realpath(candidate)
-            else:
-                current = candidate
-    return sorted(found.items(), key=lambda item: len(item[0]))
+class _Resolver:
+    """Real paths, the symlinks met on the way to them, and what each is: one lstat per distinct
+    prefix (the grants share /usr, /var/lib, the home folder), where os.path.realpath walked every
+    component of every path again (0.6 ms of a 1 ms view)."""
+
+    def __init__(self) -> None:
+        self.links: dict[str, str] = {}  # each symlink met (its real location) -> its target
+        self._real: dict[str, str] = {"/": "/"}
+        self._modes: dict[str, int | None] = {}
+
+    def real(self, path: str, _hops: int = 0) -> str:
+        path = os.path.abspath(path)
+        found = self._real.get(path)
+        if found is not None:
+            return found
+        parent, name = os.path.split(path)
+        candidate = os.path.join(self.real(parent, _hops), name)
+        mode = self._mode(candidate)
+        if mode is not None and stat.S_ISLNK(mode) and _hops < 40:  # the kernel's MAXSYMLINKS
+            try:
+                target = os.readlink(candidate)
+            except OSError:
+                target = None
+            if target is not None:
+                self.links.setdefault(candidate, target)
+                candidate = self.real(os.path.join(os.path.dirname(candidate), target), _hops + 1)
+        self._real[path] = candidate
+        return candidate
+
+    def exists(self, real: str) -> bool:
+        return self._mode(real) is not None
+
+    def is_dir(self, real: str) -> bool:
+        mode = self._mode(real)
+        return mode is not None and stat.S_ISDIR(mode)
+
+    def _mode(self, path: str) -> int | None:
+        if path not in self._modes:
+            try:
+                self._modes[path] = os.lstat(path).st_mode
+            except OSError:
+                self._modes[path] = None
+        return self._modes[path]
 
 
 def _make_link(where: str, target: str) -> None:

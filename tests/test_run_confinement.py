@@ -89,7 +89,7 @@ def test_a_killed_launcher_leaves_no_run_folder(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     env = env_for(tmp_path)
-    launcher = subprocess.Popen(run_args(tmp_path, project, "sh", "-c", 'echo "$TMPDIR"; echo x > "$TMPDIR/left"; '
+    launcher = subprocess.Popen(run_args(tmp_path, project, "sh", "-c", 'echo x > "$TMPDIR/left"; echo "$TMPDIR"; '
                                          'exec sleep 60'), stdout=subprocess.PIPE, text=True, cwd=project, env=env)
     try:
         folder = Path(launcher.stdout.readline().strip())
