@@ -23,7 +23,6 @@ file outside the project, hard-linked into it, was edited through the link and r
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Iterable
 
@@ -168,7 +167,6 @@ def _mounted_inside(steps: list[str], roots: Iterable[str], inside) -> bool:
     return False
 
 
-_OCTAL = re.compile(rb"\\([0-7]{3})")
 _parsed: tuple[bytes, list] = (b"", [])  # mount_table's last text and what it read from it
 
 
@@ -191,10 +189,23 @@ def mount_table() -> list[tuple[tuple[str, ...], tuple[str, ...], bytes]] | None
             continue
         root, point = fields[3], fields[4]
         if b"\\" in line:  # a space, tab, newline or backslash in a path: written as \ooo
-            root, point = (_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), f) for f in (root, point))
+            root, point = _unescape(root), _unescape(point)
         table.append((tuple(_parts(os.fsdecode(point))), tuple(_parts(os.fsdecode(root))), fields[2]))
     _parsed = (text, table)
     return table
+
+
+def _unescape(field: bytes) -> bytes:
+    """mountinfo's \\ooo escapes decoded (without `re`: egress run's path imports none, ~3 ms)."""
+    parts = field.split(b"\\")
+    out = [parts[0]]
+    for part in parts[1:]:
+        code = part[:3]
+        if len(code) == 3 and all(48 <= c <= 55 for c in code):
+            out.append(bytes([int(code, 8) & 0xFF]) + part[3:])
+        else:
+            out.append(b"\\" + part)
+    return b"".join(out)
 
 
 def _on_file_system(parts: tuple[str, ...], points: dict) -> tuple[bytes, tuple[str, ...]]:
