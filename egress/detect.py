@@ -1197,6 +1197,206 @@ def is_secret_name(name: str) -> bool:
     return upper in _SECRET_NAMES or upper.endswith(_SECRET_SUFFIXES)
 
 
+# ------------------------------------------------------------------ terminal noise
+
+# What a terminal shows nothing for, in a command's output (red team N8: `ghp_Ky9P…3wWD\033[0m25RQ…`
+# was printed because neither half is a token, and a terminal -- or a harness that strips escape
+# codes before a model reads the output -- shows the token whole):
+# - escape sequences: CSI (``ESC [ … final``: colours, cursor and mode changes), OSC, DCS, SOS,
+#   PM and APC strings (``ESC ] … BEL`` or ``ST``: a title, a hyperlink, the clipboard; their own
+#   text is scanned apart), every other ``ESC …`` sequence (character sets, ``ESC 7``), and their
+#   8-bit (C1) forms written as UTF-8;
+# - backspaces, each with the character before it (``X\b``: X is written over);
+# - carriage returns, the other C0 controls a terminal draws nothing for (NUL, BEL, SO/SI, DEL,
+#   …) and the C1 controls;
+# - invisible characters: U+00AD soft hyphen, U+034F combining grapheme joiner, U+061C Arabic
+#   letter mark, U+17B4/17B5 Khmer invisible vowels, U+180B-180F Mongolian selectors and vowel
+#   separator, U+200B-200F zero-width space, non-joiner, joiner and direction marks, U+202A-202E
+#   direction embeddings and overrides, U+2060-2064 word joiner and invisible operators,
+#   U+2066-206F direction isolates and deprecated format characters, U+FE00-FE0F variation
+#   selectors, U+FEFF zero-width no-break space, U+FFF9-FFFB annotation marks, U+E0000-E007F tags
+#   and U+E0100-E01EF variation selectors.
+# Not seen through: cursor movements that draw a token's parts out of order, a visible character
+# inside it, a line break (tokens wrapped over lines), tabs.
+_STRING_START = rb"(?:\x1b[\]PX^_]|\xc2[\x90\x98\x9d\x9e\x9f])"
+_STRING_BODY = rb"(?:[^\x07\x1b\x18\x1a\xc2]|\xc2(?!\x9c))"  # to its end, never past it (not to a later one)
+# The bytes noise starts with: a buffer without any is shown as it is (the common case, found by
+# one bytes.translate); the lookahead lets the regex engine skip to them.
+_NOISE_LEADS = b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x0d\x0e\x0f" + bytes(range(0x10, 0x20)) + b"\x7f\xc2\xcd\xd8\xe1\xe2\xef\xf3"
+_NOT_NOISE_LEADS = bytes(c for c in range(256) if c not in _NOISE_LEADS)
+_NOISE = re.compile(
+    rb"(?=[" + re.escape(_NOISE_LEADS) + rb"])(?:"
+    + _STRING_START + rb"(" + _STRING_BODY + rb"*)(?:\x07|\x1b\\|\xc2\x9c|(?=[\x18\x1a]))"  # a string: its text apart
+    rb"|(?:\x1b\[|\xc2\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]"  # CSI
+    rb"|\x1b[\x20-\x2f]*[\x30-\x7e]"  # any other escape sequence
+    rb"|(\x08+)"  # backspaces: each takes back the character before it
+    rb"|[\x00-\x07\x0d-\x1a\x1c-\x1f\x7f]+"  # controls drawn as nothing (CR included; not TAB, LF, VT, FF)
+    rb"|\xc2[\x80-\x9f\xad]|\xcd\x8f|\xd8\x9c|\xe1\x9e[\xb4\xb5]|\xe1\xa0[\x8b-\x8f]"
+    rb"|\xe2\x80[\x8b-\x8f\xaa-\xae]|\xe2\x81[\xa0-\xa4\xa6-\xaf]|\xef\xb8[\x80-\x8f]|\xef\xbb\xbf|\xef\xbf[\xb9-\xbb]"
+    rb"|\xf3\xa0(?:[\x80\x81\x84-\x86][\x80-\xbf]|\x87[\x80-\xaf]))")
+# The start of any of these, unfinished at the end of what has come so far.
+_UNFINISHED = re.compile(rb"(?:" + _STRING_START + _STRING_BODY + rb"*(?:\x1b|\xc2)?|(?:\x1b\[|\xc2\x9b)[\x30-\x3f]*"
+                         rb"[\x20-\x2f]*|\x1b[\x20-\x2f]*|\xc2|\xcd|\xd8|\xe1[\x9e\xa0]?|\xe2[\x80\x81]?"
+                         rb"|\xef[\xb8\xbb\xbf]?|\xf3(?:\xa0[\x80\x81\x84-\x87]?)?)\Z")
+_C1_STARTS = (b"\xc2\x90", b"\xc2\x98", b"\xc2\x9b", b"\xc2\x9d", b"\xc2\x9e", b"\xc2\x9f")  # DCS SOS CSI OSC PM APC
+# The common cases, each a pattern led by one literal byte (the regex engine then skips to it):
+_STRINGS = re.compile(_STRING_START)
+_C1 = re.compile(rb"\xc2[\x80-\x9f\xad]")  # C1 controls and the soft hyphen, the noise \xc2 starts
+_ESCAPES = re.compile(rb"\x1b(?:\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]|[\x20-\x2f]*[\x30-\x7e])")
+_INVISIBLE = re.compile(rb"\xcd\x8f|\xd8\x9c|\xe1(?:\x9e[\xb4\xb5]|\xa0[\x8b-\x8f])|\xe2(?:\x80[\x8b-\x8f\xaa-\xae]"
+                        rb"|\x81[\xa0-\xa4\xa6-\xaf])|\xef(?:\xb8[\x80-\x8f]|\xbb\xbf|\xbf[\xb9-\xbb])"
+                        rb"|\xf3\xa0(?:[\x80\x81\x84-\x86][\x80-\xbf]|\x87[\x80-\xaf])")
+_VIEW_SEP = b"\n\x00\n"  # between the visible text and each string's text: no rule and no NAME=value crosses it
+_HOLD_WINDOW = 4096  # the hold's run is looked for in the last this many bytes first (doubled as needed)
+
+
+def _noise_walk(buf: bytes, start: int, end: int) -> tuple[list[list[int]], list[tuple[int, int]], bytearray]:
+    """The pieces of ``buf[start:end]`` a terminal shows ([start, end] each), the strings' texts
+    (spans), and ``buf[start:]`` with every byte not shown as "a" (``buf[end:]``: unfinished)."""
+    pieces: list[list[int]] = []
+    strings: list[tuple[int, int]] = []
+    mask = bytearray(buf[start:])
+    position = start
+    for match in _NOISE.finditer(buf, start, end):
+        first, stop = match.span()
+        if first > position:
+            pieces.append([position, first])
+        mask[first - start:stop - start] = b"a" * (stop - first)
+        if match.group(2) is not None:  # backspaces: take back as many characters shown before them
+            for _ in range(stop - first):
+                if not pieces or buf[pieces[-1][1] - 1] == 0x0A:
+                    break  # not past the line's start
+                piece = pieces[-1]
+                back = piece[1] - 1
+                while back > piece[0] and 0x80 <= buf[back] < 0xC0:
+                    back -= 1  # the whole UTF-8 character
+                mask[back - start:piece[1] - start] = b"a" * (piece[1] - back)
+                piece[1] = back
+                if piece[1] == piece[0]:
+                    pieces.pop()
+        elif match.group(1):
+            strings.append(match.span(1))
+        position = stop
+    if position < end:
+        pieces.append([position, end])
+    mask[end - start:] = b"a" * (len(buf) - end)
+    return pieces, strings, mask
+
+
+class _Shown:
+    """What a terminal shows of a buffer that holds noise: the text the redactor scans, where a
+    finding in it lies in the buffer (the token with the noise inside it), and the trailing run."""
+
+    def __init__(self, buf: bytes, end: int, leads: bytes):
+        self.buf = buf
+        self.end = end  # where noise not finished yet begins (len(buf): none)
+        self.mapped = b"\x08" in leads  # backspaces take characters back: only the walk knows which
+        if self.mapped:
+            self._map()
+        # else the regex engine drops the noise (the walk is made only when a finding needs mapping),
+        # with a pattern that starts with one literal where it can: it skips to them many times faster
+        elif not leads.strip(b"\x1b") and not _STRINGS.search(buf, 0, end):  # colours, cursor moves
+            self.text = _ESCAPES.sub(b"", buf[:end])
+            self.visible = len(self.text)
+        elif not leads.translate(None, b"\xcd\xd8\xe1\xe2\xef\xf3"):  # invisible characters in UTF-8 text
+            self.text = _INVISIBLE.sub(b"", buf[:end])
+            self.visible = len(self.text)
+        else:
+            strings = [m.group(1) for m in _NOISE.finditer(buf, 0, end) if m.group(1)] \
+                if _STRINGS.search(buf, 0, end) else []
+            shown = _NOISE.sub(b"", buf[:end])
+            self.visible = len(shown)  # the strings' texts come after it
+            self.text = b"".join([shown, *(_VIEW_SEP + s for s in strings)])
+
+    @classmethod
+    def of(cls, buf: bytes, final: bool) -> _Shown | None:
+        """None when a terminal shows all of ``buf`` (no noise). Unless ``final``, noise not
+        finished at the end counts as noise."""
+        leads = buf.translate(None, _NOT_NOISE_LEADS)
+        if not leads:
+            return None
+        if b"\xc2" in leads and not _C1.search(buf):  # µ, °, ±, ...: text, not a control
+            leads = leads.replace(b"\xc2", b"")
+        end = len(buf) if final else _unfinished(buf, leads)
+        if not leads and end == len(buf):
+            return None
+        shown = cls(buf, end, leads)
+        if end == len(buf) and not shown.mapped and shown.text == buf:
+            return None  # UTF-8 text without an invisible character in it
+        return shown
+
+    def _map(self) -> None:
+        pieces, strings, _ = _noise_walk(self.buf, 0, self.end)
+        starts, raw, sizes, text = [], [], [], []
+        at = 0
+        for (start, stop), sep in [(p, b"") for p in pieces] + [(s, _VIEW_SEP) for s in strings]:
+            at += len(sep)
+            starts.append(at)
+            raw.append(start)
+            sizes.append(stop - start)
+            text.append(sep + self.buf[start:stop])
+            at += stop - start
+        self.text = b"".join(text)
+        self.visible = sum(stop - start for start, stop in pieces)
+        self._starts, self._raw, self._sizes = starts or [0], raw or [0], sizes or [1]
+        self.mapped = True
+
+    def remap(self) -> bytes:
+        """The text as the exact walk shows it, which :meth:`span` maps back (the regex engine's
+        :attr:`text` is the same, the walk keeping each string's text where the engine found it)."""
+        if not self.mapped:
+            self._map()
+        return self.text
+
+    def span(self, start: int, end: int, final: bool) -> tuple[int, int]:
+        """The bytes of buf from the one shown at ``start`` to the one shown at ``end - 1``; unless
+        ``final``, to buf's end if the shown text ends there: a finding that reaches the end of
+        what has come may still grow (a key block whose END line is still to come)."""
+        if start < self.visible < end:
+            end = self.visible  # a key block "to the end of the data" stops where the strings' texts begin
+        if not final and end == self.visible:
+            return self._at(start), len(self.buf)
+        return self._at(start), self._at(end - 1) + 1
+
+    def raw_at(self, position: int) -> int:
+        """Where in buf the byte shown at ``position`` of :attr:`text` is."""
+        self.remap()
+        return self._at(position)
+
+    def _at(self, position: int) -> int:
+        i = max(0, bisect_right(self._starts, position) - 1)
+        return self._raw[i] + min(max(position - self._starts[i], 0), self._sizes[i] - 1)
+
+    def last_break(self, floor: int) -> int:
+        """The last byte at or after ``floor`` that ends a run of token characters, noise being part
+        of the run (a colour change inside a token); -1 if none. Walked from the end, in a window
+        doubled until the break lies clear of where a sequence may have been cut."""
+        n = len(self.buf)
+        window = max(floor, n - _HOLD_WINDOW)
+        while True:
+            _, _, mask = _noise_walk(self.buf, window, self.end if self.end >= window else window)
+            k = bytes(mask).translate(_TOKEN_MARKS).rfind(b"|")
+            if window == floor or k >= 256:
+                return window + k if k >= 0 else -1
+            window = max(floor, n - 2 * (n - window))
+
+
+def _unfinished(buf: bytes, leads: bytes) -> int:
+    """Where noise not finished at the end of ``buf`` begins (len(buf): none); ``leads``: the
+    bytes of buf that noise starts with."""
+    n = len(buf)
+    low = max(0, n - 65536)
+    candidates = {n - 3, n - 2, n - 1}
+    if b"\x1b" in leads:
+        candidates.add(buf.rfind(b"\x1b", low, max(low, n - 1)))  # before a last ESC: a string's ST
+    if b"\xc2" in leads:
+        candidates.update(buf.rfind(start, low) for start in _C1_STARTS)
+    for start in sorted(c for c in candidates if c >= low):
+        if _UNFINISHED.match(buf, start):
+            return start
+    return n
+
+
 # ---------------------------------------------------------------- stream redactor
 
 # NAME=value at a line start or after whitespace, ;, &, |, ( -- `export NAME=...`,
@@ -1231,6 +1431,12 @@ class StreamRedactor:
 
     With ``env_assignments``, ``NAME=value`` / ``export NAME="value"`` where
     :func:`is_secret_name` (NAME) keeps the name and shows ``[redacted:env-secret]``.
+
+    It reads the stream as a terminal shows it: escape sequences, backspaces, carriage returns
+    and invisible characters (the "terminal noise" above) inside a token do not hide it, and the
+    token is redacted whole, with the noise inside it (colours around it are kept); the text of
+    an OSC or DCS string (a title, a hyperlink) is scanned on its own. A buffer without noise
+    costs one bytes.translate more than before.
 
     The output equals a one-shot redaction of the whole stream, except where a secret is
     recognised only by context that comes after it on the stream (an AWS secret key whose
@@ -1269,37 +1475,54 @@ class StreamRedactor:
         self._buf, self._done, self._base, self._origin = b"", 0, 0, None
         return held
 
-    def _findings(self, buf: bytes) -> list[Finding]:
-        found = self._detector.scan(buf)
+    def _findings(self, buf: bytes, shown: _Shown | None, final: bool) -> list[Finding]:
+        found = self._scan(buf if shown is None else shown.text)
+        if shown is not None and found:  # each finding, with the noise inside it, in buf
+            text = shown.text
+            if shown.remap() != text:
+                found = self._scan(shown.text)
+            found = _merge([Finding(f.kind, *shown.span(f.start, f.end, final)) for f in found],
+                           self._detector._priority)
+        return found
+
+    def _scan(self, text: bytes) -> list[Finding]:
+        found = self._detector.scan(text)
         if self._env:
-            env = _env_findings(buf)
+            env = _env_findings(text)
             if env:
                 found = _merge(found + env, self._detector._priority)
         return found
 
-    def _hold(self, buf: bytes) -> int:
+    def _hold(self, buf: bytes, shown: _Shown | None) -> int:
         """Where the trailing piece that must wait for more data begins."""
         n = len(buf)
         floor = max(self._done, n - self._detector.overlap)
-        k = buf[floor:].translate(_TOKEN_MARKS).rfind(b"|")
-        hold = floor + k + 1 if k >= 0 else floor
-        line = max(buf.rfind(b"\n", floor), floor - 1) + 1
-        if self._env and b"=" in buf[line:]:
-            for m in _OPEN_ASSIGNMENT.finditer(buf, line):
-                rest = buf[m.end():]
-                if is_secret_name(m.group(1).decode("latin-1")) and buf[m.end() - 1:m.end()] not in rest:
-                    hold = min(hold, m.start())
+        if shown is None:
+            k = buf[floor:].translate(_TOKEN_MARKS).rfind(b"|")
+            hold = floor + k + 1 if k >= 0 else floor
+            text, low, where = buf, floor, int
+        else:  # noise is part of a run of token characters, never its end; the rest is read as shown
+            k = shown.last_break(floor)
+            hold = k + 1 if k >= 0 else floor
+            text, low, where = shown.text[:shown.visible], 0, shown.raw_at
+        line = max(text.rfind(b"\n", low), low - 1) + 1
+        if self._env and b"=" in text[line:]:
+            for m in _OPEN_ASSIGNMENT.finditer(text, line):
+                rest = text[m.end():]
+                if is_secret_name(m.group(1).decode("latin-1")) and text[m.end() - 1:m.end()] not in rest:
+                    hold = min(hold, max(floor, where(m.start())))
                     break
-        k = max(buf.rfind(b"BEGIN ", floor), buf.rfind(b"PuTTY-User-Key-File-", floor))
-        if k >= 0 and not _PEM_FOOTER.search(buf, k) and not _PUTTY_MAC.search(buf, k):
-            hold = min(hold, max(floor, k - 5))
+        k = max(text.rfind(b"BEGIN ", low), text.rfind(b"PuTTY-User-Key-File-", low))
+        if k >= 0 and not _PEM_FOOTER.search(text, k) and not _PUTTY_MAC.search(text, k) and where(k) >= floor:
+            hold = min(hold, max(floor, where(max(0, k - 5))))
         return max(hold, self._done)
 
     def _emit(self, final: bool) -> bytes:
         buf, done = self._buf, self._done
         n = len(buf)
-        limit = n if final else self._hold(buf)
-        findings = self._findings(buf)
+        shown = _Shown.of(buf, final)
+        limit = n if final else self._hold(buf, shown)
+        findings = self._findings(buf, shown, final)
         if self._base > 0 and findings and findings[0].start == 0:
             findings = findings[1:]  # the tail of something that began before the kept context
         if not final:

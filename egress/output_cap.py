@@ -1,7 +1,9 @@
 """Output caps: a command's stream kept to its first 60% and last 40% of a byte budget.
 
 ``egress run --max-output BYTES`` (and ``[limits] max_output``, ``--agent``'s 256 KiB) gives
-each of the command's streams, stdout and stderr, its own budget. Below it a stream passes
+each of the command's streams, stdout and stderr, its own budget; where egress's stdout and
+stderr go to one place (a terminal, 2>&1), the command's two streams are one (one pipe, in the
+order written: sandbox/launcher.py's _Relay) with one budget. Below it a stream passes
 byte for byte. Above it the head passes as it comes, the tail is kept in a bounded buffer
 until the stream ends, and the middle becomes one line::
 
@@ -34,6 +36,7 @@ HEAD_SHARE = 0.6  # of the budget: the first bytes; the rest is the tail's
 # head's or the tail's share): a log reads as whole lines. The head's last bytes wait for the
 # verdict (is there a cut?) so that they can still end at that line break.
 LINE_REACH = 4096
+_BEFORE = 256  # bytes kept from before the tail: an escape sequence the tail's start cut is found whole
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024 ** 2, "mb": 1024 ** 2, "mib": 1024 ** 2,
           "g": 1024 ** 3, "gb": 1024 ** 3, "gib": 1024 ** 3}
@@ -94,7 +97,7 @@ class CappedStream:
         self._hold = max(4, min(LINE_REACH, self.head_size // 4))
         self._pending = b""  # the head's last bytes, passed on once the verdict is known
         self._tail = bytearray()
-        self._before_tail = b"\n"  # the byte before the tail buffer's first (a line start)
+        self._before_tail = b"\n"  # the bytes just before the tail buffer's first (at the start: a line start)
         self.total = 0
         self._passed = 0  # bytes of the stream given to the stage (head)
         self._dropped = 0  # of those, what the stage dropped at the cut
@@ -125,7 +128,7 @@ class CappedStream:
                     out += self._cut()
                 if len(tail) > 2 * self.tail_size + 65536:
                     drop = len(tail) - self.tail_size
-                    self._before_tail = tail[drop - 1:drop]
+                    self._before_tail = bytes(tail[max(0, drop - _BEFORE):drop])
                     del tail[:drop]
         return out
 
@@ -137,7 +140,7 @@ class CappedStream:
         tail = self._tail
         if len(tail) > self.tail_size:
             drop = len(tail) - self.tail_size
-            self._before_tail = tail[drop - 1:drop]
+            self._before_tail = bytes(tail[max(0, drop - _BEFORE):drop])
             del tail[:drop]
         start = _tail_start(tail, self._before_tail, careful=self._factory is not None,
                             reach=max(4, min(LINE_REACH, self.tail_size // 4)))
@@ -188,7 +191,7 @@ def _tail_start(tail: bytearray, before: bytes, careful: bool, reach: int) -> in
     a UTF-8 character; when ``careful`` (a redactor follows), not inside a line or a key at all,
     since a secret's second half is not recognisable."""
     start = 0
-    if before != b"\n":
+    if before[-1:] != b"\n":
         line = tail.find(b"\n", 0, reach)
         if line >= 0:
             return _tail_start(tail[line + 1:], b"\n", careful, reach) + line + 1 if careful else line + 1
@@ -196,13 +199,24 @@ def _tail_start(tail: bytearray, before: bytes, careful: bool, reach: int) -> in
         start += 1
     if not careful:
         return start
-    if before != b"\n":
+    if before[-1:] != b"\n":
         line = tail.find(b"\n")
         if line >= 0:
             start = line + 1
-        else:  # one long line: at least not inside a run of token characters
-            while start < len(tail) and (tail[start:start + 1].isalnum() or tail[start] in b"+/=_.~%\\-:@"):
-                start += 1
+        else:  # one long line: at least not inside a run of token characters (or noise inside one)
+            from .detect import _NOISE  # a redactor follows: egress.detect is loaded
+
+            escape = before.rfind(b"\x1b")  # an escape sequence the tail's start cut: its rest is noise too
+            cut = _NOISE.match(before + bytes(tail[:_BEFORE]), escape) if escape >= 0 else None
+            if cut is not None and cut.end() > len(before):
+                start = cut.end() - len(before)
+            while start < len(tail):
+                if tail[start:start + 1].isalnum() or tail[start] in b"+/=_.~%\\-:@":
+                    start += 1
+                elif noise := _NOISE.match(tail, start):
+                    start = noise.end()
+                else:
+                    break
     window = bytes(tail[start:start + 65536])
     end = _KEY_END.search(window)
     if end is not None and not _KEY_BEGIN.search(window, 0, end.start()):

@@ -756,17 +756,28 @@ def _asker(options: RunOptions, state):
 class _Relay:
     """Pipes for the command's stdout and/or stderr, copied out by egress as they stream.
 
-    For --redact (both streams, secrets redacted), and whenever egress's stderr is a regular
-    file: sharing that file's open description would let the command truncate or overwrite
-    egress's own report lines (the red-team review erased them with `ftruncate(2, 0)`);
+    For --redact (both streams, secrets redacted), --max-output, and whenever egress's stderr
+    is a regular file: sharing that file's open description would let the command truncate or
+    overwrite egress's own report lines (the red-team review erased them with `ftruncate(2, 0)`);
     through a pipe it can only add to them.
+
+    Where egress's stdout and stderr are one place (the same terminal, pipe or file: 2>&1), the
+    command gets one pipe for both, copied to egress's stdout: its two streams arrive there in
+    the order it wrote them, as they would without egress, and the redactor sees them as the one
+    stream a reader sees (red team N8: a token's first half on stdout and the rest on stderr was
+    printed whole). --max-output then caps that one stream. Where they are two places, each is
+    its own stream, capped and redacted on its own.
     """
 
-    def __init__(self, streams: tuple[bool, bool], detector=None, limit: int = 0):
+    def __init__(self, streams: tuple[bool, bool], detector=None, limit: int = 0, merged: bool = False):
         self.detector = detector
         self.limit = limit  # each stream's cap in bytes (egress.output_cap); 0: none
-        self._pipes = [os.pipe() if wanted else None for wanted in streams]
-        self.stdout, self.stderr = (pipe[1] if pipe else None for pipe in self._pipes)
+        if merged:  # one pipe for both, relayed to stdout
+            self._pipes = [os.pipe(), None]
+            self.stdout = self.stderr = self._pipes[0][1]
+        else:
+            self._pipes = [os.pipe() if wanted else None for wanted in streams]
+            self.stdout, self.stderr = (pipe[1] if pipe else None for pipe in self._pipes)
         self._threads: list = []
 
     @classmethod
@@ -776,21 +787,29 @@ class _Relay:
 
             secrets = [(s.label, s.value) for s in credentials.secrets] if credentials else []
             secrets += [(s.label, s.placeholder) for s in credentials.brokered] if credentials else []
-            return cls((True, True), Detector(secrets), limit)
+            return cls((True, True), Detector(secrets), limit, merged=cls.one_place())
         if limit:
-            return cls((True, True), None, limit)
+            return cls((True, True), None, limit, merged=cls.one_place())
         try:
             err = os.fstat(2)
         except OSError:
             return None
         if not stat.S_ISREG(err.st_mode):
             return None
+        same = cls.one_place()
+        return cls((same, True), merged=same)  # stdout too when it is that same file (2>&1 > log)
+
+    @staticmethod
+    def one_place() -> bool:
+        """Whether egress's stdout and stderr lead to one place: the same file or pipe, or the
+        same device (a terminal, whichever of its names was opened)."""
         try:
-            out = os.fstat(1)
-            same = (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+            out, err = os.fstat(1), os.fstat(2)
         except OSError:
-            same = False
-        return cls((same, True))  # stdout too when it is that same file (2>&1 > log)
+            return False
+        if (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino):
+            return True
+        return stat.S_ISCHR(out.st_mode) and stat.S_ISCHR(err.st_mode) and out.st_rdev == err.st_rdev
 
     def start(self) -> None:
         import threading  # here: the launcher's path to the sandbox's fork has no use for it (~0.5 ms)

@@ -749,6 +749,73 @@ def test_stream_redactor_env_assignments():
     assert plain.feed(b"GITHUB_TOKEN=abc123def\n") + plain.finish() == b"GITHUB_TOKEN=abc123def\n"
 
 
+# ------------------------------------------------- what a terminal shows (red team N8)
+
+TERMINAL_TOKEN = b"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"
+# Inside a token, each of these leaves it whole on a terminal (or after a harness strips escape codes).
+NOISE = {
+    "SGR reset": b"\x1b[0m", "colours": b"\x1b[1;31m\x1b[39;49m", "cursor save": b"\x1b7", "charset": b"\x1b(B",
+    "OSC title, BEL": b"\x1b]0;build\x07", "OSC hyperlink, ST": b"\x1b]8;;https://x.test/\x1b\\",
+    "OSC 52 clipboard": b"\x1b]52;c;aGVsbG8=\x07", "DCS": b"\x1bPq#0\x1b\\", "APC": b"\x1b_Gi=1\x1b\\",
+    "8-bit CSI": b"\xc2\x9b1m", "8-bit OSC": b"\xc2\x9d0;t\xc2\x9c", "backspace": b"X\x08", "two backspaces": b"ab\x08\x08",
+    "carriage return": b"\r", "NUL": b"\x00", "BEL": b"\x07", "DEL": b"\x7f", "SO SI": b"\x0e\x0f",
+    **{f"U+{c:04X}": chr(c).encode() for c in (0x00AD, 0x034F, 0x061C, 0x17B4, 0x180E, 0x200B, 0x200C, 0x200D, 0x200E,
+                                               0x202E, 0x2060, 0x2063, 0x2066, 0xFE0F, 0xFEFF, 0xFFF9, 0xE0041, 0xE0100)},
+}
+
+
+def redacted(data: bytes, size: int) -> bytes:
+    redactor = StreamRedactor(DET)
+    return b"".join(redactor.feed(data[i:i + size]) for i in range(0, len(data), size)) + redactor.finish()
+
+
+@pytest.mark.parametrize("noise", list(NOISE.values()), ids=list(NOISE))
+def test_a_token_with_terminal_noise_inside_is_redacted_whole(noise):
+    for at in (4, 10, 20, 39):
+        data = b"tok " + TERMINAL_TOKEN[:at] + noise + TERMINAL_TOKEN[at:] + b" end \xe2\x94\x80\n"
+        for size in (1, 2, 3, 7, 64, len(data)):  # a token split across reads, anywhere
+            assert redacted(data, size) == b"tok [redacted:github-token] end \xe2\x94\x80\n", (at, size)
+
+
+def test_noise_around_a_token_stays_and_noise_without_one_passes_byte_for_byte():
+    coloured = b"\x1b[31m" + TERMINAL_TOKEN + b"\x1b[0m ok\n"
+    assert redacted(coloured, 5) == b"\x1b[31m[redacted:github-token]\x1b[0m ok\n"
+    title = b"\x1b]0;" + TERMINAL_TOKEN + b"\x07done\n"  # a title shows a token too
+    assert redacted(title, 3) == b"\x1b]0;[redacted:github-token]\x07done\n"
+    text = (b"\x1b[1;32mPASS\x1b[0m tests/a.py \x1b]8;;file:///a.py\x1b\\a.py\x1b]8;;\x1b\\ 50%\r100%\n"
+            b"caf\xc3\xa9 \xc2\xb5s \xe2\x80\x9cquoted\xe2\x80\x9d ab\x08c \xe2\x80\x8b\n")
+    for size in (1, 4, len(text)):
+        assert redacted(text, size) == text
+
+
+def test_a_coloured_prompt_still_shows_at_once():
+    redactor = StreamRedactor(DET)
+    assert redactor.feed(b"\x1b[1mEnter token:\x1b[0m ") == b"\x1b[1mEnter token:\x1b[0m "
+    assert redactor.feed(b"\x1b[32mok\x1b[0m\n") == b"\x1b[32mok\x1b[0m\n"
+    assert redactor.feed(TERMINAL_TOKEN[:12] + b"\x1b[0") == b""  # a token's start, an unfinished sequence
+    assert redactor.feed(b"m" + TERMINAL_TOKEN[12:] + b"\n") == b"[redacted:github-token]\n"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_noisy_stream_redacts_as_one_shot_whatever_the_reads(seed):
+    # Noise anywhere (inside tokens, key blocks, NAME="value" assignments, between lines), read
+    # in pieces of any size: the same output as all at once.
+    r = random.Random(seed)
+    noises = list(NOISE.values())
+    pieces = []
+    for line in stream_text().split(b"\n"):
+        for _ in range(r.randrange(0, 4)):
+            cut = r.randrange(0, len(line) + 1)
+            line = line[:cut] + r.choice(noises) + line[cut:]
+        pieces.append(line)
+    data = b"\n".join(pieces)
+    one_shot = StreamRedactor(DET)
+    expected = one_shot.feed(data) + one_shot.finish()
+    redactor = StreamRedactor(DET)
+    out = b"".join(redactor.feed(c) for c in chunked(data, [r.choice([1, 5, 64, 999, 5000]) for _ in range(400)]))
+    assert out + redactor.finish() == expected
+
+
 # -------------------------------------------------------------------- env names
 
 

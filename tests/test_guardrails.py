@@ -216,6 +216,18 @@ def test_a_secret_cut_by_the_elision_is_never_printed_in_part():
                     assert TOKEN[start:start + size] not in out, (offset, chunk, out)
 
 
+def test_a_token_with_escape_codes_inside_cut_by_the_elision_is_never_printed_in_part():
+    # One long line (no line break to start the tail at): the tail's start may fall inside the
+    # token, or inside an escape sequence inside it; no piece of the token is printed.
+    token = b"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"
+    tail = 1024 - int(1024 * 0.6)
+    for noise in (b"\x1b[0m", b"\x1b[1;31;48;5;17m", b"\xe2\x80\x8b"):
+        for back in range(tail - 60, tail + 30):
+            data = b"x" * 5000 + b" " + token[:10] + noise + token[10:] + b" " + b"y" * (back - len(token) - 1)
+            out, _ = capped(data, 1024, redact=True, chunk=100)
+            assert not any(token[i:i + 8] in out for i in range(len(token) - 7)), (noise, back, out[:80])
+
+
 def test_a_private_key_cut_by_the_elision_is_never_printed_in_part(tmp_path):
     openssl = subprocess.run(["openssl", "genrsa", "2048"], capture_output=True)
     if openssl.returncode != 0:

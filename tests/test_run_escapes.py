@@ -537,3 +537,58 @@ def test_a_secret_file_with_a_hard_link_in_the_project_stops_the_run(tmp_path, h
     assert result.returncode == 125, result.stderr
     assert f"egress: the secret 'token' is read from {token}, which the command could change" in result.stderr
     assert not (host_dir / "project" / "ran").exists()
+
+
+# ----------------------------------------------------------------- --redact against a disguised token
+
+TOKEN = "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"
+
+
+def _no_piece_of(token: str, output: str) -> bool:
+    return not any(token[i:i + 8] in output for i in range(len(token) - 7))
+
+
+def test_redact_sees_a_token_through_escape_codes_backspaces_and_invisible_characters(tmp_path):
+    # Red team N8: an SGR reset inside the token; the terminal (or a harness that strips escape
+    # codes) shows it whole. Also an OSC title, X-backspace, a carriage return, U+200B and U+00AD.
+    half, rest = TOKEN[:20], TOKEN[20:]
+    noises = ["\\033[0m", "\\033]0;title\\007", "X\\b", "\\r", "\\342\\200\\213", "\\302\\255"]
+    script = "".join(f"printf 'tok {half}{noise}{rest} end\\n'; " for noise in noises)
+    result = egress_run(tmp_path, tmp_path / "project", "sh", "-c", script, extra=["--redact", "--network", "off"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "tok [redacted:github-token] end\n" * len(noises)
+    assert _no_piece_of(TOKEN, result.stdout + result.stderr)
+
+
+def _run_to_one_pipe(tmp_path, *command, extra=()):
+    """egress run with its stdout and stderr the same pipe (2>&1), as a harness reading one stream."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    return subprocess.run(run_args(tmp_path, project, *command, extra=["--network", "off", *extra]),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=project,
+                          env=clean_env(tmp_path, PYTHONPATH=os.getcwd()))
+
+
+def test_redact_sees_a_token_split_over_stdout_and_stderr_that_go_to_one_place(tmp_path):
+    # Red team N8: the first half on stdout, the second on stderr: both were printed. Where the two
+    # streams reach one place, the command now writes them into one pipe, in the order it wrote.
+    script = f"printf 'tok {TOKEN[:20]}'; sleep 0.3; printf '{TOKEN[20:]} end\\n' >&2; echo out; echo err >&2; echo out"
+    result = _run_to_one_pipe(tmp_path, "sh", "-c", script, extra=["--redact"])
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.endswith("tok [redacted:github-token] end\nout\nerr\nout\n"), result.stdout
+    assert _no_piece_of(TOKEN, result.stdout)
+
+
+def test_max_output_caps_stdout_and_stderr_that_go_to_one_place_together(tmp_path):
+    script = "seq 100000; seq 100000 >&2"
+    result = _run_to_one_pipe(tmp_path, "sh", "-c", script, extra=["--max-output", "1K"])
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("bytes elided by egress") == 1 and len(result.stdout) < 1024 + 100
+    assert result.stdout.startswith("1\n2\n") and result.stdout.endswith("\n99999\n100000\n")
+
+
+def test_streams_that_go_to_two_places_stay_two(tmp_path):
+    script = "echo out; echo err >&2; echo out2"
+    result = egress_run(tmp_path, tmp_path / "project", "sh", "-c", script, extra=["--redact", "--network", "off"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "out\nout2\n" and result.stderr.endswith("err\n")
