@@ -210,7 +210,8 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work
     its stand-in (``shown[path]``, on the host) read-only, where a mount shows it, else at its own
     path as the namespace provider does: a program reading the secret's file finds the placeholder."""
     hidden = [os.path.realpath(p) for p in spec.hidden if os.path.isdir(p)]
-    islands = [os.path.realpath(p) for p in spec.read_only if os.path.isdir(p)]
+    later = later_run(spec, chosen)
+    islands = [os.path.realpath(p) for p in spec.read_only if os.path.isdir(p)] + later
     # (nothing inside a hidden folder is pinned: a bind from the host there would show what it hides)
     inside_hidden = [p for p in [*islands, *map(os.path.realpath, shown)]
                      if any(p != h and p.startswith(h.rstrip("/") + "/") for h in hidden)]
@@ -222,6 +223,8 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work
         if os.path.isdir(folder):
             mounts += [f"type=bind,src={_plain(folder)},dst={_plain(p)},ro"
                        for p in container_paths(folder, spec, chosen)]
+    for path in later:  # files that run later, outside the sandbox: read-only (sandbox/protected.py)
+        mounts += [f"type=bind,src={_plain(path)},dst={_plain(p)},ro" for p in container_paths(path, spec, chosen)]
     for path, stand_in in sorted(shown.items()):
         real = os.path.realpath(path)
         if any(real == h or real.startswith(h.rstrip("/") + "/") for h in hidden):
@@ -229,6 +232,18 @@ def covers(spec: SandboxSpec, chosen: ContainerSpec, shown: dict[str, str], work
         for target in container_paths(real, spec, chosen) or [real]:
             mounts.append(f"type=bind,src={stand_in},dst={_plain(target)},ro")
     return mounts
+
+
+def later_run(spec: SandboxSpec, chosen: ContainerSpec) -> list[str]:
+    """What exists now of the files that run later outside the sandbox (sandbox/protected.py), at
+    the top of the project and of each writable --mount; none with --allow-hooks. (What does not
+    exist, the launcher moves aside after the run if the command made it.)"""
+    if spec.allow_hooks:
+        return []
+    from sandbox.protected import later_run_paths
+
+    trees = [spec.cwd, *(source for source, _, rw in chosen.mounts if rw)]
+    return [os.path.realpath(p) for tree in trees for p in later_run_paths(tree) if os.path.lexists(p)]
 
 
 def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str | None,

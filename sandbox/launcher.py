@@ -469,10 +469,10 @@ def run(options: RunOptions, platform=None) -> int:
         outputs = _Relay.for_run(options.redact, credentials, options.max_output or 0)
         writable = [project, tmpdir, *options.add_dirs]
         own_code = protect_own_code(writable)
-        # What runs later and does not exist yet cannot be shown read-only: moved aside after the run if made
-        absent = [] if options.allow_hooks else later_run_absent([project, *options.add_dirs])
         # every host folder the command can write, a container's writable mounts included
         writable_anywhere = writable + list(getattr(platform, "writable_elsewhere", list)())
+        # What runs later and does not exist yet cannot be shown read-only: moved aside after the run if made
+        absent = [] if options.allow_hooks else later_run_absent([t for t in writable_anywhere if t != tmpdir])
         refusal = secret_file_refusal(credentials, writable_anywhere, own_code)
         if refusal is not None:
             raise LaunchError(refusal)

@@ -1325,3 +1325,25 @@ def test_an_image_posing_as_the_holder_is_replaced(tmp_path, docker):
     assert result.stdout == "hold\n", result.stderr
     layers = docker.run("image", "inspect", "--format", "{{json .RootFS.Layers}}", holder.image_tag()).stdout
     assert json.loads(layers) == ["sha256:" + hashlib.sha256(holder.image_tarball()).hexdigest()]
+
+
+def test_files_that_run_later_are_read_only_in_the_container(tmp_path, engine):
+    # Issue 25 item 7, as for the namespace provider: a git hook or config written from the
+    # container would run on the user's next git command, unconfined.
+    project = make_project(tmp_path)
+    hooks = project / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    (project / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    for path in (project / ".git", hooks, project / ".git" / "config"):
+        os.chown(path, OWNER, OWNER_GROUP)
+    script = ("echo x > /work/.git/hooks/pre-commit 2>/dev/null; echo hook=$?; "
+              "echo x >> /work/.git/config 2>/dev/null; echo config=$?; "
+              "mv /work/.git /work/.git2 2>/dev/null; echo move=$?; "
+              "echo 'echo planted' > /work/.envrc; echo envrc=$?; touch /work/ordinary; echo ordinary=$?")
+    result = in_container(tmp_path, engine, "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split("=") for line in result.stdout.split())
+    assert seen["ordinary"] == "0" and seen["envrc"] == "0", seen  # the project stays writable
+    assert "0" not in (seen["hook"], seen["config"], seen["move"]), seen
+    assert not (hooks / "pre-commit").exists() and (project / ".git" / "config").read_text().endswith("false\n")
+    assert not (project / ".envrc").exists() and "the command made" in result.stderr  # moved aside after the run
