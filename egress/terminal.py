@@ -19,13 +19,14 @@ What the reset does not do, on purpose:
   until it exits. A command can take a line off the screen after it was drawn in any case
   (leaving the alternate screen, clearing, moving the cursor up and overwriting: the terminal
   is shared), so the reset promises a legible line *when it is written*; the record the
-  command cannot touch is the run's events (`egress runs`, the audit log).
-- the palette (OSC 104). egress's line is drawn in the default colours, which terminals keep
-  apart from the 16/256-colour palette, so a palette change cannot hide it; resetting it
-  would undo a colour theme the user's shell applied by escape codes (base16-shell) at
-  every egress line. The default colours themselves are reset (OSC 110/111): a command that
-  set the foreground to the background's colour (OSC 10/11) hid egress's line, and that
-  reset does undo such a theme's foreground and background.
+  command cannot touch is the run's events (`egress events --run ID`, the audit log).
+
+Colours: egress's line is drawn in the terminal's default colours, so those are put back as the
+terminal is configured (OSC 110/111: a command that set the foreground to the background's colour
+with OSC 10/11 hid egress's line), and so is the palette (OSC 104): most terminals keep the
+default colours apart from it, but some draw them with palette entries (Windows' console host,
+the Linux console). The cost: a colour theme a shell applied by escape codes at run time
+(base16-shell) is undone by egress's first line, until it is applied again.
 
 The Linux console (TERM=linux) keeps its default colours in its palette and shows OSC and
 most DEC sequences as text, so it gets a reset of its own (ESC ] R puts its palette back);
@@ -52,6 +53,7 @@ RESET_PARTS = (
     ("\x1b[?7h", "autowrap on: a long line wraps instead of being cut at the right margin"),
     ("\x1b#5", "the line single-width and single-height (a double-height line shows half of each glyph)"),
     ("\x1b]8;;\x1b\\", "closes a hyperlink (OSC 8) the command opened: egress's line is no link"),
+    ("\x1b]104\x1b\\", "every palette colour as the terminal is configured (OSC 4; where default colours are palette entries)"),
     ("\x1b]110\x1b\\", "the default foreground colour (OSC 10) as the terminal is configured"),
     ("\x1b]111\x1b\\", "the default background colour (OSC 11) as the terminal is configured"),
 )

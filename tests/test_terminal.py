@@ -67,6 +67,7 @@ STATES = [
     ("no autowrap: the line cut at the right margin", "\x1b[?7h"),
     ("a double-height line: half of each glyph", "\x1b#5"),
     ("an open hyperlink: egress's line links to the command's address", "\x1b]8;;\x1b\\"),
+    ("a palette whose entries are the default colours set to one colour (OSC 4)", "\x1b]104\x1b\\"),
     ("the default foreground set to the background's colour (OSC 10)", "\x1b]110\x1b\\"),
     ("the default background set to the foreground's colour (OSC 11)", "\x1b]111\x1b\\"),
 ]
