@@ -375,16 +375,30 @@ def _container_provider(engine: str) -> Check:
                      "apt-get install podman (egress runs it as root: rootless podman cannot join its "
                      "namespace)" if engine == "podman"
                      else "install docker, or prefer podman")
+    from sandbox import container_seccomp
+
+    missing = container_seccomp.refusal(engine)
+    if missing is not None:
+        return Check(name, "unavailable", missing,
+                     "apt-get install golang-github-containers-common (Debian, Ubuntu), containers-common elsewhere")
     if engine == "docker":
         return _docker(name, path)
     if os.geteuid() == 0:
         return Check(name, "warning", "kernel isolation and egress's network namespace, but an escape lands "
-                                      "on root (podman run as root)",
+                                      f"on root (podman run as root); {_container_walls()}",
                      "for commands you do not trust, --provider namespace confines them without root "
                      "(rootless podman cannot join egress's namespace)")
     from sandbox.container import ROOTLESS_FIX, ROOTLESS_REASON
 
     return Check(name, "unavailable", f"egress run refuses it: {ROOTLESS_REASON}", ROOTLESS_FIX)
+
+
+def _container_walls() -> str:
+    from sandbox import container_seccomp, idmap
+
+    return (f"egress's seccomp profile on {container_seccomp.default_profile()} (keyrings, socket families but "
+            "unix/inet/inet6/netlink-route, clone3, new namespaces, io_uring and set-id modes refused); runs as "
+            f"uid {idmap.container_ids()[0]}, no account here; project and :rw mounts nosuid")
 
 
 def _docker(name: str, path: str) -> Check:
@@ -410,7 +424,8 @@ def _docker(name: str, path: str) -> Check:
                      "sudo egress run --provider docker ..., or --provider podman")
     return Check(name, "warning", f"the daemon answers (version {version}, {daemon}); egress sets up the "
                                   "network namespace of a holder container from inside and the command's container "
-                                  "joins it; not tried by egress doctor (it starts no container)",
+                                  f"joins it; {_container_walls()}; not tried by egress doctor (it starts no "
+                                  "container)",
                  "prefer --provider namespace (no daemon, no root)")
 
 
