@@ -16,15 +16,19 @@ The helper lists the host's Unix sockets (before its own network namespace hides
 unshares new user, network, mount, IPC and PID namespaces, maps the caller's own uid/gid,
 sets `lo` up, makes the listening socket and sends it to the caller over a Unix socket pair
 (SCM_RIGHTS), forks init, sets up the transparent capture (sandbox/capture.py) while init
-works, says it is done, then waits for init. Init builds the command's view of the filesystem
-(sandbox/mounts.py: the host read-only, socket folders masked, host sockets covered, egress's
-state hidden), mounts a private /proc, enters the working directory, finds the program on the
-spec's PATH, applies Landlock, the seccomp filter (sandbox/seccomp.py), a new session keyring
-and an empty capability bounding set to itself (its children inherit them), waits for the
+works, says it is done, then supervises: init's end, the caller's death (it then ends the
+sandbox and removes the run's folder), job control (Ctrl-Z and `fg`, through the terminal).
+Init builds the command's view of the filesystem (sandbox/mounts.py `build_granted_view`: an
+allow list of folders, sandbox/grants.py, with a /dev and /proc of its own; host sockets inside
+it covered, egress's state hidden, the files that run later read-only), enters the working
+directory, finds the program on the spec's PATH, applies Landlock (with its signal scope), a new
+session keyring, the seccomp filter (sandbox/seccomp.py) and an empty capability bounding set
+to itself (its children inherit them), takes a process group of its own (the terminal's
+foreground one, or a session of its own without a terminal), waits for the
 caller's go (`begin` returns as soon as the helper is forked; the caller sets up its side and
-`Sandbox.ready()` says go; `start` is both) and spawns the
-command with vfork+exec, so that no third copy of the caller's memory is made. It then reaps orphans and exits with the command's status as soon
-as the command ends: the kernel kills whatever else is left in the PID namespace. Init and
+`Sandbox.ready()` says go; `start` is both) and spawns the command with vfork+exec, so that
+no third copy of the caller's memory is made. It then reaps orphans and exits with the
+command's status as soon as the command ends: the kernel kills whatever else is left in the PID namespace. Init and
 the helper send the caller pidfds of their own children (only a parent can open one without
 racing the child's reaping); exit statuses travel up as exit codes. The caller learns of
 success when the socket pair reaches EOF, and of any failure before exec from an error
@@ -69,8 +73,9 @@ EXIT_NOT_FOUND (127) the program was not found. `wait()` returns EXIT_TIMEOUT (1
 "exec", "internal".
 
 Caveats: start() forks the caller, preferably before other threads exist (when the caller
-process dies, however it dies, the helper ends the sandbox and removes `spec.abandoned`); the caller must not reap children it did not start (waitpid(-1), or SIGCHLD
-set to SIG_IGN), or wait() loses the status and reports EXIT_SANDBOX.
+process dies, however it dies, the helper ends the sandbox and removes `spec.abandoned`); the
+caller must not reap children it did not start (waitpid(-1), or SIGCHLD set to SIG_IGN), or
+wait() loses the status and reports EXIT_SANDBOX.
 """
 
 from __future__ import annotations
@@ -686,10 +691,14 @@ def _run_init(spec: SandboxSpec, chan: socket.socket, view: _View, helper: int, 
     while True:  # PID 1 adopts orphans: reap them until the command itself ends
         pid, status = os.waitpid(-1, os.WUNTRACED if stops is not None else 0)
         if pid == command and os.WIFSTOPPED(status):
-            try:
-                os.write(stops, b"S")  # the helper hands the terminal back and stops egress, as a shell would
-            except OSError:
-                pass
+            # Stopped by the terminal (Ctrl-Z, or reading it from the background): the helper hands
+            # the terminal back and stops egress, as a shell would. A SIGSTOP the command sends
+            # itself stops only itself: --timeout still ends it.
+            if os.WSTOPSIG(status) in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+                try:
+                    os.write(stops, b"S")
+                except OSError:
+                    pass
         elif pid == command:
             return _exit_code(status)
 
