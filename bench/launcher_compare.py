@@ -1,4 +1,4 @@
-"""`egress run -- true` of the working tree against a commit, side by side in one run.
+"""`egress run -- true` (and `-- curl`) of the working tree against a commit, side by side in one run.
 
 Run:  .venv/bin/python bench/launcher_compare.py [--ref 985ba3d] [--new HEAD] [--rounds 40]
 
@@ -81,12 +81,22 @@ def main() -> None:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp), "EGRESS_STATE_DIR": str(state),
                "TMPDIR": str(scratch), "EGRESS_WARM_IDLE": "600"}
         subprocess.run(entry(new, "ca", "path"), env=env, cwd=project, capture_output=True, check=True)
+        # `egress run -- curl`: one request to an upstream of this run's own on 127.0.0.1 (a name
+        # resolved there by the proxy), through the warm proxy, as a command that uses the network.
+        upstream = _upstream()
+        policy = tmp / "policy.toml"
+        policy.write_text('allow = ["bench.test"]\nallow_private = ["bench.test"]\n')
+        curl = ["--policy", str(policy), "--resolve", "bench.test:127.0.0.1", "--",
+                "curl", "-sS", "-o", "/dev/null", f"http://bench.test:{upstream.server_address[1]}/"]
         variants = {
             f"{args.ref}: egress run -- true": entry(old, "run", "--", "true"),
             f"{name}: egress run -- true": entry(new, "run", "--", "true"),
             f"{args.ref}: egress run --network off -- true": entry(old, "run", "--network", "off", "--", "true"),
             f"{name}: egress run --network off -- true": entry(new, "run", "--network", "off", "--", "true"),
         }
+        if shutil.which("curl"):
+            variants[f"{args.ref}: egress run -- curl"] = entry(old, "run", *curl)
+            variants[f"{name}: egress run -- curl"] = entry(new, "run", *curl)
         times: dict[str, list[float]] = {label: [] for label in variants}
         order = list(variants.items())
         # A new order each round: rotating one order had each variant always run just after the
@@ -107,13 +117,36 @@ def main() -> None:
         medians = {label: statistics.median(values) for label, values in times.items()}
         for label, value in medians.items():
             print(f"{label:<55} {value * 1000:7.1f} ms")
-        for mode in ("egress run -- true", "egress run --network off -- true"):
+        for mode in ("egress run -- true", "egress run --network off -- true", "egress run -- curl"):
+            if f"{name}: {mode}" not in medians:
+                continue
             ratio = medians[f"{name}: {mode}"] / medians[f"{args.ref}: {mode}"]
             print(f"ratio {name} / {args.ref}, {mode}: {ratio:.3f}")
         print(f"{args.rounds} interleaved rounds, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
     finally:
         stop_warm_servers(state)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _upstream():
+    """A small HTTP server on 127.0.0.1 (port 0), answering in a thread for the whole run."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            body = b"ok\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 if __name__ == "__main__":
