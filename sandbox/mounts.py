@@ -195,24 +195,8 @@ def build_view(writable: Iterable[str], *, read_only_host: bool, mask_tmp: bool,
             _move(clone, path)
         if os.path.isdir(PRIVATE_SHM):  # before the covered paths are listed: what lies there is gone
             _libc.mount("tmpfs", PRIVATE_SHM, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,{_SHM_SIZE}")
-        islands = sorted({os.path.realpath(p) for p in read_only if os.path.isdir(p)}, key=len)
         covered = _covered(hidden, replaced or {}, sockets)
-        # Each folder between a writable tree and an island or a covered path becomes a mount
-        # point of its own (a bind onto itself, still writable): a mount point cannot be renamed
-        # or removed (EBUSY), so the command cannot move the island away and put its own folder
-        # at the path the proxy imports from, nor move a hidden folder's parent away (the cover
-        # goes with it: measured, `mv ~/.local ~/.local2` with the state folder in a project at
-        # $HOME stuck on the host) and plant its own CA or control socket at the state folder's
-        # path for the next run. Then the island itself is put on read-only. No mount at all
-        # when nothing lies inside a writable tree.
-        for folder in pinned_chain([*islands, *covered.targets()], trees):
-            try:
-                _rebind(folder, read_only=False)
-            except OSError as e:
-                raise OSError(e.errno, f"cannot pin {folder} (a folder on the way to a hidden or read-only "
-                                       f"path in a writable tree; the command could move it): {e.strerror}") from e
-        for folder in islands:
-            _rebind(folder, read_only=True)
+        _pin_islands(read_only, covered, trees)
         for folder in masks:
             _setattr(_AT_FDCWD, folder, _MOUNT_ATTR_RDONLY, 0, 0)
     finally:
@@ -299,16 +283,8 @@ def build_granted_view(writable: Iterable[str], *, granted: Iterable[str], empty
         for _, clone in devices:
             os.close(clone)
         os.close(host_proc)
-    islands = sorted({os.path.realpath(p) for p in read_only if os.path.lexists(p)}, key=len)
     covered = _covered(hidden, replaced or {}, sockets)
-    for folder in pinned_chain([*islands, *covered.targets()], trees):
-        try:
-            _rebind(folder, read_only=False)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot pin {folder} (a folder on the way to a hidden or read-only "
-                                   f"path in a writable tree; the command could move it): {e.strerror}") from e
-    for path in islands:
-        _rebind(path, read_only=True)
+    _pin_islands(read_only, covered, trees)
     _cover(covered)
     for mount in ("/dev", "/"):
         _setattr(_AT_FDCWD, mount, _MOUNT_ATTR_RDONLY, 0, 0)
@@ -405,6 +381,26 @@ def _mount_own_proc(where: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def _pin_islands(read_only: Iterable[str], covered: _Covered, trees: list[str]) -> None:
+    """Each folder between a writable tree and an island (a read-only folder or file in it) or a
+    covered path becomes a mount point of its own (a bind onto itself, still writable): a mount
+    point cannot be renamed or removed (EBUSY), so the command cannot move the island away and put
+    its own folder at the path the proxy imports from (or a `.git` of its own with hooks), nor move
+    a hidden folder's parent away (the cover goes with it: measured, `mv ~/.local ~/.local2` with
+    the state folder in a project at $HOME stuck on the host) and plant its own CA or control
+    socket at the state folder's path for the next run. Then each island is put on read-only.
+    No mount at all when nothing lies inside a writable tree."""
+    islands = sorted({os.path.realpath(p) for p in read_only if os.path.lexists(p)}, key=len)
+    for folder in pinned_chain([*islands, *covered.targets()], trees):
+        try:
+            _rebind(folder, read_only=False)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot pin {folder} (a folder on the way to a hidden or read-only "
+                                   f"path in a writable tree; the command could move it): {e.strerror}") from e
+    for path in islands:
+        _rebind(path, read_only=True)
 
 
 def _rebind(folder: str, read_only: bool) -> None:
