@@ -141,7 +141,6 @@ def check_protections() -> list[Check]:
     import shutil
     import tempfile
 
-    from sandbox import mounts
     from sandbox.linux import SandboxError, SandboxSpec, start
 
     names = ("tty injection", "host files", "unix sockets", "egress state", "shared memory", "capabilities",
@@ -364,7 +363,6 @@ def check_providers(namespaces: Check | None = None, fs: Check | None = None) ->
 
 def _container_provider(engine: str) -> Check:
     import shutil
-    import subprocess
 
     name = f"provider {engine}"
     if not _linux():

@@ -88,7 +88,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 from collections.abc import Mapping, Sequence
 
 from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT

@@ -13,13 +13,10 @@ import errno
 import json
 import os
 import pty
-import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -31,14 +28,11 @@ from conftest import make_host_dir
 if not sys.platform.startswith("linux"):
     pytest.skip("Linux sandbox tests need Linux", allow_module_level=True)
 
-from sandbox import landlock  # noqa: E402
+# The escape tests' own users (caller and nobody), and their skips: no Landlock, no working sandbox.
+from test_escapes import runner  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT = 30
-SYSTEM_PYTHON = "/usr/bin/python3.11"
-
-if landlock.abi_version() == 0:
-    pytest.skip(f"Landlock is unavailable: {landlock.unavailable_reason()}", allow_module_level=True)
 
 # Runs the probe in a sandbox (as the runner's uid); prints {"status", "inside", "signalled"}.
 DRIVER = r"""
@@ -58,43 +52,6 @@ box.close()
 print(json.dumps({"status": status, "inside": json.loads(os.fdopen(r).read() or "null"), "signalled": signalled,
                   "pgid": os.getpgrp()}))
 """
-
-
-def _sandbox_works() -> str | None:
-    from sandbox.linux import SandboxError, SandboxSpec, start
-
-    try:
-        start(SandboxSpec(["true"], {"PATH": "/usr/bin:/bin"}, "/")).close()
-    except SandboxError as e:
-        return str(e)
-    return None
-
-
-if _lacking := _sandbox_works():
-    pytest.skip(_lacking, allow_module_level=True)
-
-
-@pytest.fixture(params=["caller", "nobody"])
-def runner(request):
-    """(python, package dir, uid, gid) to run the driver with: this user, or nobody."""
-    if request.param == "caller":
-        yield sys.executable, REPO, os.getuid(), os.getgid()
-        return
-    if os.geteuid() != 0:
-        pytest.skip("switching to the 'nobody' user needs root (the suite runs unprivileged: 'caller' covers it)")
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
-        pytest.skip(f"no interpreter other users can run: {SYSTEM_PYTHON} is missing")
-    nobody = pwd.getpwnam("nobody")
-    lib = Path(tempfile.mkdtemp(prefix="egress-deny-lib-"))
-    try:
-        lib.chmod(0o755)
-        for package in ("sandbox", "egress"):
-            shutil.copytree(REPO / package, lib / package, ignore=shutil.ignore_patterns("__pycache__"))
-            for folder in (lib / package, *[p for p in (lib / package).rglob("*") if p.is_dir()]):
-                folder.chmod(0o755)
-        yield SYSTEM_PYTHON, lib, nobody.pw_uid, nobody.pw_gid
-    finally:
-        shutil.rmtree(lib, ignore_errors=True)
 
 
 @pytest.fixture
