@@ -83,11 +83,14 @@ def granted(env: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
 
 
 def hidden_files(env: Mapping[str, str]) -> list[str]:
-    """Files in granted toolchains that are shown empty (their credentials)."""
-    home = env.get("HOME") or ""
-    if not home.startswith("/"):
-        return []
-    return [p for p in (os.path.join(home, name) for name in HIDDEN_FILES) if os.path.isfile(p)]
+    """Files in granted toolchains that are shown empty (their credentials), in the home folder's
+    and where CARGO_HOME says."""
+    found = []
+    for home, names in ((env.get("HOME") or "", HIDDEN_FILES),
+                        (env.get("CARGO_HOME") or "", [n.split("/", 1)[1] for n in HIDDEN_FILES])):
+        if home.startswith("/"):
+            found += [p for p in (os.path.join(home, name) for name in names) if os.path.isfile(p)]
+    return found
 
 
 def _above_or_at(path: str, home: str) -> bool:
