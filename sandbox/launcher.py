@@ -730,7 +730,8 @@ def secret_file_refusal(credentials, trees: list[str], read_only: list[str]) -> 
         if secret.file is not None and command_writable(secret.file, trees, read_only):
             where = next((t for t in trees if command_writable(secret.file, [t], read_only)), trees[0])
             return (f"the secret {secret.label!r} is read from {secret.file}, which the command could change: it "
-                    f"lies in (or is reached through) {where}, which the run can write. The command could "
+                    f"lies in, is reached through, or has another name in (a hard link, a bind mount) {where}, "
+                    f"which the run can write. The command could "
                     f"move it and leave a decoy that the next run would take for the secret. Keep the file "
                     f"outside the folders the run writes (e.g. in ~/.config/egress/) and point file = \"...\" "
                     f"at it; nothing ran")
