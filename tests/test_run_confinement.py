@@ -246,3 +246,33 @@ def test_ctrl_z_stops_the_run_as_a_shells_job_and_fg_continues_it(tmp_path):
             pass
         os.waitpid(pid, 0)
         os.close(master)
+
+
+def test_as_an_unprivileged_user_signals_and_files_that_run_later_are_held(user_venv):
+    # The same attacks through the real launcher, as nobody: the harness that started egress is
+    # not signalled, a hook cannot be written, a made .envrc is moved aside.
+    from conftest import make_host_dir
+
+    venv, nobody = user_venv
+    home = make_host_dir(for_everyone=True)
+    try:
+        project, state = home / "project", home / "state"
+        (project / ".git" / "hooks").mkdir(parents=True)
+        (project / ".git" / "config").write_text("[core]\n")
+        for path in (home, project, project / ".git", project / ".git" / "hooks", project / ".git" / "config"):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        inner = " ".join(map(_quote, [f"{venv}/bin/egress", "run", "--network", "off", "--headless", "--state-dir",
+                                      str(state), "--", "sh", "-c",
+                                      "trap '' USR1; kill -USR1 0; echo x > .git/hooks/pre-commit || echo hook-refused; "
+                                      "echo planted > .envrc"]))
+        harness = f"trap 'echo HARNESS-SIGNALLED' USR1; {inner}; echo status=$?"
+        done = subprocess.run(["sh", "-c", harness], capture_output=True, text=True, timeout=120, cwd=project,
+                              user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[],
+                              env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
+        lines = done.stdout.split()
+        assert "HARNESS-SIGNALLED" not in lines, done.stdout + done.stderr
+        assert "status=0" in lines and "hook-refused" in lines, done.stdout + done.stderr
+        assert not (project / ".git" / "hooks" / "pre-commit").exists()
+        assert not (project / ".envrc").exists() and "the command made" in done.stderr, done.stderr
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
