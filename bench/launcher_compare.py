@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--state-in-project", action="store_true",
                         help="the state folder at project/.local/state/egress (a project at $HOME): "
                              "the folders on its way are pinned as mount points")
+    parser.add_argument("--no-curl", action="store_true",
+                        help="leave out egress run -- curl: the warm proxy's work for it, still going when the "
+                             "next variant starts, weighs on that one (2 CPUs)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="egress-launcher-compare-"))
     state = tmp / "project" / ".local" / "state" / "egress" if args.state_in_project else tmp / "state"
@@ -94,7 +97,7 @@ def main() -> None:
             f"{args.ref}: egress run --network off -- true": entry(old, "run", "--network", "off", "--", "true"),
             f"{name}: egress run --network off -- true": entry(new, "run", "--network", "off", "--", "true"),
         }
-        if shutil.which("curl"):
+        if shutil.which("curl") and not args.no_curl:
             variants[f"{args.ref}: egress run -- curl"] = entry(old, "run", *curl)
             variants[f"{name}: egress run -- curl"] = entry(new, "run", *curl)
         times: dict[str, list[float]] = {label: [] for label in variants}
