@@ -41,6 +41,7 @@ PARSED = [
     (["--network=off", "--network", "allowlist", "true"], {}),  # the last one wins
     (["--project", "{dir}", "--add-dir", "{dir}", "--add-dir={tmp}/new", "--timeout", "2.5", "true"], {}),
     (["--timeout", "1e1", "true"], {}),
+    (["--read", "{dir}", "--read={file}", "--allow-hooks", "true"], {}),
     (["--no-fs-confinement", "--redact", "--headless", "--", "true"], {}),
     (["--ask", "tty", "true"], {}),
     (["--ask", "tty", "--headless", "true"], {}),
@@ -64,7 +65,7 @@ PARSED = [
 
 @pytest.mark.parametrize(("args", "env"), PARSED)
 def test_both_parsers_make_the_same_options(args, env, places, monkeypatch):
-    fill = lambda text: text.format(tmp=places, dir=places / "dir")  # noqa: E731
+    fill = lambda text: text.format(tmp=places, dir=places / "dir", file=places / "file")  # noqa: E731
     args, env = [fill(a) for a in args], {k: fill(v) for k, v in env.items()}
     for name in ("EGRESS_PROXY", "EGRESS_STATE_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -83,13 +84,14 @@ UNPARSED = [
     ["--project", "{file}", "true"], ["--add-dir", "{file}", "true"], ["--allow", "", "true"],
     ["--max-output", "lots", "true"], ["--max-output", "-5", "true"], ["--max-output", "1.5M", "true"],
     ["--agent=yes", "true"], ["--guard-commands=1", "true"],
+    ["--read", "{tmp}/missing", "true"], ["--allow-hooks=yes", "true"],
 ]
 
 
 @pytest.mark.parametrize("args", UNPARSED)
 def test_what_it_does_not_take_as_click_would_goes_to_click(args, places):
     with pytest.raises(Unparsed):
-        parse_run([a.format(file=places / "file") for a in args], {})
+        parse_run([a.format(file=places / "file", tmp=places) for a in args], {})
 
 
 def test_a_bad_environment_value_goes_to_click(places):
