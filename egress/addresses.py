@@ -96,6 +96,30 @@ def _lookup(ip: IPAddress) -> tuple[str, str] | None:
     return None
 
 
+def embedded_ipv4(ip: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses an IPv6 address carries, by every scheme that reaches them (mapped,
+    SIIT, compatible, NAT64 -- the local-use /48 read both ways --, 6to4, Teredo's client): a
+    deny entry for 203.0.113.0/24 covers ``64:ff9b::cb00:7105`` too. Empty for anything else."""
+    if ip.version != 6:
+        return ()
+    value, low = int(ip), ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.ipv4_mapped is not None:
+        return (ip.ipv4_mapped,)
+    if ip.sixtofour is not None:
+        return (ip.sixtofour,)
+    if ip.teredo is not None:
+        return (ip.teredo[1],)
+    for net, kind, _ in _SPECIAL:
+        if kind == "ipv4-embedding" and net.version == 6 and ip in net:
+            if net == _LOCAL_NAT64:  # RFC 6052: a /48 prefix puts the address around the u octet
+                return (low, ipaddress.IPv4Address(((value >> 64) & 0xFFFF) << 16 | (value >> 40) & 0xFFFF))
+            return (low,)
+    return ()
+
+
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+
+
 # localhost and every name under it are loopback by definition (RFC 6761 6.3): a resolver
 # must answer them itself, never ask DNS, whose answer for them can be anything.
 LOCALHOST_ADDRESSES: tuple[IPAddress, ...] = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))

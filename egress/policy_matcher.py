@@ -6,8 +6,9 @@ Semantics:
   subdomains only; ``=example.com`` covers that exact host only (the one way to name a
   host that is itself a public suffix of the list's private section, ``=httpbin.org``);
   ``host:443`` narrows an entry to one port.
-* IP addresses and CIDRs match IP literals only; a domain entry never matches
-  an IP literal.
+* IP addresses and CIDRs match IP literals; a domain entry never matches
+  an IP literal. On the deny list they also match every address a name resolves to
+  (see :meth:`Policy.choose_address`).
 * ``deny`` wins over every ``allow``.
 * A name that no ``allow`` entry covers and that looks like data leaving in its labels
   (egress.exfil) is refused as ``exfiltration``, in every network mode.
@@ -15,6 +16,8 @@ Semantics:
   says which one may be dialled, or refuses (``private-address``) naming the address, its
   class and the ``allow_private`` line that would allow it. The proxy asks it after
   resolving; ``egress check`` asks it for what needs no lookup (IP literals, localhost).
+  It refuses first (``denied``) a host any of whose addresses an IP or CIDR deny entry
+  covers: deny wins by address too, whatever name led there.
 
 Lookups cost O(labels of the host) for names and O(distinct prefix lengths) for
 addresses, whatever the number of rules: entries live in hash tables keyed by the
@@ -35,7 +38,7 @@ from operator import add as add_, or_
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 from . import reasons
-from .addresses import address_class, classify
+from .addresses import address_class, classify, embedded_ipv4
 from .exfil import shape
 from .hosts import Host, InvalidHost, IPAddress, parent_domains, parse_host
 
@@ -456,8 +459,37 @@ class Policy:
             return self._rule(private.match_name(host.name, None))
         return None
 
+    def denied_address(self, host: Host, port: int | None, addresses) -> Decision | None:
+        """The ``denied`` refusal if a deny entry that is an address or a range covers any of
+        ``addresses`` (or the IPv4 address one of them embeds: NAT64, mapped, 6to4, ...), else None.
+        Deny wins by address as it does by name: a name whose DNS the command controls
+        (``203-0-113-5.sslip.io``) must not reach a denied range, and one bad address in an
+        answer refuses the name (the next lookup could pick it)."""
+        deny = self._lists["deny"]
+        if not (deny.prefixes[4] or deny.prefixes[6]):  # no address entries: nothing to look up
+            return None
+        for ip in addresses:
+            for candidate in (ip, *embedded_ipv4(ip)):
+                index = deny.match_ip(candidate, port)
+                if index is None:
+                    continue
+                rule = self._rule(index)
+                # the refusal line a client reads shows the detail, not the rule: name both here
+                covered = f"covered by the deny entry {rule.text}"
+                if host.ip is None:
+                    detail = f"resolves to {ip}, {covered}"
+                elif candidate != ip:
+                    detail = f"{ip} embeds {candidate}, {covered}"
+                else:
+                    detail = covered
+                return Decision(host.name, port, False, "denied", rule, detail=detail)
+        return None
+
     def choose_address(self, host: Host, port: int | None, addresses) -> IPAddress | Decision:
-        """The address of an allowed ``host`` to dial, or the ``private-address`` refusal.
+        """The address of an allowed ``host`` to dial, or the ``denied`` or ``private-address`` refusal.
+
+        Any address (or the IPv4 address it embeds) that a deny entry covers refuses the host,
+        naming the address and the entry (:meth:`denied_address`).
 
         ``addresses`` as resolved (or known without a lookup: an IP literal, localhost), in
         order. The first that is public, or that an ``allow_private`` entry lets this host
@@ -465,6 +497,9 @@ class Policy:
         entry that would allow the first (its address: the narrowest entry that works, and
         the only one that opens the metadata service or an IP literal).
         """
+        denied = self.denied_address(host, port, addresses)
+        if denied is not None:
+            return denied
         refused: list[tuple[IPAddress, str]] = []
         for ip in addresses:
             kind = classify(ip)

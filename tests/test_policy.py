@@ -979,6 +979,56 @@ def test_choose_address(host, addresses, private, dialled, detail):
     assert chosen.words() == detail  # the words a person reads are the specific ones
 
 
+# Deny wins by address (P17): an IP or CIDR deny entry refuses every name that resolves into it.
+DENIED_BY_ADDRESS = [  # (id, deny, host, addresses, allow_private, the entry matched, detail)
+    ("name-into-address", ["203.0.113.5"], "any.name.test", ["203.0.113.5"], [], "203.0.113.5",
+     "resolves to 203.0.113.5"),
+    ("name-into-range", ["203.0.113.0/24"], "x.sslip.test", ["203.0.113.77"], [], "203.0.113.0/24",
+     "resolves to 203.0.113.77"),
+    ("public-range", ["8.8.8.0/24"], "dns.test", ["8.8.8.8"], [], "8.8.8.0/24", "resolves to 8.8.8.8"),
+    ("allow-private-does-not-undo-it", ["127.0.0.2"], "any.name.test", ["127.0.0.2"], ["127.0.0.0/8"],
+     "127.0.0.2", "resolves to 127.0.0.2"),
+    ("one-of-two-answers", ["203.0.113.0/24"], "two.test", ["151.101.0.223", "203.0.113.5"], [],
+     "203.0.113.0/24", "resolves to 203.0.113.5"),
+    ("ipv6-range", ["2001:db8::/32"], "v6.test", ["2001:db8::5"], ["2001:db8::/32"], "2001:db8::/32",
+     "resolves to 2001:db8::5"),
+    ("mapped-answer", ["10.0.0.0/8"], "m.test", ["::ffff:10.0.0.1"], ["::ffff:0:0/96"], "10.0.0.0/8",
+     "resolves to ::ffff:a00:1"),
+    ("nat64-answer", ["8.8.8.8"], "n.test", ["64:ff9b::808:808"], ["64:ff9b::/96"], "8.8.8.8",
+     "resolves to 64:ff9b::808:808"),
+    ("nat64-literal", ["8.8.8.8"], "[64:ff9b::808:808]", ["64:ff9b::808:808"], ["64:ff9b::/96"], "8.8.8.8",
+     "64:ff9b::808:808 embeds 8.8.8.8"),
+    ("on-its-port", ["203.0.113.5:443"], "p.test", ["203.0.113.5"], [], "203.0.113.5:443",
+     "resolves to 203.0.113.5"),
+]
+
+
+@pytest.mark.parametrize(("deny", "host", "addresses", "private", "entry", "detail"),
+                         [c[1:] for c in DENIED_BY_ADDRESS], ids=[c[0] for c in DENIED_BY_ADDRESS])
+def test_a_deny_entry_that_is_an_address_refuses_every_name_resolving_into_it(
+        deny, host, addresses, private, entry, detail):
+    policy = Policy.from_mapping({"network": "all", "deny": deny, "allow_private": private})
+    parsed = parse_host(host)
+    assert policy.decide(parsed, 443).allowed  # the name itself is not on the deny list
+    chosen = policy.choose_address(parsed, 443, [ipaddress.ip_address(a) for a in addresses])
+    assert isinstance(chosen, Decision)
+    detail += f", covered by the deny entry {entry}"
+    assert (chosen.allowed, chosen.reason, chosen.host, chosen.rule.text, chosen.detail) == (
+        False, "denied", parsed.name, entry, detail)
+    assert chosen.words() == f"on the deny list: matched {entry} (<policy>) ({detail})"
+
+
+def test_an_address_deny_entry_leaves_other_addresses_and_ports_alone():
+    policy = Policy.from_mapping({"network": "all", "deny": ["203.0.113.0/24", "198.51.100.7:443", "evil.test"]})
+    host = parse_host("ok.test")
+    assert policy.choose_address(host, 443, [ipaddress.ip_address("151.101.0.223")]) == ipaddress.ip_address(
+        "151.101.0.223")
+    assert isinstance(policy.choose_address(host, 80, [ipaddress.ip_address("198.51.100.7")]), Decision)
+    assert policy.choose_address(host, 443, [ipaddress.ip_address("198.51.100.7")]).reason == "denied"
+    # another port of an address denied on one port only: the private-address check decides, not deny
+    assert policy.choose_address(host, 80, [ipaddress.ip_address("198.51.100.7")]).reason == "private-address"
+
+
 def _special_addresses():
     from test_addresses import ADDRESSES, CLASSES
 
