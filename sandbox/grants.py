@@ -30,8 +30,7 @@ from collections.abc import Iterable, Mapping
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys", "/nix",
           "/snap",
           # dpkg's and apt's databases: `dpkg -l`, `apt-get download` and pip's distro checks read them
-          "/var/lib/dpkg", "/var/lib/apt", "/var/cache/apt", "/var/lib/ca-certificates",
-          "/var/lib/ca-certificates-java")
+          "/var/lib/dpkg", "/var/lib/apt", "/var/cache/apt", "/var/lib/ca-certificates")
 # Empty folders every program expects to exist (read-only, except where a writable tree lies).
 EMPTY = ("/tmp", "/var/tmp", "/run", "/home", "/mnt", "/srv", "/media", "/root")
 LINKS = ("/var/run",)  # kept as the links they are (to /run): an empty /run
