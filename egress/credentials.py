@@ -12,6 +12,16 @@ Policy files describe credentials in a ``[credentials]`` table::
     env = "GITHUB_TOKEN"             # or: file = "~/.config/tool/token"
     hosts = ["github.com"]           # bound: it may reach these hosts (and their subdomains) only
     broker = true                    # under `egress run`, the command sees a placeholder (default: when bound)
+    header = "Authorization"         # brokered: the request header(s) the real value is swapped into (default)
+    swap = ["header"]                # ...and where else: "body", "query", "path" (opt-in: see below)
+
+A brokered secret is swapped in only where it is declared to go: by default the request
+headers named by ``header``. A placeholder anywhere else in a request to its host is
+refused (the request would carry a useless stand-in, by mistake, or to get the real value
+written into data the host keeps and shows back). ``swap`` adds the body, the query or the
+path: a host that stores what it is sent there (an issue, a gist, a paste) then holds the
+real value as data and can show it back; the proxy cuts off a response that does, in the
+forms its detector reads, but a form it does not read reaches the command.
 
 :func:`parse_settings` turns the tables into plain data (pure; errors carry file
 and line); :func:`load_credentials` reads the values (environment, files) and
@@ -27,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ACTIONS = ("block", "mask")
-SECRET_KEYS = ("env", "file", "hosts", "broker", "name")
+SECRET_KEYS = ("env", "file", "hosts", "broker", "name", "header", "swap")
+SWAP_PLACES = ("header", "body", "query", "path")  # where a brokered secret may be swapped in
+DEFAULT_HEADERS = ("Authorization",)
+DEFAULT_SWAP = ("header",)
 SETTINGS_KEYS = ("action", "scan_env", "ignore_env", "ignore_kinds", "secret")
 _PLACEHOLDER_ALPHABET = string.ascii_letters + string.digits
 
@@ -52,6 +65,8 @@ class SecretSpec:
     hosts: tuple[str, ...] = ()
     broker: bool | None = None
     name: str | None = None
+    headers: tuple[str, ...] = DEFAULT_HEADERS  # ``header``: the request headers it is swapped into
+    swap: tuple[str, ...] = DEFAULT_SWAP  # where it is swapped in (SWAP_PLACES)
 
     @property
     def label(self) -> str:
@@ -152,9 +167,34 @@ def _parse_secret(path: str, entry: object, problems: list) -> SecretSpec | None
         problems.append((path, "broker", "credentials.secret.broker: write true or false"))
         return None
     name = entry.get("name")
+    headers = entry.get("header", list(DEFAULT_HEADERS))
+    if isinstance(headers, str):
+        headers = [headers]
+    if not isinstance(headers, list) or not all(isinstance(h, str) and _is_token(h) for h in headers):
+        problems.append((path, "header", "credentials.secret.header: write a header name, or a list of them "
+                                         "(default \"Authorization\")"))
+        return None
+    swap = entry.get("swap", list(DEFAULT_SWAP))
+    if not isinstance(swap, list) or not all(isinstance(w, str) for w in swap):
+        problems.append((path, "swap", f"credentials.secret.swap: expected a list of {', '.join(SWAP_PLACES)}"))
+        return None
+    for where in swap:
+        if where not in SWAP_PLACES:
+            problems.append((path, "swap", f"credentials.secret.swap: {where!r} is not a place; "
+                                           f"write some of {', '.join(SWAP_PLACES)}"))
+            return None
     if unknown:
         return None
-    return SecretSpec(path=path, env=env, file=file, hosts=tuple(hosts), broker=broker, name=name)
+    return SecretSpec(path=path, env=env, file=file, hosts=tuple(hosts), broker=broker, name=name,
+                      headers=tuple(headers), swap=tuple(dict.fromkeys(swap)))
+
+
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~" + string.ascii_letters + string.digits)
+
+
+def _is_token(name: str) -> bool:
+    """A header name as HTTP allows one (RFC 9110 token)."""
+    return bool(name) and all(c in _TOKEN_CHARS for c in name)
 
 
 # ------------------------------------------------------------------ values
@@ -168,6 +208,13 @@ class StoredSecret:
     placeholder: str | None = None  # set when brokered: what the command sees instead
     env: str | None = None
     file: str | None = None  # the file it was read from (absolute)
+    headers: tuple[str, ...] = DEFAULT_HEADERS  # brokered: the request headers it is swapped into
+    swap: tuple[str, ...] = DEFAULT_SWAP  # brokered: where it is swapped in (SWAP_PLACES)
+
+    @property
+    def header_names(self) -> frozenset[str]:
+        """``headers``, lower-cased: header names match in any case."""
+        return frozenset(h.lower() for h in self.headers)
 
 
 @dataclass
@@ -190,11 +237,13 @@ class Credentials:
         """As JSON-able data, placeholders included (egress run hands them to its warm proxy)."""
         return {"action": self.action, "ignore_kinds": sorted(self.ignore_kinds),
                 "secrets": [{"label": s.label, "value": s.value, "hosts": list(s.hosts),
-                             "placeholder": s.placeholder, "env": s.env, "file": s.file} for s in self.secrets]}
+                             "placeholder": s.placeholder, "env": s.env, "file": s.file,
+                             "headers": list(s.headers), "swap": list(s.swap)} for s in self.secrets]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Credentials:
-        secrets = [StoredSecret(s["label"], s["value"], tuple(s["hosts"]), s["placeholder"], s["env"], s["file"])
+        secrets = [StoredSecret(s["label"], s["value"], tuple(s["hosts"]), s["placeholder"], s["env"], s["file"],
+                                tuple(s.get("headers", DEFAULT_HEADERS)), tuple(s.get("swap", DEFAULT_SWAP)))
                    for s in data["secrets"]]
         return cls(data["action"], secrets, frozenset(data["ignore_kinds"]))
 
@@ -240,7 +289,7 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
                                  host))
         placeholder = make_placeholder(value) if broker and spec.brokered else None
         file = str(Path(os.path.expanduser(spec.file)).absolute()) if spec.file else None
-        stored.append(StoredSecret(spec.label, value, spec.hosts, placeholder, spec.env, file))
+        stored.append(StoredSecret(spec.label, value, spec.hosts, placeholder, spec.env, file, spec.headers, spec.swap))
         if spec.env:
             named_envs.add(spec.env)
     if settings.scan_env:

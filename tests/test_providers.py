@@ -814,7 +814,8 @@ def test_brokered_secrets_reach_only_their_host_and_never_the_container(tmp_path
     (keys / ".token").write_text(FILE_SECRET + "\n")  # the container sees it at /keys: the real one must stay covered
     policy = ('allow = ["allowed.test", "other.test"]\nallow_private = ["allowed.test", "other.test"]\n'
               '[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\n'
-              f'[[credentials.secret]]\nfile = "{keys / ".token"}"\nhosts = ["allowed.test"]\n')
+              f'[[credentials.secret]]\nfile = "{keys / ".token"}"\nhosts = ["allowed.test"]\n'
+              'header = "X-File"\n')  # swapped in that header only (the default is Authorization)
     headers = '-H "Authorization: token $GITHUB_TOKEN" -H "X-File: $(cat /keys/.token)"'
     script = (f'echo "$GITHUB_TOKEN"; cat /keys/.token; '
               f'curl -sS {headers} {https_upstream.url("allowed.test")}; '

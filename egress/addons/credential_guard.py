@@ -177,13 +177,22 @@ class CredentialGuard:
 
     @fail_closed
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        # A bound host may reflect what it received (echo endpoints, error pages): the command
-        # must get back the placeholder it sent, never the real value.
-        if not flow_state(flow).substituted or flow.response is None or flow_state(flow).refused:
+        # A host a brokered secret is bound to holds the real value: it was sent it, and may
+        # give it back on any later request, not only in an echo of this one (an issue, a
+        # paste, a log that keeps what it was sent; the reason phrase). So every response
+        # from it is read before the command gets it, whatever its request carried.
+        if flow.response is None or flow_state(flow).refused:
             return
         host = _host(flow)
+        if not self._echo_due(flow, host):
+            return
         response = flow.response
+        response.data.reason = self._unswap(response.data.reason)
         response.headers.fields = tuple((name, self._unswap(value)) for name, value in response.headers.fields)
+        left = self.echo_detector.scan(b"\n".join([response.data.http_version, response.data.reason]))
+        if left:
+            self._refuse(flow, host, f"{left[0].kind} given back in the status line", stage="response")
+            return
         left = self.echo_detector.scan(b"\n".join(b for field in response.headers.fields for b in field))
         if left:
             self._refuse(flow, host, f"{left[0].kind} given back in a response header", stage="response")
@@ -195,7 +204,14 @@ class CredentialGuard:
             self._refuse(flow, host, f"a brokered response that cannot be read (content-encoding {encoding!r}: {e})",
                          stage="response")
             return
-        response.stream = _Relay(self, flow, host, scan, echo=True)
+        # The body is also read as a client might read it other than as labelled: a coded
+        # body's bytes as sent (gzip's header comment, a zstd skippable frame: fields the
+        # decoder skips), and an unlabelled body that starts like gzip, zlib or zstd, decoded.
+        if scan.decoder is not None:
+            also = [_AsSent(_BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=True)))]
+        else:
+            also = [_Sniffed(self.echo_detector, lambda: self._budget(streamed=True))]
+        response.stream = _Relay(self, flow, host, scan, echo=True, also=also)
 
     @fail_closed
     def websocket_start(self, flow: http.HTTPFlow) -> None:
@@ -226,23 +242,37 @@ class CredentialGuard:
         """The bound secrets that may go to ``host``."""
         return [secret for secret, hosts in self._bindings if hosts.decide(host).allowed]
 
+    def _echo_due(self, flow: http.HTTPFlow, host: str) -> bool:
+        """Whether what the server sends on this flow is read for brokered values given back:
+        it comes from a host a brokered secret is bound to (or carried one: a substituted flow)."""
+        if not self.brokered:
+            return False
+        return flow_state(flow).substituted or any(s.placeholder for s in self._bound_to(host))
+
     def _substitute_head(self, flow: http.HTTPFlow, bound: list[StoredSecret]) -> bool:
+        """Swap placeholders for real values where each secret is declared to go: its
+        ``header`` names, and the path or query if its ``swap`` says so. A placeholder left
+        anywhere else is then refused by the scan (_scan_head, _check_body)."""
         brokered = [s for s in bound if s.placeholder]
         if not brokered:
             return False
         changed = False
-        path = flow.request.path
+        path, sep, query = flow.request.path.partition("?")
         for secret in brokered:
             for fake, real in _forms(secret.placeholder, secret.value):
-                if fake in path:
+                if "path" in secret.swap and fake in path:
                     path, changed = path.replace(fake, real), True
+                if "query" in secret.swap and fake in query:
+                    query, changed = query.replace(fake, real), True
         if changed:
-            flow.request.path = path
+            flow.request.path = path + sep + query
         fields = []
         for name, value in flow.request.headers.fields:
-            new = _swap(value, brokered)
-            if name.lower() == b"authorization" and new[:6].lower() == b"basic ":
-                new = _swap_basic(new, brokered)
+            lower = name.decode("latin-1").lower()
+            mine = [s for s in brokered if "header" in s.swap and lower in s.header_names]
+            new = _swap(value, mine) if mine else value
+            if mine and lower == "authorization" and new[:6].lower() == b"basic ":
+                new = _swap_basic(new, mine)
             changed |= new != value
             fields.append((name, new))
         flow.request.headers.fields = tuple(fields)
@@ -345,7 +375,10 @@ class CredentialGuard:
         bound = self._bound_to(host)
         raw = flow.request.raw_content
         encoding = flow.request.headers.get("content-encoding", "")
-        swappable = flow.request.scheme == "https" and any(s.placeholder for s in bound)
+        # Only the secrets that opted in (swap = ["body"]): a placeholder of any other is
+        # left as it is, and refused below.
+        swapping = [s for s in bound if s.placeholder and "body" in s.swap]
+        swappable = flow.request.scheme == "https" and bool(swapping)
         rewrite = self.action == "mask" or swappable
         try:
             scan = self._body_scan(bound, encoding, streamed=False, keep=rewrite)
@@ -353,7 +386,7 @@ class CredentialGuard:
             body = scan.body() if rewrite else raw
             placeholders = {f.kind for f in findings if f.kind.startswith(PLACEHOLDER_LABEL + ":")}
             if swappable and placeholders:
-                swapped = _swap(body, bound)
+                swapped = _swap(body, swapping)
                 if swapped != body:
                     body = swapped
                     flow.request.content = body  # mitmproxy re-encodes and fixes Content-Length
@@ -386,7 +419,7 @@ class CredentialGuard:
                 findings = yield from self._body_scan(bound, "", streamed=False).run(message.content)
                 if findings:
                     self._refuse_message(flow, message, host, f"{findings[0].kind} in a WebSocket message")
-            elif flow_state(flow).substituted:
+            elif self._echo_due(flow, host):
                 scan = _BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=False))
                 findings = yield from scan.run(message.content)
                 content = self._put_back(message.content, findings, 0)
@@ -406,7 +439,7 @@ class CredentialGuard:
         if from_client:
             detector, allowed, ignore = self.detector, frozenset(s.label for s in self._bound_to(_host(flow))), \
                 self.ignore_kinds
-        elif flow_state(flow).substituted:
+        elif self._echo_due(flow, _host(flow)):
             detector, allowed, ignore = self.echo_detector, frozenset(), frozenset()
         else:
             return True
@@ -453,6 +486,7 @@ class CredentialGuard:
         * ``websocket``: a close frame (1008) to both sides at the next frame.
         """
         method = "WEBSOCKET" if stage == "websocket" else flow.request.method
+        detail += self._placeholder_note(host, detail)
         # One event, through the one refusal function (the first refusal of a flow stands, even
         # after the flow was reported as allowed); this guard stops the flow itself, as its
         # stage allows.
@@ -468,6 +502,21 @@ class CredentialGuard:
             flow.kill()
         else:
             _abort(flow)
+
+    def _placeholder_note(self, host: str, detail: str) -> str:
+        """For a placeholder refused on its own host: where that secret is swapped in, so the
+        refusal says how to fix a request that put it elsewhere."""
+        if not detail.startswith(PLACEHOLDER_LABEL + ":"):
+            return ""
+        label = detail[len(PLACEHOLDER_LABEL) + 1:].split(" ", 1)[0]
+        secret = self.brokered.get(label)
+        if secret is None or secret not in self._bound_to(host):
+            return ""
+        places = [f"the {where}" for where in secret.swap if where != "header"]
+        if "header" in secret.swap:
+            places.insert(0, f"the {', '.join(secret.headers)} header{'s' if len(secret.headers) > 1 else ''}")
+        where = ", ".join(places[:-1]) + " and " + places[-1] if len(places) > 1 else (places or ["no place"])[0]
+        return f" ({label} is swapped in {where} only; its [[credentials.secret]] swap = [...] adds others)"
 
     def _record_mask(self, flow: http.HTTPFlow, findings, where: str) -> None:
         kinds = ", ".join(sorted({f.kind for f in findings}))
@@ -633,8 +682,10 @@ class _Relay:
     upstream as a request of its own.
     """
 
-    def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, scan: _BodyScan, echo: bool = False):
+    def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, scan: _BodyScan, echo: bool = False,
+                 also: list | None = None):
         self.guard, self.flow, self.host, self.scan, self.echo = guard, flow, host, scan, echo
+        self.also = also or []  # other readings of the same bytes (_AsSent, _Sniffed): a finding there is cut off
         # The chunks not relayed yet, as they came: a list, not one bytes grown by +=, which
         # copied everything held (up to SCAN_BATCH + overlap) for every chunk and again to cut
         # off what was relayed -- 3.9% of the proxy's samples in an 8 MiB upload (py-spy).
@@ -653,6 +704,13 @@ class _Relay:
             return self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
         except _OverBudget as e:
             return self._stop(f"{where} could not be scanned in time ({e})")
+        for side in self.also:
+            try:
+                other = side.feed(chunk) if chunk else side.finish()
+            except _OverBudget as e:
+                return self._stop(f"{where} could not be scanned in time ({e})")
+            if other:
+                return self._stop(f"{other[0].kind} given back in {where} ({side.form})")
         if chunk:
             self.held.append(chunk)
             self.held_len += len(chunk)
@@ -663,7 +721,10 @@ class _Relay:
             if put_back is None:
                 return self._stop(f"{findings[0].kind} given back in {where}")
             self.held = [put_back]
-        return self._release(self.scan.releasable - self.offset)
+        releasable = self.scan.releasable
+        for side in self.also:
+            releasable = min(releasable, side.releasable)
+        return self._release(releasable - self.offset)
 
     def _release(self, upto: int) -> bytes | list:
         """The first ``upto`` held bytes, taken off the held chunks ([] for none)."""
@@ -696,6 +757,97 @@ class _Relay:
         self.held, self.held_len = [], 0
         self.guard._refuse(self.flow, self.host, detail, stage="response" if self.echo else "stream")
         return []
+
+
+class _AsSent:
+    """A coded response body read as sent, before decoding: gzip's name, comment and extra
+    fields, zstd's skippable frames and brotli's metadata are bytes a decoder skips and a
+    client can read all the same."""
+
+    form = "in its coded bytes as sent"
+
+    def __init__(self, scan: _BodyScan):
+        self.scan = scan
+
+    def feed(self, chunk: bytes) -> list[Finding]:
+        return self.scan.feed(chunk)
+
+    def finish(self) -> list[Finding]:
+        return self.scan.finish()
+
+    @property
+    def releasable(self) -> int:
+        return self.scan.releasable
+
+
+# What the first bytes of a compressed body are, whatever its headers say.
+_GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+
+
+def _sniff(head: bytes) -> str | None:
+    """The content coding ``head`` starts like (gzip, zlib as "deflate", zstd), or None."""
+    if head.startswith(_GZIP_MAGIC):
+        return "gzip"
+    if head.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "deflate"
+    return None
+
+
+class _Sniffed:
+    """An unlabelled response body that starts like gzip, zlib or zstd, decoded as that:
+    a client can decode what its headers do not label. Until its first bytes have come
+    nothing is releasable; a body that does not start so, or stops decoding (it was text
+    after all, or garbage follows the stream), is left to the plain reading; more than
+    BODY_SCAN_LIMIT decoded is cut off, as a labelled body is."""
+
+    form = "compressed, whatever its headers say"
+    _DONE = object()
+
+    def __init__(self, detector: Detector, budget):
+        self.detector, self.budget = detector, budget
+        self.head = b""
+        self.scan = None  # None: undecided; _DONE: nothing more to read; else the decoding scan
+
+    def feed(self, chunk: bytes) -> list[Finding]:
+        if self.scan is None:
+            self.head += chunk
+            if len(self.head) < len(_ZSTD_MAGIC):
+                return []
+            coding, chunk, self.head = _sniff(self.head), self.head, b""
+            self.scan = self._DONE if coding is None else \
+                _BodyScan(self.detector, coding, frozenset(), frozenset(), self.budget())
+        if self.scan is self._DONE:
+            return []
+        try:
+            return self.scan.feed(chunk)
+        except UndecodableBody:
+            return self._stopped()
+
+    def finish(self) -> list[Finding]:
+        if self.scan is None or self.scan is self._DONE:
+            self.scan = self._DONE  # under 4 bytes: no secret fits
+            return []
+        try:
+            return self.scan.finish()
+        except UndecodableBody:
+            return self._stopped()
+
+    def _stopped(self) -> list[Finding]:
+        """Decoding failed: what decoded so far was scanned; past the limit, cut off."""
+        if self.scan.decoder.size > BODY_SCAN_LIMIT:
+            return [Finding(f"a body over {BODY_SCAN_LIMIT >> 20} MiB decoded", 0, 0)]
+        self.scan = self._DONE
+        return []
+
+    @property
+    def releasable(self) -> int:
+        if self.scan is None:
+            return 0
+        if self.scan is self._DONE:
+            return 1 << 62
+        return self.scan.releasable
 
 
 def _guard_frames(guard: CredentialGuard, flow: http.HTTPFlow, from_client: bool, events):
