@@ -271,7 +271,8 @@ def test_a_bound_host_giving_back_what_it_kept_never_gives_the_command_the_value
 @pytest.mark.parametrize("form,cut", [("raw", False), ("b64", True)], ids=["raw", "base64"])
 def test_the_reason_phrase_never_gives_the_value_back(tmp_path, keeping, test_ca_file, curl_path, form, cut):
     # P6
-    script = curl(keeping.url("allowed.test", f"/status?as={form}"), "status", '-H "Authorization: token $GITHUB_TOKEN"')
+    script = curl(keeping.url("allowed.test", f"/status?as={form}"), "status",
+                  '-H "Authorization: token $GITHUB_TOKEN"')
     result, events, project = egress_run(tmp_path, POLICY, script, test_ca_file)
     assert f"Authorization: token {GITHUB}\r\n".encode() in keeping.received
     details = [e["detail"] for e in events if e.get("reason") == "credential"]

@@ -101,6 +101,9 @@ class CredentialGuard:
         self.brokered = {s.label: s for s in credentials.brokered}
         self.echo_detector = Detector([(s.label, s.value) for s in credentials.brokered], formats=False) \
             if self.brokered else None
+        # How much of a bound host's WebSocket messages is read again with the next one: the
+        # longest form the detector reads a value in (two layers of %-escaping: 9 bytes a byte).
+        self._echo_tail = 9 * max((len(s.value) for s in credentials.brokered), default=0) + 64
         # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
         engine.recorder.clean = self.clean
         self._cleaned: dict[str, str] = {}
@@ -212,6 +215,21 @@ class CredentialGuard:
         else:
             also = [_Sniffed(self.echo_detector, lambda: self._budget(streamed=True))]
         response.stream = _Relay(self, flow, host, scan, echo=True, also=also)
+
+    @fail_closed
+    def response(self, flow: http.HTTPFlow) -> None:
+        # Trailers go to the client after this hook (HTTP/2): read as the headers were.
+        response = flow.response
+        if response is None or not response.trailers or flow_state(flow).refused:
+            return
+        host = _host(flow)
+        if not self._echo_due(flow, host):
+            return
+        response.trailers.fields = tuple((name, self._unswap(value)) for name, value in response.trailers.fields)
+        left = self.echo_detector.scan(b"\n".join(b for field in response.trailers.fields for b in field))
+        if left:
+            response.trailers = None
+            self._refuse(flow, host, f"{left[0].kind} given back in a response trailer", stage="response")
 
     @fail_closed
     def websocket_start(self, flow: http.HTTPFlow) -> None:
@@ -420,13 +438,22 @@ class CredentialGuard:
                 if findings:
                     self._refuse_message(flow, message, host, f"{findings[0].kind} in a WebSocket message")
             elif self._echo_due(flow, host):
+                # Read with the end of the messages before it: a value split across messages
+                # is one value to a command that joins them. One that starts in a message
+                # already relayed cannot be put back: refused.
+                state = flow_state(flow)
+                tail = state.echo_tail
                 scan = _BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=False))
-                findings = yield from scan.run(message.content)
-                content = self._put_back(message.content, findings, 0)
+                findings = yield from scan.run(tail + message.content)
+                across = [f for f in findings if f.start < len(tail)]
+                content = None if across else self._put_back(tail + message.content, findings, 0)
                 if content is None:
-                    self._refuse_message(flow, message, host, f"{findings[0].kind} given back in a WebSocket message")
-                elif findings:
-                    message.content = content
+                    where = "across WebSocket messages" if across else "in a WebSocket message"
+                    self._refuse_message(flow, message, host, f"{(across or findings)[0].kind} given back {where}")
+                    return
+                if findings:
+                    message.content = content[len(tail):]
+                state.echo_tail = content[-self._echo_tail:]
         except _OverBudget as e:
             self._refuse_message(flow, message, host, f"a WebSocket message that could not be scanned in time ({e})")
 

@@ -26,7 +26,8 @@ from mitmproxy import http
 from mitmproxy.flow import Error
 from mitmproxy.addons import proxyserver
 from mitmproxy.proxy import commands, context, events
-from mitmproxy.proxy.layers.http import HttpRequestHeadersHook, HttpRequestHook, HttpResponseHeadersHook
+from mitmproxy.proxy.layers.http import (HttpRequestHeadersHook, HttpRequestHook, HttpResponseHeadersHook,
+                                         HttpResponseHook)
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 from mitmproxy.websocket import WebSocketData
@@ -452,3 +453,136 @@ def test_a_server_echoing_a_brokered_value_over_a_websocket():
     assert [e.data for e in rig.to_client if isinstance(e, ws_events.TextMessage)] == [f"you are {PLACEHOLDER}"]
     rig.server_sends(ws_events.TextMessage(base64.b64encode(f"you are {REAL}".encode()).decode()))
     assert_closed_for_a_credential(rig, "GITHUB_TOKEN given back in a WebSocket message")
+
+
+# ------------------------------------- brokered: swapped where declared, every response read
+
+
+def bound_flow(setup: Setup, headers=(), url="https://bound.test/", method="GET", body=b"") -> http.HTTPFlow:
+    flow = request(method, url=url, body=body, headers=headers)
+    flow_state(flow).host = parse_host("bound.test")
+    run(setup.hook(HttpRequestHeadersHook, flow))
+    if flow.response is None and body:
+        run(setup.hook(HttpRequestHook, flow))
+    return flow
+
+
+def test_a_secret_is_swapped_in_its_declared_header_only():
+    setup = Setup()
+    flow = bound_flow(setup, [(b"authorization", f"Basic {base64.b64encode(f'x:{PLACEHOLDER}'.encode()).decode()}"
+                                                 .encode())])
+    assert base64.b64decode(flow.request.headers["Authorization"][6:]) == f"x:{REAL}".encode()
+    for headers, url, body, where in [
+        ([(b"X-Token", PLACEHOLDER.encode())], "https://bound.test/", b"", "the X-Token header"),
+        ([], f"https://bound.test/?t={PLACEHOLDER}", b"", "the URL"),
+        ([], f"https://bound.test/{PLACEHOLDER}", b"", "the URL"),
+        ([], "https://bound.test/", f"t={PLACEHOLDER}".encode(), "the body"),
+    ]:
+        setup = Setup()
+        flow = bound_flow(setup, headers, url, "POST", body)
+        assert_refused(setup, flow, f"placeholder:GITHUB_TOKEN in {where} (GITHUB_TOKEN is swapped in the "
+                                    f"Authorization header only")
+        assert REAL not in str(flow.request.headers) + flow.request.path + flow.request.text
+
+
+def test_swapping_elsewhere_is_declared_per_secret():
+    setup = Setup()
+    secret = setup.guard.secrets[1]
+    secret.headers, secret.swap = ("X-Token",), ("header", "body", "path")
+    flow = bound_flow(setup, [(b"x-token", PLACEHOLDER.encode())], f"https://bound.test/{PLACEHOLDER}/", "POST",
+                      f"t={PLACEHOLDER}".encode())
+    assert flow.response is None and setup.events == []
+    assert (flow.request.headers["X-Token"], flow.request.path, flow.request.text) == (REAL, f"/{REAL}/", f"t={REAL}")
+    flow = bound_flow(setup, [(b"Authorization", PLACEHOLDER.encode())])  # no longer its header
+    assert_refused(setup, flow, "placeholder:GITHUB_TOKEN in the Authorization header (GITHUB_TOKEN is swapped in "
+                                "the X-Token header, the body and the path only")
+
+
+def plain_flow(setup: Setup, resp: http.Response, host: str = "bound.test") -> http.HTTPFlow:
+    """A response to a request that carried no placeholder."""
+    flow = request(url=f"https://{host}/fetch")
+    flow_state(flow).host = parse_host(host)
+    run(setup.hook(HttpRequestHeadersHook, flow))
+    assert not flow_state(flow).substituted
+    flow.response = resp
+    run(setup.hook(HttpResponseHeadersHook, flow))
+    return flow
+
+
+def test_every_response_of_a_bound_host_is_read_whatever_its_request_carried():
+    setup = Setup()
+    body = f"stored: token {REAL}".encode()
+    flow = plain_flow(setup, response({"X-Kept": f"token {REAL}", "Content-Length": str(len(body))}))
+    assert flow.response.headers["X-Kept"] == f"token {PLACEHOLDER}"
+    assert response_stream(flow, [body[:9], body[9:]]) == f"stored: token {PLACEHOLDER}".encode()
+    # another host's responses are not read: it was never sent the value
+    other = plain_flow(setup, response({"X-Kept": f"token {REAL}"}), host="example.test")
+    assert other.response.stream is False or other.response.stream is None
+    assert setup.events == []
+
+
+@pytest.mark.parametrize("reason,kept", [
+    (f"token {REAL}", f"token {PLACEHOLDER}"),
+    (base64.b64encode(f"token {REAL}".encode()).decode(), None),
+], ids=["raw", "base64"])
+def test_the_reason_phrase_is_put_back_or_the_response_killed(reason, kept):
+    setup = Setup()
+    resp = response({})
+    resp.reason = reason
+    flow = plain_flow(setup, resp)
+    if kept is not None:
+        assert flow.response.reason == kept and setup.events == []
+    else:
+        assert flow.error is not None and flow.error.msg == Error.KILLED_MESSAGE
+        assert setup.blocks() == [("GET", "credential", "GITHUB_TOKEN given back in the status line")]
+
+
+def gzip_commented(comment: bytes, content: bytes = b"x=1") -> bytes:
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return (b"\x1f\x8b\x08\x10\0\0\0\0\0\xff" + comment + b"\0" + deflate.compress(content) + deflate.flush()
+            + zlib.crc32(content).to_bytes(4, "little") + len(content).to_bytes(4, "little"))
+
+
+@pytest.mark.parametrize("encoding,body,form", [
+    ("", gzip.compress(PAD + ECHO), "compressed, whatever its headers say"),
+    ("", zlib.compress(PAD + ECHO), "compressed, whatever its headers say"),
+    ("", zstandard.ZstdCompressor().compress(PAD + ECHO), "compressed, whatever its headers say"),
+    ("gzip", gzip_commented(ECHO), "in its coded bytes as sent"),
+], ids=["unlabelled-gzip", "unlabelled-zlib", "unlabelled-zstd", "gzip-header-comment"])
+def test_a_body_is_read_as_a_client_may_read_it(encoding, body, form):
+    setup = Setup()
+    headers = {"Content-Length": str(len(body))} | ({"Content-Encoding": encoding} if encoding else {})
+    flow = plain_flow(setup, response(headers))
+    out = response_stream(flow, [body[k:k + 3] for k in range(0, 12, 3)] + [body[12:]])
+    assert setup.blocks() == [("GET", "credential", f"GITHUB_TOKEN given back in the response body ({form})")]
+    assert REAL.encode() not in out and REAL.encode() not in zlib.decompressobj(47).decompress(out)
+
+
+def test_text_that_only_looks_compressed_passes_whole():
+    setup = Setup()
+    body = b"x^ not zlib at all, " + PAD
+    flow = plain_flow(setup, response({"Content-Length": str(len(body))}))
+    assert response_stream(flow, [body[:1], body[1:5], body[5:]]) == body and setup.events == []
+
+
+def test_a_value_in_a_response_trailer_is_put_back_or_refused():
+    setup = Setup()
+    flow = plain_flow(setup, response({}))
+    flow.response.trailers = http.Headers([(b"X-Kept", f"token {REAL}".encode())])
+    run(setup.hook(HttpResponseHook, flow))
+    assert flow.response.trailers["X-Kept"] == f"token {PLACEHOLDER}" and setup.events == []
+    flow = plain_flow(setup, response({}))
+    flow.response.trailers = http.Headers([(b"X-Kept", base64.b64encode(REAL.encode()))])
+    run(setup.hook(HttpResponseHook, flow))
+    assert flow.response.trailers is None
+    assert setup.blocks() == [("GET", "credential", "GITHUB_TOKEN given back in a response trailer")]
+
+
+def test_a_value_split_across_a_bound_hosts_websocket_messages_is_refused():
+    rig = WebSocketRig(Setup(), host="bound.test")  # no placeholder sent on this connection
+    rig.server_sends(ws_events.TextMessage(f"kept: {REAL}"))
+    assert [e.data for e in rig.to_client if isinstance(e, ws_events.TextMessage)] == [f"kept: {PLACEHOLDER}"]
+    rig.server_sends(ws_events.TextMessage(f"part one {REAL[:20]}"))
+    rig.server_sends(ws_events.TextMessage(REAL[20:] + " part two"))
+    assert_closed_for_a_credential(rig, "GITHUB_TOKEN given back across WebSocket messages")
+    assert REAL[20:] not in repr(rig.to_client)
