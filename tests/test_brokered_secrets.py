@@ -292,3 +292,17 @@ def test_a_header_the_value_comes_back_in_is_cut_off(tmp_path, keeping, test_ca_
     details = [e["detail"] for e in events if e.get("reason") == "credential"]
     assert details == ["GITHUB_TOKEN given back in a response header"], details
     assert_never_shown(result, project)
+
+
+def test_where_a_secret_goes_is_read_from_its_table():
+    from egress.credentials import load_credentials, parse_settings
+
+    tables = [("p.toml", {"secret": [{"env": "A_TOKEN", "hosts": ["a.test"]},
+                                     {"env": "B_TOKEN", "hosts": ["b.test"], "header": "X-Api-Key",
+                                      "swap": ["header", "query"]},
+                                     {"env": "C_TOKEN", "hosts": ["c.test"], "header": ["X-One", "X-Two"]}]})]
+    environ = {"A_TOKEN": GITHUB, "B_TOKEN": GITHUB[::-1], "C_TOKEN": GITHUB.upper()}
+    secrets = load_credentials(parse_settings(tables), environ, broker=True).secrets
+    assert [(s.headers, s.swap) for s in secrets] == [
+        (("Authorization",), ("header",)), (("X-Api-Key",), ("header", "query")), (("X-One", "X-Two"), ("header",))]
+    assert secrets[2].header_names == {"x-one", "x-two"}

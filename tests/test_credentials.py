@@ -163,6 +163,10 @@ def test_bound_secret_reaches_its_host_only(proxy_factory, https_upstream):
     ('[[credentials.secret]]\nfile = "/nonexistent/egress-secret"\n', {}, "cannot read /nonexistent/egress-secret"),
     ('[[credentials.secret]]\nenv = "SHORT"\n', {"SHORT": "abc"}, "needs at least"),
     ('[[credentials.secret]]\nenv = "UNSET_SECRET_X"\n', {}, "$UNSET_SECRET_X is not set"),
+    ('[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\nswap = ["bdy"]\n', {"GITHUB_TOKEN": GITHUB},
+     "credentials.secret.swap: 'bdy' is not a place; write some of header, body, query, path"),
+    ('[[credentials.secret]]\nenv = "GITHUB_TOKEN"\nhosts = ["allowed.test"]\nheader = "X Key"\n',
+     {"GITHUB_TOKEN": GITHUB}, "credentials.secret.header: write a header name, or a list of them"),
 ])
 def test_bad_credential_settings_stop_serve_with_a_clear_error(tmp_path, table, env, message):
     policy = tmp_path / "p.toml"
@@ -793,6 +797,7 @@ def test_credentials_survive_the_trip_to_the_warm_proxy():
     from egress.credentials import Credentials, StoredSecret
 
     credentials = Credentials("mask", [StoredSecret("GITHUB_TOKEN", GITHUB, ("github.com",), "ghp_" + "x" * 36,
-                                                    env="GITHUB_TOKEN"),
+                                                    env="GITHUB_TOKEN", headers=("X-Key", "Authorization"),
+                                                    swap=("header", "body")),
                                        StoredSecret("file:/k", "s3cr3t-value", file="/k")], frozenset({"jwt"}))
     assert Credentials.from_dict(json.loads(json.dumps(credentials.to_dict()))) == credentials

@@ -11,12 +11,18 @@ control frames (ping, pong, close).
   ``[redacted:<kind>]`` and the request goes on (a method or header name cannot be masked:
   refused).
 * A stored secret bound to hosts passes to those hosts (and their subdomains) only.
-* Brokered secrets: the command holds a placeholder; on a TLS-intercepted request to the
-  secret's own hosts the placeholder is swapped for the real value; anywhere else the
-  placeholder itself is refused. A request carrying a swapped-in secret may not use a
-  method that echoes it back (TRACE, TRACK), and its response may not give the value
-  back in any layer the detector reads: replaced in place (raw or %-escaped, same length),
-  else refused.
+* Brokered secrets: the command holds a placeholder. On a TLS-intercepted request to the
+  secret's own hosts the placeholder is swapped for the real value only where the secret
+  is declared to go (its ``header`` names, default Authorization; the body, query or path
+  if its ``swap`` opts in); a placeholder anywhere else, or on any other host, is refused.
+  A request carrying a swapped-in secret may not use a method that echoes it back (TRACE,
+  TRACK). Every response from a host a brokered secret is bound to, whatever its request
+  carried (such a host keeps what it was sent and may show it on a later request), is read
+  for the real value in every layer the detector reads: the status line, each header and
+  trailer, the body (as labelled, as sent, and as gzip/zlib/zstd when it starts like one
+  whatever its headers say) and WebSocket messages (across messages). A value found raw or
+  %-escaped is put back to its placeholder in place (same length); anywhere else the
+  response is cut off, with an event naming the secret and where.
 
 One scanner behind every body: :class:`_BodyScan` undoes the content coding piece by
 piece (gzip, deflate, br, zstd; an unknown one is refused before a byte is relayed) and
