@@ -740,6 +740,8 @@ class _Relay:
         for side in self.also:
             try:
                 other = side.feed(chunk) if chunk else side.finish()
+            except UndecodableBody as e:
+                return self._stop(f"a response that cannot be read ({e})")
             except _OverBudget as e:
                 return self._stop(f"{where} could not be scanned in time ({e})")
             if other:
@@ -831,8 +833,9 @@ def _sniff(head: bytes) -> str | None:
 class _Sniffed:
     """An unlabelled response body that starts like gzip, zlib or zstd, decoded as that:
     a client can decode what its headers do not label. Until its first bytes have come
-    nothing is releasable; a body that does not start so, or stops decoding (it was text
-    after all, or garbage follows the stream), is left to the plain reading; more than
+    nothing is releasable. A body that does not start so, or does not decode from its
+    first bytes (text that only looks like a zlib header), is left to the plain reading;
+    one that decodes and then breaks (garbage after the stream, cut short) or passes
     BODY_SCAN_LIMIT decoded is cut off, as a labelled body is."""
 
     form = "compressed, whatever its headers say"
@@ -841,6 +844,7 @@ class _Sniffed:
     def __init__(self, detector: Detector, budget):
         self.detector, self.budget = detector, budget
         self.head = b""
+        self.coding: str | None = None
         self.scan = None  # None: undecided; _DONE: nothing more to read; else the decoding scan
 
     def feed(self, chunk: bytes) -> list[Finding]:
@@ -848,15 +852,15 @@ class _Sniffed:
             self.head += chunk
             if len(self.head) < len(_ZSTD_MAGIC):
                 return []
-            coding, chunk, self.head = _sniff(self.head), self.head, b""
-            self.scan = self._DONE if coding is None else \
-                _BodyScan(self.detector, coding, frozenset(), frozenset(), self.budget())
+            self.coding, chunk, self.head = _sniff(self.head), self.head, b""
+            self.scan = self._DONE if self.coding is None else \
+                _BodyScan(self.detector, self.coding, frozenset(), frozenset(), self.budget())
         if self.scan is self._DONE:
             return []
         try:
             return self.scan.feed(chunk)
-        except UndecodableBody:
-            return self._stopped()
+        except UndecodableBody as e:
+            return self._stopped(e)
 
     def finish(self) -> list[Finding]:
         if self.scan is None or self.scan is self._DONE:
@@ -864,15 +868,17 @@ class _Sniffed:
             return []
         try:
             return self.scan.finish()
-        except UndecodableBody:
-            return self._stopped()
+        except UndecodableBody as e:
+            return self._stopped(e)
 
-    def _stopped(self) -> list[Finding]:
-        """Decoding failed: what decoded so far was scanned; past the limit, cut off."""
-        if self.scan.decoder.size > BODY_SCAN_LIMIT:
-            return [Finding(f"a body over {BODY_SCAN_LIMIT >> 20} MiB decoded", 0, 0)]
-        self.scan = self._DONE
-        return []
+    def _stopped(self, error: UndecodableBody) -> list[Finding]:
+        """Decoding failed. Before any output: it was not compressed, the plain reading is
+        enough. After some: what decoded may not all have been scanned yet (the scanner works
+        in batches), and a client can decode it all the same: raised, the response cut off."""
+        if self.scan.decoder.size == 0:
+            self.scan = self._DONE
+            return []
+        raise UndecodableBody(f"it starts like {self.coding} and does not decode: {error}")
 
     @property
     def releasable(self) -> int:

@@ -558,6 +558,17 @@ def test_a_body_is_read_as_a_client_may_read_it(encoding, body, form):
     assert REAL.encode() not in out and REAL.encode() not in zlib.decompressobj(47).decompress(out)
 
 
+def test_an_unlabelled_stream_that_decodes_then_breaks_is_cut_off():
+    # what a client decodes before the garbage holds the value; the scanner had not read it yet
+    setup = Setup()
+    body = gzip.compress(ECHO) + b"trailing text, not gzip"
+    flow = plain_flow(setup, response({"Content-Length": str(len(body))}))
+    out = response_stream(flow, [body])
+    assert len(setup.blocks()) == 1 and "a response that cannot be read (it starts like gzip and does not decode: " \
+        "trailing garbage" in setup.blocks()[0][2]
+    assert out == b""
+
+
 def test_text_that_only_looks_compressed_passes_whole():
     setup = Setup()
     body = b"x^ not zlib at all, " + PAD
