@@ -140,6 +140,52 @@ def answer_before_streamed_body() -> None:
         HttpStream.start_request_stream = _answer_before_body(HttpStream.start_request_stream)
 
 
+# ------------------------------------------------ the refusal, not mitmproxy's page
+
+
+def _answer_invalid_request(original):
+    """HttpStream.check_invalid, sending the answer an addon gave a request mitmproxy refuses.
+
+    mitmproxy refuses some requests itself after their head was read (a scheme other than
+    http/https: ``GET ws://...``, ``GET HTTP://...``; Transfer-Encoding with Content-Length;
+    a CONNECT inside a tunnel), runs the requestheaders and error hooks, then sends its own
+    HTML 400. egress's guards refuse such a request in those hooks, so the client got
+    mitmproxy's page (no X-Egress-Blocked, no EGRESS_BLOCKED line) for a refusal egress had
+    recorded. Here, when a hook set the flow's response, that response is sent (its head and
+    its body) before mitmproxy's error event, which then only closes the connection: an
+    HTTP/1 server side writes its page only when no response is under way. A response
+    failing the same checks (``request=False``) is the upstream's: it is left as it was.
+    """
+    from mitmproxy.proxy.layers.http import ResponseData, ResponseHeaders, ResponseProtocolError, SendHttp
+
+    def check_invalid(self, request: bool):
+        commands_ = original(self, request)
+        reply = None
+        while True:
+            try:
+                command = commands_.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            answer = self.flow.response if request else None
+            if (answer is not None and isinstance(command, SendHttp)
+                    and isinstance(command.event, ResponseProtocolError) and command.connection is self.context.client):
+                yield SendHttp(ResponseHeaders(self.stream_id, answer, False), self.context.client)
+                if answer.raw_content:
+                    yield SendHttp(ResponseData(self.stream_id, answer.raw_content), self.context.client)
+            reply = yield command
+
+    check_invalid.egress_original = original
+    return check_invalid
+
+
+def answer_invalid_requests() -> None:
+    """Install :func:`_answer_invalid_request` (idempotent)."""
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    if not hasattr(HttpStream.check_invalid, "egress_original"):
+        HttpStream.check_invalid = _answer_invalid_request(HttpStream.check_invalid)
+
+
 @dataclass(frozen=True)
 class OwnAddons:
     """mitmproxy's own addons that egress embeds (mitmdump would load ~35)."""
@@ -234,6 +280,7 @@ def new_master(**option_values) -> tuple[_master.Master, OwnAddons]:
     _load_ca_once()
     fast_message_typecheck()
     answer_before_streamed_body()
+    answer_invalid_requests()
     master = _master.Master(_options.Options(**option_values))
     master.addons.__class__ = _HookTable  # same state, faster dispatch
     return master, OwnAddons(core.Core(), proxyserver.Proxyserver(), next_layer.NextLayer(),

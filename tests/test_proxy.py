@@ -393,13 +393,110 @@ def test_upstream_that_hangs_inside_tls_is_dropped_with_504(proxy_factory, https
                if e["reason"] == "upstream-timeout")
 
 
-def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory):
+def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory, curl_path, tmp_path):
+    # allowed.test is allowed and may reach 127.0.0.1 (allow_private), but 127.0.0.1:<its port> is
+    # the proxy itself. Before: a 502 "upstream could not be reached" (connect-failed), and a 200 to
+    # the CONNECT. Now a refusal, like any other, before anything is dialled.
     from conftest import DEFAULT_POLICY
 
     proxy = proxy_factory(DEFAULT_POLICY)
+    words = f"EGRESS_BLOCKED allowed.test: resolves to 127.0.0.1:{proxy.port}, this proxy's own listening address"
     response = proxied_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
-    assert response.status_code == 502
+    assert response.status_code == 403
+    assert response.headers["X-Egress-Blocked"] == "allowed.test; reason=private-address"
+    assert response.text.splitlines()[0] == words
+    assert "X-Egress-Error" not in response.headers
+    result = run_curl(curl_path, proxy, f"https://allowed.test:{proxy.port}/", "-v", home=tmp_path)
+    assert result.returncode == 56, result.stderr  # the CONNECT itself is refused
+    assert b"CONNECT tunnel failed, response 403" in result.stderr
+    _, answer = connect_raw(proxy, f"passthrough.test:{proxy.port}")  # the passthrough front hands it over
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert b"X-Egress-Blocked: passthrough.test; reason=private-address" in answer
+    events = proxy.wait_for_audit(lambda e: e["host"] == "passthrough.test")
+    mine = [e for e in events if e["port"] == proxy.port]
+    assert [(e["method"], e["host"], e["decision"], e["reason"]) for e in mine] == [
+        ("GET", "allowed.test", "block", "private-address"), ("CONNECT", "allowed.test", "block", "private-address"),
+        ("CONNECT", "passthrough.test", "block", "private-address")]
     assert re.search(r"^egress_open_connections [01]\.0$", proxy.metrics(), re.M)
+
+
+# ------------------------------------------- refusals mitmproxy answered itself (P12)
+
+# mitmproxy refuses some requests itself once their head is read (HttpStream.check_invalid: a scheme
+# other than http/https, Transfer-Encoding with Content-Length, a CONNECT inside a tunnel). egress's
+# guards record those as refusals, but the client got mitmproxy's HTML 400: no X-Egress-Blocked, no
+# EGRESS_BLOCKED line.
+
+
+def _assert_egress_refusal(answer: bytes, host: str, reason: str) -> None:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403 "), answer
+    assert f"\r\nX-Egress-Blocked: {host}; reason={reason}".encode() in head, answer
+    assert body.startswith(f"EGRESS_BLOCKED {host}: ".encode()), answer
+    assert b"<html" not in answer.lower()
+
+
+def _plain(proxy, request: bytes) -> bytes:
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    with sock:
+        sock.sendall(request)
+        return _read_all(sock)
+
+
+REFUSED_BY_MITMPROXY = {  # target -> (request head after the request line, host named)
+    "ws-scheme": ("GET ws://other.test:{port}/ HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n", "other.test"),
+    "upper-case-scheme": ("GET HTTP://other.test:{port}/small HTTP/1.1\r\nHost: other.test:{port}\r\n\r\n",
+                          "other.test"),
+    "ftp-scheme": ("GET ftp://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n", "allowed.test"),
+    "cl-and-te": ("POST http://allowed.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\nContent-Length: 5\r\n"
+                  "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "allowed.test"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_BY_MITMPROXY))
+def test_a_request_mitmproxy_refuses_gets_egress_refusal(proxy, http_upstream, case):
+    template, host = REFUSED_BY_MITMPROXY[case]
+    answer = _plain(proxy, template.format(port=http_upstream.port).encode())
+    _assert_egress_refusal(answer, host, "protocol")
+    assert http_upstream.connections == 0
+    events = proxy.wait_for_audit(lambda e: e["decision"] == "block")
+    assert [(e["host"], e["reason"]) for e in events if e["decision"] == "block"] == [(host, "protocol")]
+
+
+@pytest.mark.parametrize("request_line", ["GET ws://other.test:{port}/ HTTP/1.1", "GET HTTP://other.test:{port}/ HTTP/1.1",
+                                          "CONNECT other.test:{port} HTTP/1.1"],
+                         ids=["ws-scheme", "upper-case-scheme", "nested-connect"])
+def test_a_request_mitmproxy_refuses_inside_a_tls_tunnel_gets_egress_refusal(proxy, https_upstream, request_line):
+    port = https_upstream.port
+    tls = tls_through_tunnel(proxy, f"allowed.test:{port}", "allowed.test", proxy.ca_path)
+    with tls:
+        tls.sendall(request_line.format(port=port).encode() + f"\r\nHost: allowed.test:{port}\r\n\r\n".encode())
+        answer = _read_all(tls)
+    _assert_egress_refusal(answer, "other.test", "protocol")
+    assert https_upstream.requests == []
+
+
+def test_a_scheme_mitmproxy_refuses_inside_a_plain_tunnel_gets_egress_refusal(proxy, http_upstream):
+    port = http_upstream.port
+    sock, answer = connect_raw(proxy, f"allowed.test:{port}")
+    with sock:
+        assert answer.startswith(b"HTTP/1.1 200")
+        sock.sendall(f"GET ws://other.test:{port}/ HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n".encode())
+        answer = _read_all(sock)
+    _assert_egress_refusal(answer, "other.test", "protocol")
+    assert http_upstream.requests == []
+
+
+def test_curl_sending_a_ws_target_gets_egress_refusal(proxy, http_upstream, curl_path, tmp_path):
+    # A real client's request line: curl's --request-target puts the target on the line verbatim.
+    port = http_upstream.port
+    result = run_curl(curl_path, proxy, f"http://allowed.test:{port}/small", "-i", "--request-target",
+                      f"ws://other.test:{port}/", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"HTTP/1.1 403 "), result.stdout
+    assert b"X-Egress-Blocked: other.test; reason=protocol" in result.stdout
+    assert b"\r\n\r\nEGRESS_BLOCKED other.test: " in result.stdout
+    assert http_upstream.requests == []
 
 
 # ------------------------------------------------- issue 9: guard holes

@@ -14,6 +14,14 @@ allowed request is classified from the hook that saw it:
 * any other failure while the client is still there (the server closed the connection or
   sent something mitmproxy refused) -> ``connect-failed``, mitmproxy's message as detail.
 
+One destination is known to fail before it is dialled: this proxy's own listening address
+(a name, allowed and ``allow_private``, that resolves to the loopback address and port the
+proxy listens on). Dialled, it would come back here, again and again; AddressGuard refuses
+the dial in ``server_connect``, which made it a ``connect-failed`` 502 (after a 200 for a
+CONNECT). It is not an upstream that failed but a destination egress will not serve: it is
+refused (``private-address``, 403, the address in the detail) at the CONNECT or the request
+head, once AddressGuard has pinned the address, before anything is dialled.
+
 A flow that ended because its *client* went away is not an upstream failure: it gets no
 code, and the Reporter records it as the allowed request it was.
 
@@ -37,6 +45,9 @@ from .. import mitm
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import flow_state, refused
+from ..policy import Decision
+from ..refusal import refuse
+from .address_guard import dials_itself
 
 # OpenSSL verification results that mean "no trusted CA signed this chain" (x509_vfy.h):
 # UNABLE_TO_GET_ISSUER_CERT, DEPTH_ZERO_SELF_SIGNED_CERT, SELF_SIGNED_CERT_IN_CHAIN,
@@ -50,6 +61,27 @@ VERIFY_PREFIX = "Certificate verify failed: "  # mitmproxy's words before OpenSS
 class UpstreamErrors:
     def __init__(self, engine: Engine):
         self.engine = engine
+
+    @fail_closed
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        self._refuse_own_address(flow)
+
+    @fail_closed
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self._refuse_own_address(flow)
+
+    def _refuse_own_address(self, flow: http.HTTPFlow) -> None:
+        """Refuse a flow whose pinned address is this proxy's own listener (a loop, not an upstream)."""
+        if flow.response is not None or refused(flow):
+            return
+        state = flow_state(flow)
+        if state.host is None or state.port is None:
+            return
+        ip = self.engine.conn(flow.client_conn).pins.get(state.host.name)
+        if ip is not None and dials_itself(self.engine, ip, state.port):
+            where = f"[{ip}]:{state.port}" if ip.version == 6 else f"{ip}:{state.port}"
+            refuse(self.engine, flow, Decision(state.host.name, state.port, False, "private-address",
+                                               detail=f"resolves to {where}, this proxy's own listening address"))
 
     @fail_closed
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
