@@ -278,6 +278,24 @@ def test_a_client_that_gives_up_is_not_an_upstream_failure(proxy_factory, http_u
     assert "egress_upstream_errors_total{" not in proxy.metrics()
 
 
+def test_the_proxys_own_address_is_a_refusal_not_an_upstream_failure(proxy_factory, curl_path, tmp_path):
+    # allowed.test resolves to 127.0.0.1, where the proxy listens: dialled, the request would come back
+    # to the proxy. Before: counted and logged as an upstream that could not be reached (connect-failed,
+    # 502, EGRESS_UPSTREAM_ERROR); it is a destination egress refuses.
+    proxy = proxy_factory(DEFAULT_POLICY)
+    for url in (f"http://allowed.test:{proxy.port}/", f"https://allowed.test:{proxy.port}/"):
+        result = run_curl(curl_path, proxy, url, "-o", "/dev/null", "-w", "%{http_code} %{http_connect}",
+                          home=tmp_path)
+        assert "403" in result.stdout.decode().split(), (url, result.stdout, result.stderr)  # the GET's or the CONNECT's
+    events = proxy.wait_for_audit(lambda e: e["method"] == "CONNECT")
+    assert [(e["method"], e["decision"], e["reason"]) for e in events] == [("GET", "block", "private-address"),
+                                                                         ("CONNECT", "block", "private-address")]
+    metrics = proxy.metrics()
+    assert 'egress_blocked_total{domain="allowed.test",reason="private-address"} 2.0' in metrics
+    assert "egress_upstream_errors_total{" not in metrics
+    assert not any(line.startswith("EGRESS_UPSTREAM_ERROR") for line in proxy.stderr_lines)
+
+
 # ------------------------------------------ nothing but egress's lines on stderr
 
 
