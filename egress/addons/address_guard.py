@@ -9,11 +9,21 @@ IPv4-embedding IPv6 addresses are refused unless ``allow_private`` names the hos
 range, and the refusal names the address, its class and the entry that would allow
 it. The address that passed is pinned for the client connection (its ConnState) and
 ``server_connect`` dials exactly it.
+
+A pin holds only under the policy that checked it. After a reload (Engine.policy_generation),
+the next request that would use a pinned address -- on a kept-alive connection, or inside a
+tunnel, whose server connection mitmproxy reuses without dialling again -- has that address
+checked again by the new policy (``choose_address``, no new lookup: the open connection goes
+to that address, whatever DNS says now). Refused, the request gets the refusal and the client
+connection is closed with its server connections (the refusal's ``Connection: close``).
+Measured before: ``allow_private`` withdrawn, a kept-alive connection's next request and a
+request in an open TLS tunnel were still served by the address (red-team P8).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 
 from mitmproxy import http
 from mitmproxy.proxy import server_hooks
@@ -33,6 +43,9 @@ class AddressGuard:
         self.engine = engine
         # server connection id -> the name it was opened for (restored once connected)
         self._names: dict[str, str] = {}
+        # mitmproxy Client -> {pinned name: the Engine.policy_generation that checked its address};
+        # weak keys, as Engine.connections, so nothing outlives the client connection
+        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @fail_closed
     async def http_connect(self, flow: http.HTTPFlow) -> None:
@@ -41,7 +54,8 @@ class AddressGuard:
 
     @fail_closed
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None and not refused(flow) and self.engine.conn(flow.client_conn).tunnel is None:
+        # inside a tunnel too: its address was pinned at the CONNECT, and a reload may refuse it since
+        if flow.response is None and not refused(flow):
             await self._check(flow)
 
     @fail_closed
@@ -84,14 +98,34 @@ class AddressGuard:
 
     async def _check(self, flow: http.HTTPFlow) -> None:
         state = flow_state(flow)
-        host = state.host if state.host is not None else parse_host(flow.request.host)
-        port = flow.request.port
-        pins = self.engine.conn(flow.client_conn).pins
-        if host.name in pins:
+        conn = self.engine.conn(flow.client_conn)
+        if conn.tunnel is not None and flow.request.method != "CONNECT":
+            host, port = conn.tunnel  # PolicyGuard decided the tunnel's host (misdirected otherwise)
+        else:
+            host = state.host if state.host is not None else parse_host(flow.request.host)
+            port = flow.request.port
+        pins, generation = conn.pins, self.engine.policy_generation
+        checked = self._checked.get(flow.client_conn)
+        if checked is None:
+            checked = self._checked[flow.client_conn] = {}
+        pinned = pins.get(host.name)
+        if pinned is not None:
+            if checked.get(host.name) == generation:
+                return
+            # the policy changed since this address was checked: the open server connection goes to
+            # it, so it is the address to check again (no lookup)
+            result = self.engine.policy.choose_address(host, port, [pinned])
+            if not isinstance(result, Decision):
+                checked[host.name] = generation
+                return
+            del pins[host.name]
+            checked.pop(host.name, None)
+            refuse(self.engine, flow, result)
             return
         result = await self._resolve_checked(host, port)
         if isinstance(result, tuple):
             pins[host.name] = result[0]
+            checked[host.name] = generation
         elif isinstance(result, Decision):
             refuse(self.engine, flow, result)
         else:

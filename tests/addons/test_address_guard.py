@@ -85,3 +85,39 @@ def test_server_connect_that_fails_inside_fails_the_connection():
 
     server = run(go)
     assert server.error == "EGRESS_BLOCKED: AddressGuard.server_connect: AttributeError"
+
+
+def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_again():
+    # The tunnel's address was pinned at the CONNECT; mitmproxy reuses its server connection for
+    # every request inside. Before: requests in a tunnel were never checked by the address guard,
+    # so a reload that withdrew allow_private left the tunnel reaching 127.0.0.1. (serve's reload
+    # also closes such a tunnel at once: egress.addons.tunnels; this is the request's own check.)
+    from egress.policy import Policy
+
+    from .helpers import POLICY, connect_flow
+
+    engine = make_engine()
+    policy, address = PolicyGuard(engine), AddressGuard(engine)
+
+    async def go():
+        with context(proxyserver.Proxyserver(), policy, address):
+            connect = connect_flow("allowed.test")
+            await policy.http_connect(connect)
+            await address.http_connect(connect)
+            assert connect.response is None
+            inside = request_flow("https://allowed.test/", client_conn=connect.client_conn)
+            await policy.requestheaders(inside)
+            await address.requestheaders(inside)
+            assert inside.response is None  # the same policy: the pin stands, nothing looked up
+            engine.replace_policy(Policy.from_mapping({**POLICY, "allow_private": []}))
+            again = request_flow("https://allowed.test/", client_conn=connect.client_conn)
+            await policy.requestheaders(again)
+            await address.requestheaders(again)
+            return again
+
+    flow = run(go)
+    assert flow.response.status_code == 403
+    assert flow.response.headers["X-Egress-Blocked"] == "allowed.test; reason=private-address"
+    assert flow.response.headers["Connection"] == "close"
+    assert [e["reason"] for e in events(engine)] == ["private-address"]
+    assert engine.conn(flow.client_conn).pins == {}
