@@ -6,7 +6,9 @@ request never sees half of an old policy and half of a new one.
 
 from __future__ import annotations
 
+import logging
 import weakref
+from typing import Callable
 
 from .events import Event, Recorder
 from .flowstate import ConnState
@@ -32,6 +34,9 @@ class Engine:
         # ports served from handed-over sockets that are this proxy's public address (serve's
         # workers), besides mitmproxy's own listeners: a loopback dial to one would come back here
         self.own_ports: set[int] = set()
+        # called after each replace_policy, on the event loop: what holds live tunnels closes
+        # those the new policy refuses (egress.addons.tunnels, egress.front)
+        self.policy_watchers: list[Callable[[], None]] = []
 
     def conn(self, client) -> ConnState:
         """The state of a client connection (created on first use)."""
@@ -47,6 +52,11 @@ class Engine:
         self.policy = policy
         self.policy_generation += 1
         self.recorder.metrics.policy_rules.set(policy.rule_count)
+        for watcher in list(self.policy_watchers):
+            try:
+                watcher()
+            except Exception:  # one watcher's bug must not keep the others from closing theirs
+                logging.getLogger("egress").exception("closing what the reloaded policy refuses failed")
 
     def record_refusal(self, client: str, method: str, decision: Decision):
         """The refusal's event; the Telling its answer waits on, if a run's reporter listens."""

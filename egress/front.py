@@ -87,6 +87,7 @@ class Front:
         self.open: set[_Conn] = set()  # connections held here: waiting for a head, or relayed
         self.servers: list[asyncio.Server] = []
         self.served = metrics.front_tunnels
+        engine.policy_watchers.append(self.policy_changed)
 
     # ----------------------------------------------------------------- listening
 
@@ -179,6 +180,21 @@ class Front:
                             detail="no longer on the passthrough list (the policy was reloaded after the CONNECT)")
         chosen = policy.choose_address(host, port, [ip])
         return chosen if isinstance(chosen, Decision) else None
+
+    def policy_changed(self) -> None:
+        """Close every tunnel held here whose host or address the policy now in force refuses,
+        one block event each, as egress.addons.tunnels closes mitmproxy's: a relay has no next
+        request to decide again at (red-team P8). One only taken off passthrough is left to _dial."""
+        policy = self.engine.policy
+        for conn in list(self.open):
+            if conn.state is not OPEN and conn.state is not CONNECTING and conn.state is not RELAY:
+                continue
+            refusal = policy.decide(conn.host, conn.port)
+            if refusal.allowed:
+                refusal = policy.choose_address(conn.host, conn.port, [conn.ip])
+            if isinstance(refusal, Decision) and not refusal.allowed:
+                self.engine.record_refusal(client_label(conn.peername), "TUNNEL", refusal)
+                conn.close()
 
     def record(self, peername, host, port: int, rule) -> None:
         """The event Reporter.http_connect records for an allowed CONNECT."""

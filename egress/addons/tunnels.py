@@ -4,7 +4,10 @@ Two small addons around mitmproxy's NextLayer, which picks the protocol layer:
 
 * :class:`Passthrough` runs *before* NextLayer: tunnels to hosts on the policy's
   ``passthrough`` list are relayed as opaque bytes, never intercepted (pinned
-  certificates, non-HTTP protocols such as ssh).
+  certificates, non-HTTP protocols such as ssh). When a reload refuses the host of an
+  open tunnel, relayed or intercepted, or the address pinned for it, the tunnel is closed
+  at once, with one block event naming it (``policy_changed``): a relay has no next
+  request at which to decide again.
 * :class:`ProtocolGuard` runs *after* NextLayer: any other tunnel must carry
   HTTP (in TLS or not); raw TCP, DNS or UDP is refused with ``protocol``. After an
   HTTP ``101``, only a WebSocket (whose messages the credential guard reads) may
@@ -35,6 +38,19 @@ class Passthrough:
         self.engine = engine
         metrics = engine.recorder.metrics
         self._sent, self._received = metrics.passthrough_upload, metrics.passthrough_download
+        engine.policy_watchers.append(self.policy_changed)
+
+    def policy_changed(self) -> None:
+        """Close every open tunnel (relayed or intercepted) the policy now in force refuses, by its
+        host or by the address pinned for it, one block event each. Measured before: withdrawn
+        from allow_private, an open passthrough tunnel kept relaying to the address (red-team P8)."""
+        for client, state in list(self.engine.connections.items()):
+            if state.tunnel is None or not mitm.is_open(client):
+                continue
+            host, port = state.tunnel
+            refused = self._refusal_since_connect(client, host, port)
+            if refused is not None:
+                refuse(self.engine, client, refused, how=refusal.CLOSE, method="TUNNEL")
 
     def _count(self, from_client: bool, n: int) -> None:
         (self._sent if from_client else self._received).inc(n)
@@ -67,13 +83,18 @@ class Passthrough:
         state = self.engine.connections.get(client)
         if state is None or state.tunnel_generation in (None, self.engine.policy_generation):
             return None
-        decision = self.engine.policy.decide(host, port)
-        if decision.allowed:
-            return None
-        asker = self.engine.asker
-        if decision.reason == "not-allowed" and asker is not None and host.name in asker.state.grants:
-            return None
-        return decision
+        policy = self.engine.policy
+        decision = policy.decide(host, port)
+        if not decision.allowed:
+            asker = self.engine.asker
+            if decision.reason == "not-allowed" and asker is not None and host.name in asker.state.grants:
+                return None
+            return decision
+        # the address pinned at the CONNECT, which the relay would dial: a new policy may refuse it
+        # (allow_private withdrawn, the address denied) though it still allows the name
+        pinned = state.pins.get(host.name)
+        chosen = policy.choose_address(host, port, [pinned]) if pinned is not None else None
+        return chosen if isinstance(chosen, Decision) else None
 
 
 class ProtocolGuard:
