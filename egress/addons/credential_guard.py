@@ -107,6 +107,9 @@ class CredentialGuard:
         self.brokered = {s.label: s for s in credentials.brokered}
         self.echo_detector = Detector([(s.label, s.value) for s in credentials.brokered], formats=False) \
             if self.brokered else None
+        # Each brokered value as a header carries it (raw, %-escaped, JSON-escaped), and its placeholder.
+        self._put_back_forms = [(real.encode(), fake.encode()) for s in credentials.brokered
+                                for real, fake in _forms(s.value, s.placeholder)]
         # How much of a bound host's WebSocket messages is read again with the next one: the
         # longest form the detector reads a value in (two layers of %-escaping: 9 bytes a byte).
         self._echo_tail = 9 * max((len(s.value) for s in credentials.brokered), default=0) + 64
@@ -198,13 +201,11 @@ class CredentialGuard:
         response = flow.response
         response.data.reason = self._unswap(response.data.reason)
         response.headers.fields = tuple((name, self._unswap(value)) for name, value in response.headers.fields)
-        left = self.echo_detector.scan(b"\n".join([response.data.http_version, response.data.reason]))
+        status = response.data.http_version + b" " + response.data.reason
+        left = self.echo_detector.scan(b"\n".join([status, *(b for field in response.headers.fields for b in field)]))
         if left:
-            self._refuse(flow, host, f"{left[0].kind} given back in the status line", stage="response")
-            return
-        left = self.echo_detector.scan(b"\n".join(b for field in response.headers.fields for b in field))
-        if left:
-            self._refuse(flow, host, f"{left[0].kind} given back in a response header", stage="response")
+            where = "the status line" if left[0].start < len(status) else "a response header"
+            self._refuse(flow, host, f"{left[0].kind} given back in {where}", stage="response")
             return
         encoding = response.headers.get("content-encoding", "")
         try:
@@ -305,9 +306,10 @@ class CredentialGuard:
     def _unswap(self, data: bytes) -> bytes:
         """``data`` with every brokered value, as sent or in the forms a header carries it,
         put back to its placeholder."""
+        for real, fake in self._put_back_forms:
+            if real in data:
+                data = data.replace(real, fake)
         for secret in self.brokered.values():
-            for real, fake in _forms(secret.value, secret.placeholder):
-                data = data.replace(real.encode(), fake.encode())
             if data[:6].lower() == b"basic ":
                 decoded = _decode_basic(data)
                 if decoded is not None and secret.value.encode() in decoded:
