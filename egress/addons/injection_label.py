@@ -8,8 +8,8 @@ header naming them, and its event's detail says so::
     X-Egress-Injection: score=0.88; signals=ignore-instructions,exfiltration
 
 Streamed bodies are never buffered for this: a response without a Content-Length (chunked, a
-server-sent event stream), a larger one, or one another guard already streams (a brokered
-secret's echo check) passes as it came, unlabelled; the header can only go out with the head,
+server-sent event stream), a larger one, or one another guard already streams (every response
+from a host a brokered secret is bound to) passes as it came, unlabelled; the header can only go out with the head,
 before the body. Runs before the Reporter, which counts the bytes of a body read whole.
 """
 
