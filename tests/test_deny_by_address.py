@@ -12,10 +12,11 @@ the address) with nothing dialled.
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 
-from conftest import clean_env, run_curl, start_upstream, stop_upstream
+from conftest import run_curl, start_upstream, stop_upstream
 
 NAMES = ["allowed.test", "other.test", "passthrough.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
@@ -88,8 +89,6 @@ class Echo:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
-        import threading
-
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):

@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import ssl
+import threading
 import time
 from pathlib import Path
 
@@ -429,16 +430,12 @@ class Echo:
     """A raw TCP server on 127.0.0.1:0 that echoes, counting its connections."""
 
     def __init__(self):
-        import threading
-
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        import threading
-
         while True:
             try:
                 conn, _ = self.sock.accept()
