@@ -153,9 +153,11 @@ def _answer_invalid_request(original):
     mitmproxy's page (no X-Egress-Blocked, no EGRESS_BLOCKED line) for a refusal egress had
     recorded. Here, when a hook set the flow's response, that response is sent (its head and
     its body) before mitmproxy's error event, which then only closes the connection: an
-    HTTP/1 server side writes its page only when no response is under way. A response
-    failing the same checks (``request=False``) is the upstream's: it is left as it was.
+    HTTP/1 server side writes its page only when no response is under way. Its status is
+    mitmproxy's (400: a request it will not serve as HTTP, as egress answers a malformed head).
+    A response failing the same checks (``request=False``) is the upstream's: left as it was.
     """
+    from mitmproxy.net.http import status_codes
     from mitmproxy.proxy.layers.http import ResponseData, ResponseHeaders, ResponseProtocolError, SendHttp
 
     def check_invalid(self, request: bool):
@@ -169,6 +171,9 @@ def _answer_invalid_request(original):
             answer = self.flow.response if request else None
             if (answer is not None and isinstance(command, SendHttp)
                     and isinstance(command.event, ResponseProtocolError) and command.connection is self.context.client):
+                if answer.status_code != command.event.code:
+                    answer.status_code = command.event.code
+                    answer.reason = status_codes.RESPONSES.get(command.event.code, "")
                 yield SendHttp(ResponseHeaders(self.stream_id, answer, False), self.context.client)
                 if answer.raw_content:
                     yield SendHttp(ResponseData(self.stream_id, answer.raw_content), self.context.client)

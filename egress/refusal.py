@@ -6,7 +6,12 @@ whose first line is ``EGRESS_BLOCKED <host>: <plain words>``. Never put a secret
 value in any of them.
 
 :func:`refuse` is the one way a guard refuses: it records exactly one event per flow
-and gives the client the refusal (or kills what can no longer be answered).
+and gives the client the refusal (or kills what can no longer be answered). The answer is
+the same whichever part of the proxy turned the request down: a request mitmproxy refuses
+itself (a ``ws://`` target, Transfer-Encoding with Content-Length) is answered with the
+refusal the guard gave it, not mitmproxy's HTML page (egress.mitm.answer_invalid_requests);
+a destination that is this proxy's own address is a refusal, not an upstream failure
+(egress.addons.upstream_errors).
 """
 
 from __future__ import annotations

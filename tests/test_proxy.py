@@ -429,8 +429,9 @@ def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(proxy_factory
 
 
 def _assert_egress_refusal(answer: bytes, host: str, reason: str) -> None:
+    """egress's refusal of a malformed request: 400, X-Egress-Blocked, the EGRESS_BLOCKED line; no HTML."""
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 403 "), answer
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer  # a request egress will not serve as HTTP
     assert f"\r\nX-Egress-Blocked: {host}; reason={reason}".encode() in head, answer
     assert body.startswith(f"EGRESS_BLOCKED {host}: ".encode()), answer
     assert b"<html" not in answer.lower()
@@ -493,7 +494,7 @@ def test_curl_sending_a_ws_target_gets_egress_refusal(proxy, http_upstream, curl
     result = run_curl(curl_path, proxy, f"http://allowed.test:{port}/small", "-i", "--request-target",
                       f"ws://other.test:{port}/", home=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(b"HTTP/1.1 403 "), result.stdout
+    assert result.stdout.startswith(b"HTTP/1.1 400 "), result.stdout
     assert b"X-Egress-Blocked: other.test; reason=protocol" in result.stdout
     assert b"\r\n\r\nEGRESS_BLOCKED other.test: " in result.stdout
     assert http_upstream.requests == []
