@@ -244,7 +244,10 @@ def test_an_upstream_failure_is_said_once_across_workers(two, http_upstream):
 def test_a_name_pointing_at_the_proxy_itself_is_refused_not_looped(two):
     proxy = two()
     response = proxied_session(proxy).get(f"http://allowed.test:{proxy.port}/", timeout=20)
-    assert response.status_code == 502
+    # with workers too, the proxy's own address is a refusal (issue 26 item 5), not a loop or a 502
+    assert response.status_code == 403
+    assert response.headers["X-Egress-Blocked"] == "allowed.test; reason=private-address"
+    assert "this proxy's own listening address" in response.text.splitlines()[0]
     wait_for(lambda: metric(proxy, "egress_open_connections") <= 1, "the connection to end")
 
 
