@@ -477,6 +477,20 @@ def test_a_request_mitmproxy_refuses_inside_a_tls_tunnel_gets_egress_refusal(pro
     assert https_upstream.requests == []
 
 
+def test_smuggling_framing_inside_a_tls_tunnel_is_refused_naming_the_tunnels_host(proxy, https_upstream):
+    # Inside a tunnel the request names no host of its own: the refusal names the tunnel's, and
+    # leaves out mitmproxy's advice to turn its check off (no option of egress's).
+    port = https_upstream.port
+    tls = tls_through_tunnel(proxy, f"allowed.test:{port}", "allowed.test", proxy.ca_path)
+    with tls:
+        tls.sendall(f"POST /small HTTP/1.1\r\nHost: allowed.test:{port}\r\nContent-Length: 5\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode())
+        answer = _read_all(tls)
+    _assert_egress_refusal(answer, "allowed.test", "protocol")
+    assert b"validate_inbound_headers" not in answer
+    assert https_upstream.requests == []
+
+
 def test_a_scheme_mitmproxy_refuses_inside_a_plain_tunnel_gets_egress_refusal(proxy, http_upstream):
     port = http_upstream.port
     sock, answer = connect_raw(proxy, f"allowed.test:{port}")

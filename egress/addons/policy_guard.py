@@ -45,9 +45,13 @@ class PolicyGuard:
     @fail_closed
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         state = flow_state(flow)
-        if flow.error is not None:  # mitmproxy refused it already and answers 400 itself
-            refuse(self.engine, flow, Decision(flow.request.host or "unknown", flow.request.port, False,
-                                               "protocol", detail=flow.error.msg[:200]))
+        if flow.error is not None:  # mitmproxy refused it already; egress answers 400 (egress/mitm.py)
+            tunnel = self.engine.conn(flow.client_conn).tunnel
+            # inside a tunnel the request names no host of its own: the tunnel's is the one to name
+            host = flow.request.host or (tunnel[0].name if tunnel is not None else "") or "unknown"
+            # mitmproxy's hint ("Disable the validate_inbound_headers option...") is no option of egress's
+            detail = flow.error.msg.split(" Disable the ", 1)[0]
+            refuse(self.engine, flow, Decision(host, flow.request.port, False, "protocol", detail=detail[:200]))
             return
         tunnel = self.engine.conn(flow.client_conn).tunnel
         if tunnel is not None:
