@@ -477,6 +477,16 @@ def test_a_request_mitmproxy_refuses_inside_a_tls_tunnel_gets_egress_refusal(pro
     assert https_upstream.requests == []
 
 
+def test_a_malformed_chunked_body_is_answered_with_egress_refusal(proxy, http_upstream):
+    # mitmproxy closes the connection before it reports the broken chunk: the client used to get
+    # no answer at all; now egress's refusal goes out first.
+    answer = _plain(proxy, (f"POST http://allowed.test:{http_upstream.port}/ HTTP/1.1\r\n"
+                            f"Host: allowed.test:{http_upstream.port}\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            "zz\r\nhello\r\n0\r\n\r\n").encode())
+    _assert_egress_refusal(answer, "allowed.test", "protocol")
+    assert http_upstream.requests == []
+
+
 def test_smuggling_framing_inside_a_tls_tunnel_is_refused_naming_the_tunnels_host(proxy, https_upstream):
     # Inside a tunnel the request names no host of its own: the refusal names the tunnel's, and
     # leaves out mitmproxy's advice to turn its check off (no option of egress's).

@@ -358,11 +358,26 @@ class StrictHttp1Server(Http1Server):
 
     def read_body(self, event: events.Event) -> layer.CommandGenerator[None]:
         try:
+            # mitmproxy closes the connection first, then reports the malformed body: the close is
+            # held back until egress's refusal has been sent, so the client is answered (400, the
+            # line), as for every other refusal, rather than cut off without a word.
+            held = None
             for command in super().read_body(event):
+                if (held is None and isinstance(event, events.DataReceived)
+                        and isinstance(command, commands.CloseConnection) and command.connection is self.conn):
+                    held = command
+                    continue
                 if (isinstance(command, ReceiveHttp) and isinstance(command.event, RequestProtocolError)
                         and isinstance(event, events.DataReceived)):  # not a client that went away
-                    self._refuse_flow(command.event.message)
+                    response = self._refuse_flow(command.event.message)
+                    if held is not None and response is not None and self.response is None:
+                        yield commands.SendData(self.conn, http1.assemble_response(response))
+                if held is not None:
+                    yield held
+                    held = None
                 yield command
+            if held is not None:
+                yield held
         except NotImplementedError:  # mitmproxy 11: "HTTP trailers are not implemented yet."
             response = self._refuse_flow("trailers in a chunked request body")
             if response is not None and self.response is None:
