@@ -209,6 +209,40 @@ def host_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
+# ------------------------------------------------------------------ raw echo upstream
+
+
+class EchoServer:
+    """A raw TCP server on 127.0.0.1:0 (or ``host``) that echoes what it reads, each connection in a thread."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn):
+        with conn:
+            try:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
 # ------------------------------------------------------------------ upstreams
 
 

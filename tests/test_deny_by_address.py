@@ -12,11 +12,10 @@ the address) with nothing dialled.
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
-from conftest import run_curl, start_upstream, stop_upstream
+from conftest import EchoServer as Echo, run_curl, start_upstream, stop_upstream
 
 NAMES = ["allowed.test", "other.test", "passthrough.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
@@ -80,33 +79,6 @@ def test_a_name_resolving_to_a_denied_address_is_refused_in_an_intercepted_tunne
     assert "< HTTP/1.1 403" in result.stderr.decode() and "< X-Egress-Blocked: allowed.test; reason=denied" in \
         result.stderr.decode(), result.stderr
     assert tls.connections == 0 and tls.requests == []
-
-
-class Echo:
-    """A raw TCP server on 127.0.0.1:0 that counts its connections and echoes."""
-
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                try:
-                    while data := conn.recv(65536):
-                        conn.sendall(data)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.sock.close()
 
 
 def connect(proxy, target: str, then: bytes = b"") -> bytes:

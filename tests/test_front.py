@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
+from conftest import EchoServer as Echo, assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
 
 NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
@@ -69,37 +69,6 @@ def listen_host(proxy) -> str:
 def proxy_url(proxy) -> str:
     host = listen_host(proxy)
     return f"http://[{host}]:{proxy.port}" if ":" in host else f"http://{host}:{proxy.port}"
-
-
-class Echo:
-    """A raw TCP server on 127.0.0.1:0 (or ``host``) that echoes what it reads, each connection in a thread."""
-
-    def __init__(self, host: str = "127.0.0.1"):
-        self.sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn):
-        with conn:
-            try:
-                while data := conn.recv(65536):
-                    conn.sendall(data)
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
 
 
 # ------------------------------------------------------------------ observing one proxy

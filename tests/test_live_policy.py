@@ -7,13 +7,12 @@ import re
 import signal
 import socket
 import ssl
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import DEFAULT_POLICY, proxied_session
+from conftest import DEFAULT_POLICY, EchoServer as Echo, proxied_session
 
 
 def wait_for(predicate, what: str, timeout: float = 15.0):
@@ -424,37 +423,6 @@ def read_response_head(sock) -> bytes:
             break
         data += chunk
     return data
-
-
-class Echo:
-    """A raw TCP server on 127.0.0.1:0 that echoes, counting its connections."""
-
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn):
-        with conn:
-            try:
-                while data := conn.recv(65536):
-                    conn.sendall(data)
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
 
 
 TUNNEL_RELOADS = {

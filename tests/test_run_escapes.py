@@ -81,11 +81,11 @@ def test_the_command_cannot_type_into_the_callers_terminal(tmp_path):
     assert not (tmp_path / "PWNED").exists()
 
 
-def on_terminal(master: int, slave: int, args: list[str], project, tmp_path) -> tuple[bytes, int]:
+def on_terminal(master: int, slave: int, args: list[str], project, tmp_path, **env: str) -> tuple[bytes, int]:
     """Run ``args`` with the pty's slave as its controlling terminal, as a shell would; return
-    everything it wrote there and its exit status."""
+    everything it wrote there and its exit status. ``env``: more variables (TERM)."""
     process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=project, start_new_session=True,
-                               env=clean_env(tmp_path, PYTHONPATH=os.getcwd()),
+                               env=clean_env(tmp_path, PYTHONPATH=os.getcwd(), **env),
                                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     seen = b""
     while process.poll() is None or _readable(master):
@@ -475,18 +475,7 @@ def test_egress_lines_on_a_terminal_are_drawn_after_the_commands_colours_are_und
     """)
     args = run_args(tmp_path, project, sys.executable, "-c", script, extra=["--headless"])
     try:
-        process = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, cwd=project,
-                                   start_new_session=True, env=clean_env(tmp_path, PYTHONPATH=os.getcwd(),
-                                                                         TERM="xterm-256color"),
-                                   preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-        seen = b""
-        while process.poll() is None or _readable(master):
-            if _readable(master, 0.2):
-                try:
-                    seen += os.read(master, 4096)
-                except OSError:
-                    break
-        status = process.wait(timeout=60)
+        seen, status = on_terminal(master, slave, args, project, tmp_path, TERM="xterm-256color")
     finally:
         os.close(master)
         os.close(slave)
