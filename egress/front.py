@@ -16,7 +16,7 @@ mitmproxy path would answer with 200 and relay untouched is served here:
   StrictHttp1Server parses it) and passed by its ``validate_request`` (as HttpStream checks it),
   HTTP/1.1, no body headers, no proxy authentication configured;
 * the host: ``Policy.decide`` allows it, ``Policy.passthrough`` names it, the credential
-  guard finds no credential in it (``CredentialGuard._host_finding``);
+  guard finds no credential in it (``HostSecrets.first``);
 * its address: known without a query (``Resolver.cached``), accepted by
   ``Policy.choose_address``, not this proxy's own port (``address_guard.checked_without_query``);
 * the client is within ``egress_max_client_connections`` (``Limits.admit``).

@@ -56,6 +56,7 @@ from ..detect import Detector, Finding
 from ..engine import Engine
 from ..failclosed import fail_closed
 from ..flowstate import flow_state
+from ..host_secrets import HostSecrets
 from ..policy import Decision, Policy
 from ..mitm import websocket_layer
 
@@ -116,7 +117,7 @@ class CredentialGuard:
         # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
         engine.recorder.clean = self.clean
         self._cleaned: dict[str, str] = {}
-        self._host_findings: dict[str, object] = {}
+        self.host_secrets = HostSecrets(self.detector, self.ignore_kinds)
         # For each bound secret, the hosts it may reach, with the policy's own matching rules.
         self._bindings = [(s, Policy.from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
                           for s in credentials.secrets if s.hosts]
@@ -139,7 +140,7 @@ class CredentialGuard:
     def http_connect(self, flow: http.HTTPFlow) -> None:
         # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
         if flow.response is None:
-            finding = self._host_finding(flow.request.host)
+            finding = self.host_secrets.first(flow.request.host)
             if finding is not None:
                 self._refuse(flow, flow.request.host, f"{finding.kind} in the host name")
 
@@ -319,15 +320,6 @@ class CredentialGuard:
 
     # ---------------------------------------------------------------- scanning
 
-    def _host_finding(self, host: str):
-        """The first credential in a host name, in whatever case it was written."""
-        if host not in self._host_findings:
-            if len(self._host_findings) > 4096:
-                self._host_findings.clear()
-            findings = [f for f in self.detector.scan_text(host) if f.kind not in self.ignore_kinds]
-            self._host_findings[host] = findings[0] if findings else None
-        return self._host_findings[host]
-
     def _counts(self, findings, bound: list[StoredSecret]):
         """Findings that count: not a secret this host may have, not a kind this install lets through."""
         if not findings:
@@ -346,7 +338,7 @@ class CredentialGuard:
         """Findings in the host, the URL, the method and each header: [(where, finding, field)];
         field is "path", a header's index (its value, which can be masked) or None (refuse)."""
         found = []
-        finding = self._host_finding(host)
+        finding = self.host_secrets.first(host)
         if finding is not None:
             found.append(("the host name", finding, None))
         target = flow.request.path.encode("utf-8", "surrogateescape")
