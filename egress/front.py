@@ -81,7 +81,7 @@ class Front:
         self.engine = engine
         self.handle_stream = handle_stream
         self.limits = limits
-        self.find_credential = credential_guard._host_finding if credential_guard is not None else None
+        self.find_credential = credential_guard.host_secrets.first if credential_guard is not None else None
         metrics = engine.recorder.metrics
         self.upload, self.download = metrics.passthrough_upload, metrics.passthrough_download
         self.open: set[_Conn] = set()  # connections held here: waiting for a head, or relayed
