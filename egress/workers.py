@@ -33,7 +33,11 @@ What the workers share, and how:
 * the control socket is the supervisor's (``serve-<its pid>``): reload = SIGHUP to every
   worker (so is a SIGHUP to the supervisor), grants are refused as by any serve;
 * the policy: each worker loads and watches the files itself (so every edit reaches every
-  worker within the watcher's second).
+  worker within the watcher's second), and keeps the texts of each policy that loads in the
+  private folder (the newest load's win). A worker that starts while the files do not load (a
+  broken edit, then a crash: P14 of the 2026-12-07 review, where serve stopped with 3) runs those
+  texts, the policy the others run, says so, and applies the next good edit with them; only a
+  serve where no policy ever loaded fails for it (3).
 
 A worker that dies is restarted and said on stderr; one that fails to start, at start-up or
 as a replacement, or one that ends again after RESTARTS restarts within RESTART_WINDOW seconds,
@@ -70,6 +74,8 @@ BACKLOG = 128  # each socket's accept queue (asyncio's own listen() makes it 100
 PIPE_BYTES = 1 << 20  # the relay pipes' buffer: a busy supervisor holds no worker back for long
 _CONFIG = "worker.pickle"
 _FOLLOWERS = "followers"
+_LAST_GOOD = "last-good-policy"  # the texts of the newest policy a worker loaded (see LastGood)
+PIECE = 1 << 20  # characters of a policy text written at a time (the loader's pause between pieces)
 
 
 def default_count() -> int:
@@ -445,6 +451,8 @@ class Supervisor:
         from .metrics import forget_process
 
         forget_process(process.pid, self.directory)  # its open connections ended with it
+        for unfinished in Path(self.directory).glob(f"{_LAST_GOOD}.{process.pid}.*"):
+            unfinished.unlink(missing_ok=True)  # a record it was writing (TextRecorder)
         if self.stopping:
             return
         how = _how_it_ended(status)
@@ -572,6 +580,209 @@ class Relay:
             _say(f"egress: the relay failed on a line ({type(e).__name__})")
 
 
+# ------------------------------------------------------- the last good policy
+
+
+class TextRecorder:
+    """A policy read hook that reads as the loader does and keeps what it read, for a worker
+    started later that cannot load the files (a broken edit): each text goes to a file of this
+    worker's in the private folder as it is read, a MiB at a time with the loader's pause
+    (egress.policy_loader.PACE), so a big policy's text is not held while its rules are built.
+    :meth:`keep` once the policy loaded makes it the serve's last good policy, unless another
+    worker's load began later; :meth:`drop` otherwise. Failing to write never fails a load: the
+    policy loads, and the last good policy is what it was."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.order = time.monotonic_ns()  # when this load began: one clock for every worker
+        self.read_at = time.time()
+        # the supervisor removes it if this worker dies before it is done
+        self.path = Path(directory, f"{_LAST_GOOD}.{os.getpid()}.{self.order}")
+        self.error: OSError | None = None
+        self._file = None
+        self._resolved: dict[str, Path] = {}
+
+    def resolve(self, path: Path) -> Path:
+        """Where ``path`` leads, as the loader asks before it reads (kept: a replay follows the same)."""
+        resolved = path.resolve()
+        self._resolved[str(path.absolute())] = resolved
+        return resolved
+
+    def __call__(self, path: Path) -> str:
+        from .policy_loader import PACE, read_file
+
+        text = read_file(path)
+        if self.error is None:
+            pause = PACE.get() or (lambda: None)
+            try:
+                import pickle
+
+                file = self._open()
+                key = str(path.absolute())
+                pickle.dump((key, str(self._resolved.get(key) or path.resolve())), file)
+                for start in range(0, len(text), PIECE):
+                    pickle.dump(text[start:start + PIECE], file)
+                    pause()
+                pickle.dump(None, file)
+            except OSError as e:
+                self._fail(e)
+        return text
+
+    def _open(self):
+        if self._file is None:
+            import pickle
+
+            self._file = open(self.path, "wb")
+            pickle.dump({"order": self.order, "read_at": self.read_at}, self._file)
+        return self._file
+
+    def _fail(self, error: OSError) -> None:
+        self.error = error
+        self.drop()
+
+    def keep(self) -> str | None:
+        """The policy read through this loaded: make it the last good one. What went wrong, if anything."""
+        import fcntl
+
+        if self.error is None:
+            try:
+                self._open().close()  # a policy of built-in sets only reads no file: still a record
+                with open(Path(self.directory, f"{_LAST_GOOD}.lock"), "w") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)  # one worker at a time compares and replaces
+                    newest = LastGood.header(self.directory)
+                    if newest is None or newest["order"] <= self.order:
+                        os.replace(self.path, Path(self.directory, _LAST_GOOD))
+            except OSError as e:
+                self._fail(e)
+        self.drop()
+        return None if self.error is None else f"cannot keep the policy's texts for a restarted worker: {self.error}"
+
+    def drop(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class LastGood:
+    """The texts of the newest policy a worker of this serve loaded (a :class:`TextRecorder`'s
+    record), as a read hook: each file as it read then, led where it led then; a file it did not
+    read is refused. ``read_at``: when that load began (time.time())."""
+
+    def __init__(self, read_at: float, texts: dict[str, tuple[Path, str]]):
+        self.read_at = read_at
+        self._texts = texts
+
+    @staticmethod
+    def header(directory: str) -> dict | None:
+        """The record's header (when its load began), None if there is none or it cannot be read."""
+        import pickle
+
+        try:
+            with open(Path(directory, _LAST_GOOD), "rb") as file:
+                return pickle.load(file)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+
+    @classmethod
+    def read(cls, directory: str) -> LastGood | None:
+        """None if no worker ever loaded a policy (or its record cannot be read)."""
+        import pickle
+
+        texts: dict[str, tuple[Path, str]] = {}
+        try:
+            with open(Path(directory, _LAST_GOOD), "rb") as file:
+                header = pickle.load(file)
+                while True:
+                    try:
+                        key, resolved = pickle.load(file)
+                    except EOFError:
+                        break
+                    pieces = []
+                    while (piece := pickle.load(file)) is not None:
+                        pieces.append(piece)
+                    texts[key] = (Path(resolved), "".join(pieces))
+            read_at = header["read_at"]
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError):
+            return None
+        return cls(read_at, texts)
+
+    def __call__(self, path: Path) -> str:
+        recorded = self._texts.get(str(path.absolute()))
+        if recorded is None:
+            from .policy_loader import ReadRefused
+
+            raise ReadRefused("not part of the last good policy")
+        return recorded[1]
+
+    def resolve(self, path: Path) -> Path:
+        recorded = self._texts.get(str(path.absolute()))
+        return recorded[0] if recorded is not None else path.resolve()
+
+    def since(self) -> str:
+        """When it was read, as a person reads it: the time, with the date if not today."""
+        when = time.localtime(self.read_at)
+        same_day = time.strftime("%Y-%m-%d", when) == time.strftime("%Y-%m-%d")
+        return time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", when)
+
+
+def load_for_worker(policies: tuple[str, ...], directory: str, report) -> tuple[object, object, bool]:
+    """A worker's policy at its start: (policy, credentials, whether it is the last good one).
+
+    The files, as `serve` loads them (egress.settings.load_for_proxy), and their texts kept for
+    later workers. If they do not load (an edit broke them) and a worker of this serve loaded a
+    policy before, that policy, from its texts: a worker restarted after a crash then runs what
+    the others run, and its watcher applies the next good edit. ``report(line)`` says so. With no
+    such policy (serve's start): Fatal, status 3, as `serve` itself."""
+    from . import settings
+    from .cli import DEFAULT_POLICY, Fatal
+    from .policy import PolicyError
+
+    sources, environ = list(policies) or [DEFAULT_POLICY], dict(os.environ)
+    recorder = TextRecorder(directory)
+    try:
+        policy, credentials = settings.load_for_proxy(sources, environ, read=recorder)
+    except PolicyError as e:
+        recorder.drop()
+        problems = e.problems
+    else:
+        if trouble := recorder.keep():
+            report(trouble)
+        return policy, credentials, False
+    last = LastGood.read(directory)
+    if last is not None:
+        try:
+            policy, credentials = settings.load_for_proxy(sources, environ, read=last)
+        except PolicyError as e:
+            problems += e.problems  # the record's too (a stored secret's file gone since): nothing to run
+        else:
+            for problem in problems[1:]:
+                report(f"policy not loaded: {problem}")
+            more = f"; {len(problems) - 1} more above" if len(problems) > 1 else ""
+            report(f"policy files do not load ({problems[0]}{more}): running the last good policy "
+                   f"from {last.since()}")
+            return policy, credentials, True
+    for problem in problems:
+        report(f"policy not loaded: {problem}")
+    raise Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)")
+
+
+def reload_for_worker(policies: tuple[str, ...], directory: str, report):
+    """A worker's live reload (its PolicyWatcher's load, in a thread): as `serve`'s
+    (egress.cli._watch_policy), and the texts of a policy that loads kept as the last good one."""
+    from . import settings
+    from .cli import DEFAULT_POLICY
+
+    recorder = TextRecorder(directory)
+    try:
+        policy = settings.load(list(policies) or [DEFAULT_POLICY], read=recorder).policy
+    except BaseException:
+        recorder.drop()
+        raise
+    if trouble := recorder.keep():
+        report(trouble)
+    return policy
+
+
 # ---------------------------------------------------------------- a worker
 
 
@@ -635,7 +846,7 @@ def worker(argv: list[str]) -> int:
     import mmap
     import pickle
 
-    from .cli import Fatal, _load_for_proxy
+    from .cli import Fatal
     from .live import policy_marks
     from .proxy import configure_logging
 
@@ -644,7 +855,7 @@ def worker(argv: list[str]) -> int:
     configure_logging()
     prefix = f"egress: worker {number}:"
     try:
-        loaded, credentials = _load_for_proxy(policies)
+        loaded, credentials, fell_back = load_for_worker(policies, directory, lambda line: _say(f"{prefix} {line}"))
     except Fatal as e:
         _say(f"{prefix} {e}")
         return e.status
@@ -659,17 +870,23 @@ def worker(argv: list[str]) -> int:
     socks = [socket.socket(fileno=int(fd)) for fd in sock_fds.split(",")]
 
     async def serve() -> None:
-        from .cli import _watch_policy
+        from .live import PolicyWatcher
 
         proxy = await builder.start(loaded, credentials)
         engine = builder.engine
         engine.recorder.worker = os.getpid()
+        if fell_back:
+            engine.recorder.metrics.policy_load_errors.inc()  # a failed load, as a failed reload is
         for sock in socks:
             engine.own_ports.add(sock.getsockname()[1])
             await proxy.serve_socket(sock)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, proxy.stop)
-        watcher = _watch_policy(engine, policies, since, lambda line: _say(f"{prefix} {line}"))
+        report = lambda line: _say(f"{prefix} {line}")  # noqa: E731
+        # as `serve`'s own watcher (egress.cli._watch_policy), with each good reload's texts kept
+        watcher = PolicyWatcher(engine, load=lambda: reload_for_worker(policies, directory, report),
+                                report=report, paths=list(policies), since=since)
+        watcher.start()
         loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
         engine.recorder.subscribe(EventForwarder(events_fd, flag), name="control")
         write_all(ready_fd, b"serving\n")

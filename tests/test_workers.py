@@ -499,3 +499,91 @@ def test_sigterm_while_serve_starts_stops_it_and_leaves_nothing(tmp_path):
                if f"egress-serve-{process.pid}-".encode() in cmdline(pid)]
     assert workers == [] and glob.glob(f"/tmp/egress-serve-{process.pid}-*") == []  # clean_env: no TMPDIR
     assert "proxy listening" not in process.stderr.read()
+
+
+# ------------------------------------------------------------- the last good policy
+
+
+def _workers_serving(proxy, url: str, expect: int, reason: str) -> set[int]:
+    """``SPREAD`` requests answered ``expect``; the pids of the workers that decided them."""
+    for _ in range(SPREAD):
+        assert status(proxy, url) == expect
+    events = audit_when(proxy, SPREAD, lambda e: e["reason"] == reason and e["host"] in url)
+    return {e["worker"] for e in events[-SPREAD:]}
+
+
+def test_a_worker_restarted_while_the_policy_is_broken_runs_the_last_good_policy(two, http_upstream):
+    # P14: a broken edit, then one worker's death (kill -9: an OOM kill) used to stop every worker
+    proxy = two()
+    policy = proxy.audit_path.parent / "policy.toml"
+    policy.write_text(DEFAULT_POLICY + "allow = [\n")  # a syntax error
+    wait_for(lambda: sum("policy not reloaded" in line for line in proxy.stderr_lines) >= 2, "both reports")
+    killed, kept = proxy.workers
+    os.kill(killed, signal.SIGKILL)
+    said = wait_for(lambda: [line for line in proxy.stderr_lines if "running the last good policy" in line]
+                    or proxy.process.poll() is not None, "the replacement's line")
+    assert proxy.process.poll() is None, "".join(proxy.stderr_lines)  # it stopped with 3 before
+    assert re.fullmatch(rf"egress: worker 1: policy files do not load \({re.escape(str(policy))}:\d+: not valid "
+                        r"TOML: .*\): running the last good policy from \d\d:\d\d:\d\d\n", said[0]), said
+    wait_for(lambda: any("serving again" in line for line in proxy.stderr_lines), "the new worker")
+    assert proxy.process.poll() is None, "".join(proxy.stderr_lines)
+    [new] = [pid for pid in children(proxy.process.pid) if pid != kept]
+    # both workers serve the last good policy: allowed 200, refused 403
+    assert _workers_serving(proxy, http_upstream.url("allowed.test"), 200, "allowed") == {kept, new}
+    assert _workers_serving(proxy, http_upstream.url("other.test"), 403, "not-allowed") == {kept, new}
+    assert metric(proxy, "egress_policy_load_errors_total") >= 2  # the survivor's failed reload, the replacement's load
+
+    # the next good edit reaches every worker, the replacement too
+    before = reloads(proxy)
+    policy.write_text(DEFAULT_POLICY.replace('allow = ["allowed.test"', 'allow = ["allowed.test", "other.test"')
+                      .replace('allow_private = ["allowed.test"', 'allow_private = ["allowed.test", "other.test"'))
+    wait_for(lambda: all(reloads(proxy).get(n, 0) > before.get(n, 0) for n in "12"), "both workers' reload")
+    assert _workers_serving(proxy, http_upstream.url("other.test"), 200, "allowed") == {kept, new}
+    assert proxy.process.poll() is None
+
+
+def test_the_last_good_policy_is_its_files_as_read_then_and_nothing_before_the_first(tmp_path):
+    # A worker's own load (egress.workers.load_for_worker), in this process, on real files: the
+    # texts of the newest policy that loaded, includes too, each led where it led then.
+    from egress.cli import Fatal
+    from egress.workers import LastGood, load_for_worker
+
+    shared, said = tmp_path / "shared", []
+    shared.mkdir()
+    main, more = tmp_path / "main.toml", tmp_path / "more.toml"
+    main.write_text('include = ["more.toml"]\nallow = ["a.test"]\n')
+    more.write_text('allow = ["b.test" \n')  # broken before any policy loaded: serve's start fails, 3
+    with pytest.raises(Fatal) as failed:
+        load_for_worker((str(main),), str(shared), said.append)
+    assert failed.value.status == 3 and LastGood.read(str(shared)) is None
+    assert said == [f"policy not loaded: {more}:1: not valid TOML: Unclosed array (at end of document)"]
+
+    more.write_text('allow = ["b.test"]\n')
+    policy, _, fell_back = load_for_worker((str(main),), str(shared), said.append)
+    assert not fell_back and policy.decide("b.test").allowed
+    more.write_text('allow = ["b.test", "c.test"]\n')  # a newer load, then a broken edit
+    load_for_worker((str(main),), str(shared), said.append)
+    more.write_text('allow = ["b.test", "c.test"\n')
+    said.clear()
+    policy, _, fell_back = load_for_worker((str(main),), str(shared), said.append)
+    assert fell_back and [policy.decide(h).allowed for h in ("a.test", "b.test", "c.test", "d.test")] == [
+        True, True, True, False]
+    assert policy.files == [str(main), str(more)]
+    [line] = said
+    assert line.startswith(f"policy files do not load ({more}:1: not valid TOML") and "last good policy from" in line
+    assert sorted(p.name for p in shared.iterdir()) == ["last-good-policy", "last-good-policy.lock"]  # no leftovers
+
+
+def test_a_load_that_began_earlier_never_replaces_a_later_ones_texts(tmp_path):
+    # Two workers reloading two quick edits: the one that read the older text may finish last.
+    from egress.workers import LastGood, TextRecorder
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('allow = ["old.test"]\n')
+    older = TextRecorder(str(tmp_path))
+    older(policy)
+    policy.write_text('allow = ["new.test"]\n')
+    newer = TextRecorder(str(tmp_path))
+    newer(policy)
+    assert newer.keep() is None and older.keep() is None
+    assert LastGood.read(str(tmp_path))(policy) == 'allow = ["new.test"]\n'
