@@ -88,6 +88,7 @@ SCAN_BATCH = 256 * 1024
 # headers (12 MiB decoded, 20 s of scanning before issue 9) is refused after ~0.3 s.
 SCAN_BURST = 0.25
 SCAN_PER_BYTE = 1e-6
+CLEAN_CACHED = 256  # characters: longer texts are cleaned each time, not kept
 _CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
 
 
@@ -130,10 +131,14 @@ class CredentialGuard:
             return text
         cached = self._cleaned.get(text)
         if cached is None:
-            if len(self._cleaned) > 4096:  # host names repeat; keep the cache bounded
-                self._cleaned.clear()
             data = text.encode("utf-8", "surrogateescape")
-            cached = self._cleaned[text] = self.detector.redact(data).decode("utf-8", "surrogateescape")
+            cached = self.detector.redact(data).decode("utf-8", "surrogateescape")
+            # Host names and refusal details repeat; a long text (an upstream's answer quoted in
+            # an error) is rarely seen twice and would pin its size, twice, in the cache.
+            if len(text) <= CLEAN_CACHED:
+                if len(self._cleaned) > 4096:  # keep the cache bounded
+                    self._cleaned.clear()
+                self._cleaned[text] = cached
         return cached
 
     @fail_closed

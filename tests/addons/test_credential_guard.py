@@ -597,3 +597,16 @@ def test_a_value_split_across_a_bound_hosts_websocket_messages_is_refused():
     rig.server_sends(ws_events.TextMessage(REAL[20:] + " part two"))
     assert_closed_for_a_credential(rig, "GITHUB_TOKEN given back across WebSocket messages")
     assert REAL[20:] not in repr(rig.to_client)
+
+
+# ------------------------------------------------------------ what a person or a log reads
+
+
+def test_clean_keeps_only_short_texts_cached():
+    # An upstream's answer quoted in an error can be megabytes: cleaned each time, never kept
+    # (the cache held up to 4096 texts of any size, each with its redacted copy).
+    setup = Setup()
+    short, long = f"host {GITHUB}", "x" * 300 + f" {GITHUB} " + "y" * 5000
+    assert setup.guard.clean(short) == "host [redacted:github-token]"
+    assert setup.guard.clean(long) == "x" * 300 + " [redacted:github-token] " + "y" * 5000
+    assert list(setup.guard._cleaned) == [short]
