@@ -587,3 +587,25 @@ def test_a_load_that_began_earlier_never_replaces_a_later_ones_texts(tmp_path):
     newer(policy)
     assert newer.keep() is None and older.keep() is None
     assert LastGood.read(str(tmp_path))(policy) == 'allow = ["new.test"]\n'
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_reload_frees_the_policy_each_worker_started_with(two):
+    # The worker's start-up kept a name for its first policy: a reload then freed nothing, and each
+    # worker held two policies for its life where `--workers 1` holds one.
+    entries = 150_000  # ~18 MB of policy in each worker
+    big = "allow = [\n" + "".join(f'  "host-{i}.example{i % 50}.com",\n' for i in range(entries)) + "]\n"
+    proxy = two(big)
+    policy = proxy.audit_path.parent / "policy.toml"
+    before = {pid: _rss_mib(pid) for pid in proxy.workers}
+    policy.write_text('allow = ["allowed.test"]\n')
+    wait_for(lambda: reloads(proxy) == {"1": 1, "2": 1}, "both workers' reload")
+    # freed a piece at a time after the reload is said (egress.live._let_go), then trimmed
+    wait_for(lambda: all(_rss_mib(pid) < before[pid] - 8 for pid in proxy.workers),
+             f"both workers to give back their first policy (RSS before: {before})")
