@@ -34,6 +34,7 @@ class FlowState:
     masked: str | None = None  # what the credential guard masked, in words
     substituted: bool = False  # a brokered secret was swapped in
     echo_tail: bytes = b""  # the end of a bound host's last WebSocket messages: a value split across them
+    client_tail: bytes = b""  # the end of the client's last WebSocket messages: a token split across them
     whole: bool = False  # the response body is read whole, not streamed (addons.injection_label)
     injection: str | None = None  # the injection label the response got, if any
     telling: object = None  # egress.events.Telling: the run's line about its refusal, awaited before the answer

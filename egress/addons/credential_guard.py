@@ -88,6 +88,7 @@ SCAN_BATCH = 256 * 1024
 # headers (12 MiB decoded, 20 s of scanning before issue 9) is refused after ~0.3 s.
 SCAN_BURST = 0.25
 SCAN_PER_BYTE = 1e-6
+WS_TAIL = 4096  # bytes of the client's last WebSocket messages read again with the next one
 CLEAN_CACHED = 256  # characters: longer texts are cleaned each time, not kept
 _CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
 
@@ -115,6 +116,10 @@ class CredentialGuard:
         # How much of a bound host's WebSocket messages is read again with the next one: the
         # longest form the detector reads a value in (two layers of %-escaping: 9 bytes a byte).
         self._echo_tail = 9 * max((len(s.value) for s in credentials.brokered), default=0) + 64
+        # How much of the client's WebSocket messages is read again with the next one: a token
+        # split across messages is one token to a server that joins them. Tokens and their
+        # encoded forms fit in 4 KiB; a stored secret's longest form may not.
+        self._client_tail = max(WS_TAIL, 9 * max((len(s.value) for s in credentials.secrets), default=0) + 64)
         # Nothing a person or a log reads may carry a secret: events, refusals, metric labels.
         engine.recorder.clean = self.clean
         self._cleaned: dict[str, str] = {}
@@ -261,7 +266,7 @@ class CredentialGuard:
         if message.injected:
             return None
         work = self._check_message(flow, message)
-        if len(message.content) <= SLICE:
+        if len(message.content) + len(flow_state(flow).client_tail) <= SLICE:
             for _ in work:
                 pass
             return None
@@ -438,10 +443,21 @@ class CredentialGuard:
         host = _host(flow)
         try:
             if message.from_client:
+                # Read with the end of the messages before it (the client's tail), as a bound
+                # host's are: a finding that starts there and ends in this message is refused.
+                state = flow_state(flow)
+                tail = state.client_tail
+                joined = tail + message.content if tail else message.content
                 bound = self._bound_to(host)
-                findings = yield from self._body_scan(bound, "", streamed=False).run(message.content)
+                findings = yield from self._body_scan(bound, "", streamed=False).run(joined)
+                findings = [f for f in findings if f.end > len(tail)]  # the tail's own were read before
                 if findings:
-                    self._refuse_message(flow, message, host, f"{findings[0].kind} in a WebSocket message")
+                    where = "across WebSocket messages" if findings[0].start < len(tail) else "in a WebSocket message"
+                    self._refuse_message(flow, message, host, f"{findings[0].kind} {where}")
+                    return
+                # cut at a multiple of 4 bytes from where the messages start: UTF-16/32 stays in step
+                cut = max(0, len(joined) - self._client_tail)
+                state.client_tail = joined[cut - cut % 4:]
             elif self._echo_due(flow, host):
                 # Read with the end of the messages before it: a value split across messages
                 # is one value to a command that joins them. One that starts in a message

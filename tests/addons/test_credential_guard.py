@@ -447,6 +447,18 @@ def test_a_websocket_message_split_over_frames_is_scanned_whole():
     assert_closed_for_a_credential(rig, "github-token in a WebSocket message")
 
 
+def test_a_token_split_across_the_clients_websocket_messages_is_refused():
+    # Each message was read alone: a server that joins them got the token.
+    rig = WebSocketRig(Setup())
+    rig.client_sends(ws_events.TextMessage("x" * 9000))  # more than the tail: only its end is read again
+    rig.client_sends(ws_events.TextMessage(f"token={GITHUB[:20]}"))
+    assert [e.data for e in rig.to_server if isinstance(e, ws_events.TextMessage)] == ["x" * 9000,
+                                                                                        f"token={GITHUB[:20]}"]
+    rig.client_sends(ws_events.BytesMessage(GITHUB[20:].encode() + b" and more"))
+    assert_closed_for_a_credential(rig, "github-token across WebSocket messages")
+    assert GITHUB[20:] not in repr(rig.to_server)
+
+
 def test_a_server_echoing_a_brokered_value_over_a_websocket():
     rig = WebSocketRig(Setup(), host="bound.test", substituted=True)
     rig.server_sends(ws_events.TextMessage(f"you are {REAL}"))
