@@ -451,10 +451,15 @@ def test_reloads_while_a_worker_restarts_do_not_end_it(two, http_upstream):
     assert len(set(e["worker"] for e in audit_when(proxy, SPREAD))) == 2
 
 
-def test_a_worker_that_keeps_dying_stops_serve_loudly(two):
+@pytest.mark.parametrize("broken", [False, True], ids=["policy-good", "policy-broken"])
+def test_a_worker_that_keeps_dying_stops_serve_loudly(two, broken):
+    # with the files broken, each replacement runs the last good policy: the rule is the same
     from egress.workers import RESTARTS
 
     proxy = two()
+    if broken:
+        (proxy.audit_path.parent / "policy.toml").write_text("allow = [\n")
+        wait_for(lambda: sum("policy not reloaded" in line for line in proxy.stderr_lines) >= 2, "both reports")
     for death in range(RESTARTS + 1):
         [pid] = [p for p in children(proxy.process.pid) if p not in proxy.workers[1:]]
         os.kill(pid, signal.SIGKILL)
@@ -466,6 +471,7 @@ def test_a_worker_that_keeps_dying_stops_serve_loudly(two):
     assert last == [f"egress: worker 1 (pid {pid}) was killed by SIGKILL, its {RESTARTS + 1}th end within 60 s: "
                     "stopping every worker\n"]
     assert not any(alive(p) for p in proxy.workers)
+    assert sum("running the last good policy" in line for line in proxy.stderr_lines) == (RESTARTS if broken else 0)
 
 
 def test_sigterm_while_serve_starts_stops_it_and_leaves_nothing(tmp_path):
