@@ -34,10 +34,10 @@ What the workers share, and how:
   worker (so is a SIGHUP to the supervisor), grants are refused as by any serve;
 * the policy: each worker loads and watches the files itself (so every edit reaches every
   worker within the watcher's second), and keeps the texts of each policy that loads in the
-  private folder (the newest load's win). A worker that starts while the files do not load (a
-  broken edit, then a crash: P14 of the 2026-12-07 review, where serve stopped with 3) runs those
-  texts, the policy the others run, says so, and applies the next good edit with them; only a
-  serve where no policy ever loaded fails for it (3).
+  private folder (the newest load's texts win). A worker that starts while the files do not
+  load (a broken edit, then a crash: P14 of the 2026-12-07 review, where serve stopped with 3)
+  runs those texts, the policy the others run, says so, and applies the next good edit as they
+  do; only a serve where no policy ever loaded fails for it (3).
 
 A worker that dies is restarted and said on stderr; one that fails to start, at start-up or
 as a replacement, or one that ends again after RESTARTS restarts within RESTART_WINDOW seconds,
