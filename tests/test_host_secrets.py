@@ -18,7 +18,7 @@ import zlib
 import pytest
 
 from conftest import run_curl
-from test_dns import dns_server  # noqa: F401 (a fixture: a DNS server on loopback that records each query)
+from test_dns import DnsServer
 from test_exfil import REAL
 
 from egress import host_secrets
@@ -45,7 +45,7 @@ def _crc(prefix: str) -> str:
     return prefix + body + digits.rjust(6, "0")
 
 
-_B64U = _B62 + "-_"
+_LOWER = string.ascii_lowercase + string.digits
 # One token of each format HostSecrets.RULES knows, as the provider writes it (both cases where
 # the format has them): (kind, token, found in one case).
 SAMPLES = [
@@ -57,7 +57,7 @@ SAMPLES = [
     ("digitalocean-token", "dop_v1_" + _pick(_HEX, 64), True),
     ("shopify-token", "shpat_" + _pick(_HEX, 32), True),
     ("databricks-token", "dapi" + _pick(_HEX, 32), True),
-    ("terraform-token", _pick(string.ascii_lowercase + string.digits, 14) + ".atlasv1." + _pick(string.ascii_lowercase + string.digits, 67), True),
+    ("terraform-token", _pick(_LOWER, 14) + ".atlasv1." + _pick(_LOWER, 67), True),
     ("age-secret-key", "AGE-SECRET-KEY-1" + _pick("QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L", 58), True),
     ("sentry-token", "sntryu_" + _pick(_HEX, 64), True),
     ("postman-api-key", "PMAK-" + _pick(_HEX, 24) + "-" + _pick(_HEX, 34), True),
@@ -101,6 +101,14 @@ _IDS = [f"{kind}:{token[:7]}" for kind, token, _ in SAMPLES]
 def labels(text: str, size: int = 40) -> str:
     """``text`` cut into labels of ``size`` characters (a label holds 63 at most)."""
     return ".".join(text[i:i + size] for i in range(0, len(text), size))
+
+
+@pytest.fixture
+def dns_server():
+    """A DNS server on loopback that records each query (test_dns.DnsServer)."""
+    server = DnsServer()
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="module")
