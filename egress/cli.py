@@ -534,7 +534,7 @@ def _watch_policy(engine, policies, since, report):
     from . import settings
     from .live import PolicyWatcher
 
-    watcher = PolicyWatcher(engine, load=lambda: settings.load(list(policies) or [DEFAULT_POLICY]).policy,
+    watcher = PolicyWatcher(engine, load=lambda: settings.reloadable(list(policies) or [DEFAULT_POLICY]),
                             report=report, paths=list(policies), since=since)
     watcher.start()
     return watcher

@@ -17,6 +17,7 @@ exactly when serve would start; `egress run` reads its credentials through
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .policy_loader import PolicyError, Problem, Reader, find_line, read_mapping, read_policy
@@ -46,6 +47,16 @@ def load_for_proxy(sources, environ: dict[str, str], *, broker: bool = False,
     Returns (policy, egress.credentials.Credentials); raises PolicyError listing every problem."""
     policy = load(sources, read).policy
     return policy, read_credentials(policy, environ, broker=broker)
+
+
+def reloadable(sources, read: Reader | None = None) -> Policy:
+    """A live reload's policy: the files load and the secrets they name can be read now.
+    The secrets are not applied (a running proxy keeps the ones it started with), but a policy
+    whose secrets cannot be read is refused: a worker restarted later would have to start with
+    it (egress.workers keeps the last good policy's texts), and could not."""
+    policy = load(sources, read).policy
+    read_credentials(policy, dict(os.environ), broker=False)
+    return policy
 
 
 def read_credentials(policy: Policy, environ: dict[str, str], *, broker: bool):

@@ -774,7 +774,7 @@ def reload_for_worker(policies: tuple[str, ...], directory: str, report):
 
     recorder = TextRecorder(directory)
     try:
-        policy = settings.load(list(policies) or [DEFAULT_POLICY], read=recorder).policy
+        policy = settings.reloadable(list(policies) or [DEFAULT_POLICY], read=recorder)
     except BaseException:
         recorder.drop()
         raise

@@ -51,6 +51,21 @@ def test_a_broken_edit_keeps_the_last_good_policy_and_is_reported(proxy_factory,
     assert re.search(r"^egress_policy_load_errors_total 1\.0$", proxy.metrics(), re.M)
 
 
+def test_an_edit_naming_a_secret_that_cannot_be_read_is_not_reloaded(proxy_factory, http_upstream):
+    # A worker restarted later starts from the last policy that reloaded: one whose secret it
+    # could not read would stop it, so such an edit is refused as a broken one is.
+    proxy = proxy_factory(DEFAULT_POLICY)
+    policy = proxy.audit_path.parent / "policy.toml"
+    assert "EGRESS_TEST_NEVER_SET" not in os.environ
+    policy.write_text(DEFAULT_POLICY.replace('allow = ["allowed.test"', 'allow = ["allowed.test", "other.test"')
+                      .replace('allow_private = ["allowed.test"', 'allow_private = ["allowed.test", "other.test"')
+                      + '\n[[credentials.secret]]\nenv = "EGRESS_TEST_NEVER_SET"\nhosts = ["allowed.test"]\n')
+    wait_for(lambda: any("policy not reloaded" in line for line in proxy.stderr_lines), "the report")
+    assert any("EGRESS_TEST_NEVER_SET" in line for line in proxy.stderr_lines), "".join(proxy.stderr_lines)
+    assert status(proxy, http_upstream.url("other.test")) == 403
+    assert status(proxy, http_upstream.url("allowed.test")) == 200
+
+
 def test_a_configmap_style_symlink_swap_reloads(proxy_factory, http_upstream, tmp_path):
     # Kubernetes mounts ConfigMaps as policy.toml -> ..data/policy.toml, ..data -> ..<timestamp>/
     mount = tmp_path / "configmap"
