@@ -10,6 +10,7 @@ import asyncio
 import re
 import resource
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -319,3 +320,153 @@ def test_an_idle_passthrough_tunnel_is_closed_after_the_idle_timeout(proxy_facto
     answer = read_until_closed(sock)  # 200, then nothing more: closed once idle
     sock.close()
     assert answer.startswith(b"HTTP/1.1 200")
+
+
+# ------------------------------------------- what a client or an upstream holds (issue 26)
+
+
+class HostileUpstream:
+    """A raw TCP server on 127.0.0.1:0 that reads a request (head, and a body of a Content-Length)
+    and then does ``behave(upstream, conn)``, each connection in a thread (``ssl_context``: TLS first)."""
+
+    def __init__(self, behave, ssl_context=None):
+        self.behave, self.ssl_context = behave, ssl_context
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.release = threading.Event()
+        self.sent = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            try:
+                if self.ssl_context is not None:
+                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                head, body = data.split(b"\r\n\r\n", 1)
+                length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.I)
+                while length is not None and len(body) < int(length.group(1)):
+                    more = conn.recv(1 << 20)
+                    if not more:
+                        return
+                    body += more
+                self.behave(self, conn)
+            except OSError:
+                pass
+
+    def close(self):
+        self.release.set()
+        self.sock.close()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _reset_peak(pid: int) -> int:
+    """Reset the process's peak RSS (VmHWM) to its RSS now (clear_refs 5); return that RSS in KiB."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return _rss_kib(pid)
+
+
+def _head_bomb(upstream, conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Big: ")
+    chunk = b"a" * 65536
+    for _ in range(32 * 16):  # 32 MiB, until the proxy stops reading
+        conn.sendall(chunk)
+        upstream.sent += len(chunk)
+
+
+@pytest.fixture(params=["http", "https"])
+def head_bomb(request, test_ca):
+    """(scheme, upstream): an allowed upstream answering ``HTTP/1.1 200 OK`` and a 32 MiB header."""
+    context = None
+    if request.param == "https":
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        test_ca.issue_cert("allowed.test").configure_cert(context)
+    upstream = HostileUpstream(_head_bomb, context)
+    yield request.param, upstream
+    upstream.close()
+
+
+def test_an_upstreams_endless_response_head_is_cut_at_the_head_limit(proxy, head_bomb):
+    # Before: buffered whole (+100 MiB for 32 MiB), sent back whole as the 502's body (a repr of
+    # it), and whole in serve's EGRESS_UPSTREAM_ERROR line.
+    scheme, upstream = head_bomb
+    session = proxied_session(proxy)
+    url = f"{scheme}://allowed.test:{upstream.port}/"
+    assert session.get(url, timeout=60).status_code == 502  # every code path imported once
+    before = _reset_peak(proxy.process.pid)
+    response = session.get(url, timeout=60)
+    grown = proxy.rss_peak_kib() - before
+    assert response.status_code == 502
+    assert response.headers["X-Egress-Error"] == "allowed.test; reason=connect-failed"
+    assert response.text == ("EGRESS_UPSTREAM_ERROR allowed.test: the upstream server could not be reached "
+                             "(response head over 64 KiB)\n")
+    assert upstream.sent < 32 << 20  # the proxy stopped reading
+    assert grown < 8 * 1024, grown
+    proxy.wait_for_audit(lambda e: len([x for x in proxy.audit() if x["decision"] == "error"]) == 2)
+    errors = [(e["reason"], e["detail"]) for e in proxy.audit() if e["decision"] == "error"]
+    assert errors == [("connect-failed", "response head over 64 KiB")] * 2
+    line = "EGRESS_UPSTREAM_ERROR allowed.test (the upstream server could not be reached: response head over 64 KiB)\n"
+    deadline = time.monotonic() + 10  # serve's stderr is read by a thread
+    while line not in proxy.stderr_lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [x for x in proxy.stderr_lines if x.startswith("EGRESS_")] == [line]
+
+
+def _head_then_close(upstream, conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 32768)
+
+
+def test_an_upstreams_unfinished_head_is_named_by_its_start_only(proxy):
+    # Before: mitmproxy's "unexpected server response: b'...'" with all of it, as the 502's body.
+    upstream = HostileUpstream(_head_then_close)
+    try:
+        response = proxied_session(proxy).get(f"http://allowed.test:{upstream.port}/", timeout=60)
+    finally:
+        upstream.close()
+    assert response.status_code == 502
+    assert response.text.startswith("EGRESS_UPSTREAM_ERROR allowed.test: the upstream server could not be reached "
+                                    "(unexpected server response: b'HTTP/1.1 200 OK\\r\\nX-Big: aaaa")
+    assert len(response.text) < 400, len(response.text)
+
+
+def _chunk_line_bomb(upstream, conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1;x=")
+    chunk = b"a" * 65536
+    for _ in range(32 * 16):  # 32 MiB, until the proxy stops reading
+        conn.sendall(chunk)
+        upstream.sent += len(chunk)
+
+
+def test_an_upstreams_chunk_size_line_without_end_is_cut_at_the_head_limit(proxy):
+    upstream = HostileUpstream(_chunk_line_bomb)
+    try:
+        answer = send_raw(proxy, f"GET http://allowed.test:{upstream.port}/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+                                 .encode())
+    finally:
+        upstream.close()
+    assert answer.startswith(b"HTTP/1.1 200")  # the head had gone to the client: the connection is cut
+    assert upstream.sent < 32 << 20
+    [event] = [e for e in proxy.wait_for_audit(lambda e: e["decision"] == "error") if e["decision"] == "error"]
+    assert (event["reason"], event["detail"]) == (
+        "connect-failed", "a chunk size line or trailer of the response body over 64 KiB")

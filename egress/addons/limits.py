@@ -32,6 +32,12 @@ What this module does:
 * ``egress_max_head_bytes`` (default 64 KiB; nginx's largest default header buffers are
   4 x 8 KiB, Node's 16 KiB): a bigger request head is answered ``431`` and the connection
   closed before more is buffered;
+* and for the upstream's response head (:class:`StrictHttp1Client`): mitmproxy buffered it
+  whole too (+390 MiB for a 96 MiB head), and put a repr of all of it in the error that
+  became the 502's body. A head past the bound fails the request as egress's upstream error
+  (``502``, ``connect-failed``, "response head over 64 KiB"), the server connection is
+  closed and its buffer dropped. An upstream's own error text reaches the answer cut to a few
+  hundred characters (upstream_errors.py);
 * a request head with obs-fold, a bare CR, NUL or another control character (HTAB aside)
   is answered ``400`` (``protocol``). Bare LF line ends are left to mitmproxy: it splits
   lines on LF and writes the head anew with CRLF, so upstream never sees them;
@@ -44,7 +50,10 @@ What this module does:
 The HTTP/1 part is a subclass of mitmproxy's ``Http1Server``, put in place of the one an
 ``HttpLayer`` would make for the client (``HttpLayer`` keeps an existing entry of its
 ``connections``, as it does for client replay). egress runs with ``http2=False``, so a
-client connection is always HTTP/1.
+client connection is always HTTP/1. The server side is a subclass of ``Http1Client``, which
+mitmproxy makes by its module-level name at each new server connection
+(:func:`strict_upstream_heads` puts the subclass under that name). Upstream HTTP/2 is never
+negotiated (``http2=False`` offers no ALPN h2), so every upstream is read by it.
 """
 
 from __future__ import annotations
@@ -57,12 +66,14 @@ import time
 
 from h11._receivebuffer import ReceiveBuffer
 from mitmproxy import connection, ctx
+from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1, status_codes, url
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import RequestHeaders, RequestProtocolError, ResponseProtocolError
-from mitmproxy.proxy.layers.http._http1 import Http1Server, make_body_reader
+from mitmproxy.proxy.layers.http._events import (RequestHeaders, RequestProtocolError, ResponseHeaders,
+                                                  ResponseProtocolError)
+from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server, make_body_reader
 
 from .. import mitm, proxyauth
 from ..engine import Engine
@@ -97,6 +108,16 @@ def bad_head(lines) -> str | None:
         _WHAT.get(found, f"the control character {found!r}")
 
 
+def size_words(limit: int) -> str:
+    """A byte limit as a person reads it: ``64 KiB``, or ``1000 bytes``."""
+    return f"{limit >> 10} KiB" if limit and limit % 1024 == 0 else f"{limit} bytes"
+
+
+def excerpt(data: bytes, most: int = 200) -> str:
+    """A repr of the first ``most`` bytes of ``data``, and ``...`` if there was more."""
+    return repr(data[:most]) + ("..." if len(data) > most else "")
+
+
 def raise_fd_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard limit; return (soft before, soft now).
 
@@ -126,6 +147,7 @@ class Limits:
         self.max_head_bytes = MAX_HEAD_BYTES
         self._sweeper: asyncio.Task | None = None
         self.reclaimer = Reclaimer()
+        strict_upstream_heads()
         # (peername, sockname) -> (counted address, waiting since): connections egress.front
         # counted and handed over, until mitmproxy's client_connected takes them
         self.carried: dict[tuple, tuple[str | None, float]] = {}
@@ -435,6 +457,86 @@ class StrictHttp1Server(Http1Server):
         host = state.host_name or flow.request.host or "unknown"
         return refuse(self.limits.engine, flow, Decision(host, flow.request.port, False, "protocol",
                                                          detail=message[:200]), status=400)
+
+
+class StrictHttp1Client(Http1Client):
+    """mitmproxy's HTTP/1 client side (what reads an upstream's response), with the response
+    head bounded as the request head is (``egress_max_head_bytes``), and so what waits unread
+    in a response body (a chunk size line without end).
+
+    ``read_headers`` follows mitmproxy 11.0.2's own, with the bound checked before the head is
+    parsed. Past it, the request fails as an upstream error whose message is the detail
+    (upstream_errors.py names it ``connect-failed``; egress's HTTP/1 server side answers the
+    502), the server connection is closed and the buffer dropped. An upstream that closes in
+    the middle of a head: mitmproxy's message carried a repr of the whole buffer, here 200
+    bytes of it.
+    """
+
+    def read_headers(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
+        if not self.request or not isinstance(event, (events.DataReceived, events.ConnectionClosed)):
+            yield from super().read_headers(event)  # data for no request: mitmproxy closes
+            return
+        if isinstance(event, events.ConnectionClosed):
+            if self.stream_id and self.buf:
+                if self.conn.state & ConnectionState.CAN_WRITE:
+                    yield commands.CloseConnection(self.conn)
+                message = f"unexpected server response: {excerpt(bytes(self.buf))}"
+                self.buf = ReceiveBuffer()
+                yield ReceiveHttp(ResponseProtocolError(self.stream_id, message))
+                return
+            yield from super().read_headers(event)
+            return
+        lines = self.buf.maybe_extract_lines()
+        limit = _head_limit(self.context)
+        if not lines:
+            if len(self.buf) > limit > 0:
+                yield from self._fail(f"response head over {size_words(limit)}")
+            return
+        if sum(map(len, lines)) + 2 * len(lines) > limit > 0:
+            yield from self._fail(f"response head over {size_words(limit)}")
+            return
+        try:
+            self.response = http1.read_response_head([bytes(x) for x in lines])
+            expected_size = http1.expected_http_body_size(self.request, self.response)
+        except ValueError as e:
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(ResponseProtocolError(self.stream_id, f"Cannot parse HTTP response: {str(e)[:200]}"))
+            return
+        yield ReceiveHttp(ResponseHeaders(self.stream_id, self.response, expected_size == 0))
+        self.body_reader = make_body_reader(expected_size)
+        self.state = self.read_body
+        yield from self.state(event)
+
+    def read_body(self, event: events.Event) -> layer.CommandGenerator[None]:
+        yield from super().read_body(event)
+        if self.buf and self.state == self.read_body and isinstance(event, events.DataReceived):
+            limit = _head_limit(self.context)
+            if len(self.buf) > limit > 0:
+                yield from self._fail(f"a chunk size line or trailer of the response body over {size_words(limit)}")
+
+    def _fail(self, message: str) -> layer.CommandGenerator[None]:
+        yield commands.CloseConnection(self.conn)
+        yield ReceiveHttp(ResponseProtocolError(self.stream_id, message))
+        self.state = self.done
+        self.buf = ReceiveBuffer()
+
+    def done(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
+        self.buf = ReceiveBuffer()  # what still arrives is dropped, not kept
+        yield from ()
+
+
+def _head_limit(context) -> int:
+    """egress_max_head_bytes as the connection's options hold it (its default where Limits is not loaded)."""
+    return getattr(context.options, "egress_max_head_bytes", MAX_HEAD_BYTES)
+
+
+def strict_upstream_heads() -> None:
+    """Make mitmproxy read every upstream HTTP/1 response with :class:`StrictHttp1Client`
+    (idempotent). HttpClient (a new server connection) and HttpLayer (a server that speaks
+    first) make their ``Http1Client`` by its name in mitmproxy.proxy.layers.http."""
+    from mitmproxy.proxy.layers import http as http_layers
+
+    http_layers.Http1Client = StrictHttp1Client
 
 
 def _request_line(line: bytes) -> tuple[str, str | None]:

@@ -32,6 +32,11 @@ go into FlowState; from there the Reporter records the one event (audit log, met
 EGRESS_UPSTREAM_ERROR lines) and egress's HTTP/1 server side (limits.StrictHttp1Server)
 answers the client with egress's 502/504 (``X-Egress-Error``, ``EGRESS_UPSTREAM_ERROR``
 body) in place of mitmproxy's page. Runs before the Reporter.
+
+The detail is cut to DETAIL_CHARS characters: mitmproxy's messages can carry what the upstream
+sent (``unexpected server response: b'...'`` held a repr of a whole 32 MiB response head, and
+became a 32 MiB 502 body, a 32 MiB log line and a key of the redactor's cache). What the client,
+the audit log and the person get is the start of it, never the upstream's bytes whole.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from .address_guard import dials_itself
 UNKNOWN_ISSUER = frozenset({2, 18, 19, 20, 21, 27})
 UPSTREAM_CA_HINT = "if a proxy on your network re-signs TLS, pass its CA with --upstream-ca FILE"
 VERIFY_PREFIX = "Certificate verify failed: "  # mitmproxy's words before OpenSSL's reason
+DETAIL_CHARS = 300  # of an upstream failure's detail: enough for any cause mitmproxy or OpenSSL words
 
 
 class UpstreamErrors:
@@ -104,13 +110,18 @@ class UpstreamErrors:
         if conn is not None:
             conn.open_failure = None
         if state.upstream_error is not None:  # named where it happened (a timeout)
-            state.upstream_detail = state.upstream_detail or flow.error.msg
+            state.upstream_detail = short(state.upstream_detail or flow.error.msg)
         elif failure is not None and failure[2] in flow.error.msg:
-            state.upstream_error, state.upstream_detail = failure[0], failure[1]
+            state.upstream_error, state.upstream_detail = failure[0], short(failure[1])
         elif not flow.client_conn.state & ConnectionState.CAN_READ:
             return  # the client went away first: not the upstream's failure
         else:
-            state.upstream_error, state.upstream_detail = "connect-failed", flow.error.msg
+            state.upstream_error, state.upstream_detail = "connect-failed", short(flow.error.msg)
+
+
+def short(detail: str) -> str:
+    """``detail`` cut to DETAIL_CHARS characters (``...`` says it was)."""
+    return detail if len(detail) <= DETAIL_CHARS else detail[:DETAIL_CHARS - 3] + "..."
 
 
 def classify_tls_failure(message: str, verify_result: int) -> tuple[str, str]:

@@ -113,3 +113,17 @@ def test_an_unparsable_request_line_is_egress_refusal_not_mitmproxys_bare_400():
     assert b"X-Egress-Blocked: exa!mple.test; reason=invalid-host" in answer(produced)
     [event] = audit_events(engine)
     assert event["method"] == "GET"
+
+
+def test_every_upstream_response_is_read_by_the_strict_client():
+    # mitmproxy makes its Http1Client by the module-level name at each new server connection (HttpClient)
+    # and for a server that speaks first (HttpLayer): the name is where egress puts its subclass.
+    from mitmproxy.proxy.layers import http as http_layers
+
+    from egress.addons.limits import StrictHttp1Client
+
+    Limits(make_engine())
+    assert http_layers.Http1Client is StrictHttp1Client
+    for user in (http_layers.HttpClient._handle_event, http_layers.HttpLayer._handle_event):
+        function = getattr(user, "__wrapped__", user)  # under mitmproxy's @expect
+        assert "Http1Client" in function.__code__.co_names and function.__globals__ is vars(http_layers)
