@@ -470,3 +470,57 @@ def test_an_upstreams_chunk_size_line_without_end_is_cut_at_the_head_limit(proxy
     [event] = [e for e in proxy.wait_for_audit(lambda e: e["decision"] == "error") if e["decision"] == "error"]
     assert (event["reason"], event["detail"]) == (
         "connect-failed", "a chunk size line or trailer of the response body over 64 KiB")
+
+
+def _client_hello(server_name: str) -> bytes:
+    """The first flight of a real TLS client (Python's ssl) for ``server_name``."""
+    import ssl
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=server_name)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def _trickle_until_closed(sock, data: bytes, interval: float, deadline: float) -> bool:
+    """Send ``data`` a byte every ``interval`` s; True once the proxy has closed the connection
+    (before the last byte, and before the monotonic ``deadline``), False otherwise."""
+    import select
+
+    for byte in data:
+        if time.monotonic() > deadline:
+            return False
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        readable, _, _ = select.select([sock], [], [], interval)
+        if readable:
+            try:
+                if sock.recv(65536) == b"":
+                    return True
+            except ConnectionResetError:
+                return True
+    return False
+
+
+def test_a_tls_handshake_trickled_inside_a_tunnel_is_cut_by_the_head_timeout(proxy_factory, https_upstream):
+    # Before: when NextLayer chose the TLS layer the head timer was switched off, as for a relay: a
+    # ClientHello sent a byte at a time (each byte within the idle timeout) held the connection for hours.
+    proxy = proxy_factory(DEFAULT_POLICY, "--head-timeout", "1")
+    hello = _client_hello("allowed.test")
+    target = f"allowed.test:{https_upstream.port}"
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=30)
+    try:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(hello[:5])  # a TLS record header: NextLayer picks the TLS layer
+        closed = _trickle_until_closed(sock, hello[5:], 0.3, time.monotonic() + 60)
+    finally:
+        sock.close()
+    assert closed
+    assert metric(proxy, "egress_connections_limited_total", 'limit="head-timeout"') == 1
+    assert https_upstream.connections == 0

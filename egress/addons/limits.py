@@ -73,6 +73,7 @@ from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import (RequestHeaders, RequestProtocolError, ResponseHeaders,
                                                   ResponseProtocolError)
+from mitmproxy.proxy.layers import TCPLayer
 from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server, make_body_reader
 
 from .. import mitm, proxyauth
@@ -240,10 +241,14 @@ class Limits:
             context = found.context
             if context.client not in found.connections:
                 found.connections[context.client] = StrictHttp1Server(context.fork(), self, found)
-        elif chosen is not None:  # a relay (passthrough) or a closing layer: no request head to wait for
+        elif isinstance(chosen, TCPLayer):  # a relay (passthrough): no request head to wait for
             state = self.engine.connections.get(nextlayer.context.client)
             if state is not None:
                 state.waiting_since = None
+        # Anything else still leads to a head: a TLS handshake inside a tunnel (its HttpLayer
+        # comes after it, from another NextLayer) keeps the clock that started at the CONNECT's
+        # 200, so a ClientHello trickled a byte at a time is cut like a trickled head. A closing
+        # layer closes the connection as it starts: its clock never fires.
 
     @fail_closed
     def websocket_start(self, flow) -> None:
