@@ -2,8 +2,9 @@
 
 Where a request can hold a secret: the host name (before any DNS query), the method, the
 URL (path, query, userinfo), every header name and value (Basic auth and cookies included:
-the detector decodes base64 and percent layers), the body, and WebSocket messages and
-control frames (ping, pong, close).
+the detector decodes base64 and percent layers), the body, and WebSocket messages (each
+with the end of the ones before it: a token split across them) and control frames (ping,
+pong, close).
 
 * ``block`` (default): the request is refused before it leaves, ``reason=credential``,
   naming the kind (``github-token``) and where it was, never the value.
@@ -26,7 +27,12 @@ control frames (ping, pong, close).
 
 One scanner behind every body: :class:`_BodyScan` undoes the content coding piece by
 piece (gzip, deflate, br, zstd; an unknown one is refused before a byte is relayed) and
-feeds a :class:`~egress.detect.StreamScanner`, within a time budget. Buffered bodies,
+feeds a :class:`~egress.detect.StreamScanner`, within a time budget. It reads a body as any
+receiver could: decoded; a coded one as sent too (gzip's name, comment and extra fields,
+zstd's skippable frames, brotli's metadata: decoders skip them); UTF-16 or UTF-32 text (a
+byte-order mark, a charset, an XML declaration, or its NULs in the first 512 bytes)
+transcoded to UTF-8 too. A finding in those other readings cannot be masked or put back:
+the body is refused (a response cut off) whatever the action. Buffered bodies,
 streamed uploads (chunked, or over mitmproxy's 1 MiB stream_large_bodies), WebSocket
 messages and control frames, and brokered responses all go through it. A streamed body is
 relayed only as far as it has been scanned (the held-back rule: no byte of a token split
@@ -41,7 +47,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import codecs
 import json
+import re
 import time
 import urllib.parse
 from collections import deque
@@ -63,14 +71,16 @@ from ..mitm import websocket_layer
 ECHO_METHODS = {"TRACE", "TRACK"}
 BODY_SCAN_LIMIT = 64 * 2**20  # decoded bytes; a bigger (bomb) body is refused
 PLACEHOLDER_LABEL = "placeholder"
-SLICE = 64 * 1024  # decoded bytes scanned between looks at the budget (and, when buffered, the event loop)
-# A body's scanner scans once this many new bytes have come (StreamScanner's batch):
-# with the 16 KiB it carries from one scan to the next, each byte is scanned 1.06 times,
-# against 1.25 with a scan per 64 KiB chunk as a socket read delivers them (with the
-# url-password prefilter change, a clean-text upload took 1.2x less CPU per GB, side by
-# side: bench/README.md). It holds at most this much more before relaying, and one scan
-# of it holds the loop ~5 ms at clean-text speed.
+SLICE = 64 * 1024  # the most decoded bytes one piece of work makes between looks at the budget
+# A body is scanned in looks (_Reading): each takes about LOOK of CPU at the speed the last
+# one went, and the budget is looked at after each. The most a look scans anew is SCAN_BATCH:
+# with the 16 KiB carried from one look to the next, each byte is scanned 1.06 times, against
+# 1.25 with a look per 64 KiB chunk as a socket read delivers them (with the url-password
+# prefilter change, a clean-text upload took 1.2x less CPU per GB, side by side:
+# bench/README.md); clean text gets there from the second look. The least is the 16 KiB
+# carried (Detector.overlap): 32 KiB of the slowest text known (a run of "sk-") take ~18 ms.
 SCAN_BATCH = 256 * 1024
+LOOK = 0.002
 
 # The scanning time budget, in CPU seconds of the proxy's one event-loop thread (thread_time:
 # other processes on the machine do not count). A request starts with SCAN_BURST and earns
@@ -185,15 +195,18 @@ class CredentialGuard:
         # A large upload is scanned as it streams. So is one of unknown length (chunked):
         # mitmproxy would switch it to streaming past 1 MiB, after this hook, unscanned.
         if flow.request.stream or (transfer and "content-length" not in flow.request.headers):
-            flow.request.stream = _Relay(self, flow, host, self._body_scan(bound, encoding, streamed=True))
+            scan = self._body_scan(bound, encoding, streamed=True,
+                                   content_type=flow.request.headers.get("content-type", ""))
+            flow.request.stream = _Relay(self, flow, host, scan)
 
     @fail_closed
     def request(self, flow: http.HTTPFlow):
         if flow.response is not None or flow.request.stream or not flow.request.raw_content:
             return None
         work = self._check_body(flow)
-        if len(flow.request.raw_content) <= SLICE and not codings(flow.request.headers.get("content-encoding", "")):
-            for _ in work:  # one slice: no need to give the loop back
+        if len(flow.request.raw_content) <= self.detector.overlap and \
+                not codings(flow.request.headers.get("content-encoding", "")):
+            for _ in work:  # one look: no need to give the loop back
                 pass
             return None
         return _drive(work)
@@ -220,18 +233,16 @@ class CredentialGuard:
             return
         encoding = response.headers.get("content-encoding", "")
         try:
-            scan = _BodyScan(self.echo_detector, encoding, frozenset(), frozenset(), self._budget(streamed=True))
+            scan = _BodyScan(self.echo_detector, encoding, frozenset(), frozenset(), self._budget(streamed=True),
+                             content_type=response.headers.get("content-type", ""))
         except UndecodableBody as e:
             self._refuse(flow, host, f"a brokered response that cannot be read (content-encoding {encoding!r}: {e})",
                          stage="response")
             return
-        # The body is also read as a client might read it other than as labelled: a coded
-        # body's bytes as sent (gzip's header comment, a zstd skippable frame: fields the
-        # decoder skips), and an unlabelled body that starts like gzip, zlib or zstd, decoded.
-        if scan.decoder is not None:
-            also = [_AsSent(_BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=True)))]
-        else:
-            also = [_Sniffed(self.echo_detector, lambda: self._budget(streamed=True))]
+        # The body is read as a client might read it other than as labelled: a coded body's
+        # bytes as sent (the scan does), and an unlabelled body that starts like gzip, zlib or
+        # zstd, decoded.
+        also = [] if scan.decoder is not None else [_Sniffed(self.echo_detector, lambda: self._budget(streamed=True))]
         response.stream = _Relay(self, flow, host, scan, echo=True, also=also)
 
     @fail_closed
@@ -266,7 +277,7 @@ class CredentialGuard:
         if message.injected:
             return None
         work = self._check_message(flow, message)
-        if len(message.content) + len(flow_state(flow).client_tail) <= SLICE:
+        if len(message.content) + len(flow_state(flow).client_tail) <= self.detector.overlap:
             for _ in work:
                 pass
             return None
@@ -340,9 +351,10 @@ class CredentialGuard:
     def _budget(self, streamed: bool) -> "_Budget":
         return _Budget(self.burst, self.per_byte, self.burst if streamed else float("inf"))
 
-    def _body_scan(self, bound: list[StoredSecret], encoding: str, streamed: bool, keep: bool = False) -> "_BodyScan":
+    def _body_scan(self, bound: list[StoredSecret], encoding: str, streamed: bool, keep: bool = False,
+                   **readings) -> "_BodyScan":
         return _BodyScan(self.detector, encoding, frozenset(s.label for s in bound), self.ignore_kinds,
-                         self._budget(streamed), keep)
+                         self._budget(streamed), keep, **readings)
 
     def _scan_head(self, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
         """Findings in the host, the URL, the method and each header: [(where, finding, field)];
@@ -408,8 +420,12 @@ class CredentialGuard:
         swapping = [s for s in bound if s.placeholder and "body" in s.swap]
         swappable = flow.request.scheme == "https" and bool(swapping)
         rewrite = self.action == "mask" or swappable
+        # A placeholder of a secret swapped into the body may be in its coded bytes as sent
+        # too (a stored deflate block): the body is then coded again, from what was swapped.
+        sent_allowed = frozenset(s.label for s in bound) | {f"{PLACEHOLDER_LABEL}:{s.label}" for s in swapping}
         try:
-            scan = self._body_scan(bound, encoding, streamed=False, keep=rewrite)
+            scan = self._body_scan(bound, encoding, streamed=False, keep=rewrite, sent_allowed=sent_allowed,
+                                   content_type=flow.request.headers.get("content-type", ""))
             findings = yield from scan.run(raw)
             body = scan.body() if rewrite else raw
             placeholders = {f.kind for f in findings if f.kind.startswith(PLACEHOLDER_LABEL + ":")}
@@ -427,6 +443,9 @@ class CredentialGuard:
             return
         except _OverBudget as e:
             self._refuse(flow, host, f"a body that could not be scanned in time ({e})")
+            return
+        except _Elsewhere as e:
+            self._refuse(flow, host, f"{e.kind} in the body ({e.form})")
             return
         if not findings:
             return
@@ -447,14 +466,14 @@ class CredentialGuard:
                 # host's are: a finding that starts there and ends in this message is refused.
                 state = flow_state(flow)
                 tail = state.client_tail
-                joined = tail + message.content if tail else message.content
                 bound = self._bound_to(host)
-                findings = yield from self._body_scan(bound, "", streamed=False).run(joined)
+                findings = yield from self._body_scan(bound, "", streamed=False).run(message.content, context=tail)
                 findings = [f for f in findings if f.end > len(tail)]  # the tail's own were read before
                 if findings:
                     where = "across WebSocket messages" if findings[0].start < len(tail) else "in a WebSocket message"
                     self._refuse_message(flow, message, host, f"{findings[0].kind} {where}")
                     return
+                joined = tail + message.content if tail else message.content
                 # cut at a multiple of 4 bytes from where the messages start: UTF-16/32 stays in step
                 cut = max(0, len(joined) - self._client_tail)
                 state.client_tail = joined[cut - cut % 4:]
@@ -465,7 +484,7 @@ class CredentialGuard:
                 state = flow_state(flow)
                 tail = state.echo_tail
                 scan = _BodyScan(self.echo_detector, "", frozenset(), frozenset(), self._budget(streamed=False))
-                findings = yield from scan.run(tail + message.content)
+                findings = yield from scan.run(message.content, context=tail)
                 across = [f for f in findings if f.start < len(tail)]
                 content = None if across else self._put_back(tail + message.content, findings, 0)
                 if content is None:
@@ -477,6 +496,9 @@ class CredentialGuard:
                 state.echo_tail = content[-self._echo_tail:]
         except _OverBudget as e:
             self._refuse_message(flow, message, host, f"a WebSocket message that could not be scanned in time ({e})")
+        except _Elsewhere as e:
+            given = "" if message.from_client else "given back "
+            self._refuse_message(flow, message, host, f"{e.kind} {given}in a WebSocket message ({e.form})")
 
     def _refuse_message(self, flow, message, host: str, detail: str) -> None:
         message.drop()
@@ -495,6 +517,8 @@ class CredentialGuard:
             findings = list(_BodyScan(detector, "", allowed, ignore, self._budget(streamed=True)).run_sync(payload))
         except _OverBudget:
             findings = [Finding("an unscannable payload", 0, len(payload))]
+        except _Elsewhere as e:
+            findings = [Finding(e.kind, 0, len(payload))]
         if findings:
             where = "a WebSocket control frame" if from_client else "a WebSocket control frame from the server"
             self._refuse(flow, _host(flow), f"{findings[0].kind} in {where}", stage="websocket")
@@ -605,22 +629,222 @@ class _Budget:
             raise _OverBudget(f"{self.spent:.2f} s of scanning spent")
 
 
+class _Elsewhere(Exception):
+    """A finding in another reading of a body than its decoded bytes (as sent, transcoded): it
+    cannot be masked or put back in place, so the body is refused whatever the action."""
+
+    def __init__(self, kind: str, form: str):
+        super().__init__(kind, form)
+        self.kind, self.form = kind, form
+
+
+class _Reading:
+    """One reading of a body: a StreamScanner fed in looks that take about LOOK of CPU at the
+    speed the last one went (Detector.overlap new bytes at least, SCAN_BATCH at most). The
+    budget is looked at after each, so text that is slow to scan is read in small looks, and
+    fast text in large ones (each byte scanned ~1.06 times)."""
+
+    __slots__ = ("scanner", "pending", "pending_len", "batch", "least")
+
+    def __init__(self, detector: Detector):
+        self.scanner = detector.stream()  # its batch is the overlap: it scans what a look hands it
+        self.least = self.batch = detector.overlap  # the first look is the smallest
+        self.pending: list[bytes] = []
+        self.pending_len = 0
+
+    def push(self, piece: bytes) -> bool:
+        """Keep ``piece`` for the next look; True once one is due."""
+        self.pending.append(piece)
+        self.pending_len += len(piece)
+        return self.pending_len >= self.batch
+
+    def look(self, final: bool = False) -> list[Finding]:
+        """Scan what was pushed (``final``: and settle the reading to its end)."""
+        pending = self.pending
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        self.pending, self.pending_len = [], 0
+        size = self.scanner.held + len(data)
+        start = time.thread_time()
+        found = self.scanner.feed(data)
+        if final:
+            found += self.scanner.finish()
+        spent = time.thread_time() - start
+        # the next look: the new bytes LOOK scans at this speed, besides the ones carried
+        self.batch = SCAN_BATCH if spent <= 0 else \
+            min(SCAN_BATCH, max(self.least, int(size * LOOK / spent) - self.least))
+        return found
+
+    @property
+    def settled(self) -> int:
+        return self.scanner.settled
+
+
+# Text in UTF-16 or UTF-32: a token in it is ASCII with NULs between its letters, which no
+# form the detector reads has. Such a body is read transcoded to UTF-8 as well.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"),
+         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+TEXT_HEAD = 512  # decoded bytes looked at to tell such text: its byte-order mark, NULs, XML declaration
+_CHARSET = re.compile(r"""charset\s*=\s*["']?([\w.:-]+)""", re.I)
+_XML_ENCODING = re.compile(rb"""<\?xml[^>]{0,200}?encoding\s*=\s*["']([\w.:-]+)""", re.I)
+
+
+def _charset(content_type: str) -> str | None:
+    found = _CHARSET.search(content_type) if content_type else None
+    return found.group(1) if found else None
+
+
+def _wide(name: str | None) -> str | None:
+    """``name``'s codec if it is UTF-16 or UTF-32 (utf-16, utf-16-le, ...), else None."""
+    try:
+        codec = codecs.lookup(name).name if name else None
+    except LookupError:
+        return None
+    return codec if codec and codec.startswith(("utf-16", "utf-32")) else None
+
+
+def _nuls(head: bytes) -> str | None:
+    """The wide encoding ``head`` has the NULs of, as text mostly of ASCII (or Latin-1): in
+    UTF-16LE every odd byte, in UTF-32LE three bytes of four (BE: mirrored). None if no such
+    pattern holds (binary data with many NULs has them everywhere)."""
+    n = len(head) // 4
+    if n < 2:
+        return None
+    z = [head[i:4 * n:4].count(0) for i in range(4)]
+    if z[2] + z[3] >= 1.8 * n and z[1] >= n / 2 and z[0] <= n / 4:
+        return "utf-32-le"
+    if z[0] + z[1] >= 1.8 * n and z[2] >= n / 2 and z[3] <= n / 4:
+        return "utf-32-be"
+    odd, even = z[1] + z[3], z[0] + z[2]
+    if odd >= 2 * n / 3 and even <= odd / 4:
+        return "utf-16-le"
+    if even >= 2 * n / 3 and odd <= even / 4:
+        return "utf-16-be"
+    return None
+
+
+def _wide_codecs(head: bytes, declared: str | None) -> tuple[str, ...]:
+    """The codecs a body starting with ``head`` is read in as well: the one its byte-order mark
+    names; else the one its charset parameter or XML declaration names, in the byte order its
+    NULs show (both orders when they show none); else the one its NULs show; else none."""
+    for bom, codec in _BOMS:
+        if head.startswith(bom):
+            return (codec,)
+    guess = _nuls(head)
+    xml = _XML_ENCODING.search(head.replace(b"\0", b""))
+    for codec in (_wide(declared), _wide(xml.group(1).decode("ascii")) if xml else None):
+        if codec in ("utf-16", "utf-32"):  # no order named: the NULs', or both
+            return (guess,) if guess is not None and guess.startswith(codec) else (codec + "-le", codec + "-be")
+        if codec is not None:
+            return (codec,)
+    return (guess,) if guess is not None else ()
+
+
+class _Transcoded:
+    """One wide encoding of a body's decoded bytes, transcoded to UTF-8 piece by piece (an odd
+    byte at a piece's end waits for the next) and read as that."""
+
+    __slots__ = ("decoder", "reading", "form", "fed", "out", "marks", "done")
+
+    def __init__(self, detector: Detector, codec: str):
+        self.decoder = codecs.getincrementaldecoder(codec)("replace")
+        self.reading = _Reading(detector)
+        self.form = "read as " + codec.upper().replace("-LE", "LE").replace("-BE", "BE")
+        self.fed = self.out = 0  # decoded bytes fed, UTF-8 bytes made
+        self.marks: deque[tuple[int, int]] = deque()  # (decoded bytes consumed, UTF-8 end) after each piece
+        self.done = 0  # decoded bytes whose UTF-8 has all been settled
+
+    def push(self, piece: bytes, final: bool = False) -> bool:
+        text = self.decoder.decode(piece, final).encode("utf-8", "surrogatepass")
+        self.fed += len(piece)
+        self.out += len(text)
+        self.marks.append((self.fed - len(self.decoder.getstate()[0]), self.out))
+        return self.reading.push(text) if text else False
+
+    @property
+    def settled(self) -> int:
+        settled = self.reading.settled
+        while self.marks and self.marks[0][1] <= settled:
+            self.done = self.marks.popleft()[0]
+        return self.done
+
+
+class _Text:
+    """A body's decoded bytes read as UTF-16/32 text too, when they are such text
+    (:func:`_wide_codecs`, decided on the first TEXT_HEAD bytes): until then nothing of the
+    body is settled; a body that is not such text is read no further here."""
+
+    __slots__ = ("detector", "declared", "head", "readers")
+
+    def __init__(self, detector: Detector, declared: str | None):
+        self.detector, self.declared = detector, declared
+        self.head = b""
+        self.readers: list[_Transcoded] | None = None  # None: undecided
+
+    @property
+    def wide(self) -> bool | None:
+        """Whether the body is read as such text (None: not decided yet)."""
+        return None if self.readers is None else bool(self.readers)
+
+    def push(self, piece: bytes) -> list[_Transcoded]:
+        """Read ``piece``; the readers a look is due for."""
+        if self.readers is None:
+            self.head += piece
+            if len(self.head) < TEXT_HEAD:
+                return []
+            piece = self._decide()
+        return [r for r in self.readers if r.push(piece)]
+
+    def finish(self) -> list[_Transcoded]:
+        """The body's end: the readers, every one due for its last look."""
+        piece = self._decide() if self.readers is None else b""
+        for reader in self.readers:
+            reader.push(piece, final=True)
+        return self.readers
+
+    def _decide(self) -> bytes:
+        codecs_ = _wide_codecs(self.head[:TEXT_HEAD], self.declared)
+        self.readers = [_Transcoded(self.detector, c) for c in codecs_]
+        head, self.head = self.head, b""
+        return head
+
+    @property
+    def settled(self) -> int:
+        """How far the decoded body is settled in every transcoded reading."""
+        if self.readers is None:
+            return 0
+        return min((r.settled for r in self.readers), default=1 << 62)
+
+
+# How a reading of a body other than its decoded bytes is named in a refusal.
+_AS_SENT = "in its coded bytes as sent"
+
+
 class _BodyScan:
     """The one scanner behind every body path: the content coding undone piece by piece
-    (ContentDecoder, BODY_SCAN_LIMIT), each piece fed to a StreamScanner, the budget paid
-    after each; findings of the secrets this host may have, or of ignored kinds, dropped.
+    (ContentDecoder, BODY_SCAN_LIMIT), each piece read (a _Reading) in looks whose time is paid
+    for from the budget; findings of the secrets this host may have, or of ignored kinds, dropped.
+
+    A body is read as every receiver could read it. A coded body is read as sent too: gzip's
+    name, comment and extra fields, zstd's skippable frames and brotli's metadata are bytes a
+    decoder skips and anyone can read. A body of UTF-16 or UTF-32 text (_Text) is read
+    transcoded too. A finding in those readings raises _Elsewhere: it cannot be masked or put
+    back in place.
 
     :attr:`releasable` is how far the body *as sent* may be relayed: bytes whose decoded
-    form has all been scanned and settled (for a coded body, whole chunks: a client could
+    form has all been read and settled (for a coded body, whole chunks: a client could
     decode no more from them than our decoder did).
     """
 
     def __init__(self, detector: Detector, encoding: str, allowed: frozenset, ignore: frozenset,
-                 budget: _Budget, keep: bool = False):
+                 budget: _Budget, keep: bool = False, *, content_type: str = "",
+                 sent_allowed: frozenset | None = None, as_sent: bool = True, text: bool = True):
         decoder = ContentDecoder(encoding, BODY_SCAN_LIMIT, SLICE)  # raises for an unknown coding
         self.decoder = None if decoder.identity else decoder
-        self.scanner = detector.stream(SCAN_BATCH)
+        self.reading = _Reading(detector)
+        self.sent = _Reading(detector) if self.decoder is not None and as_sent else None
+        self.text = _Text(detector, _charset(content_type)) if text else None
         self.allowed, self.ignore = allowed, ignore
+        self.sent_allowed = allowed if sent_allowed is None else sent_allowed
         self.budget = budget
         self.raw = 0  # bytes as sent, fed so far
         self.marks: deque[tuple[int, int]] = deque()  # (raw end, decoded end) of each chunk not yet releasable
@@ -630,77 +854,112 @@ class _BodyScan:
     # Feeding is a generator of slices: run() for the generator (the caller may yield to the
     # event loop between slices), feed()/finish() for a stream function, run_sync() for both.
 
-    def run(self, data: bytes):
-        """Scan a whole body; a generator that yields between slices and returns the findings."""
-        found = yield from self._steps(self._pieces(data))
-        found += yield from self._steps(self._end())
+    def run(self, data: bytes, context: bytes = b""):
+        """Scan a whole body; a generator that yields between slices and returns the findings.
+        ``context``: bytes before the body (the end of earlier messages), read with it as it
+        is decoded (findings are offsets from the context's start), not as text."""
+        if context:
+            self.reading.push(context)
+        found = yield from self.steps(data)
+        found += yield from self.steps(None)
         return found
 
     def run_sync(self, data: bytes) -> list[Finding]:
         return _exhaust(self.run(data))
 
     def feed(self, chunk: bytes) -> list[Finding]:
-        found = _exhaust(self._steps(self._pieces(chunk)))
-        if self.decoder is not None:
-            self.marks.append((self.raw, self.decoder.size))
-        return found
+        return _exhaust(self.steps(chunk))
 
     def finish(self) -> list[Finding]:
-        found = _exhaust(self._steps(self._end()))
-        self.marks.clear()
-        self.released = self.raw
+        return _exhaust(self.steps(None))
+
+    def steps(self, data: bytes | None):
+        """The work of one chunk as sent (None: the body's end): a generator that pays the
+        budget for each look and each decoded piece and yields after it; returns the findings."""
+        budget = self.budget
+        if data is not None:
+            self.raw += len(data)
+            budget.earn(len(data))
+            if self.decoder is None and self.text is None and \
+                    self.reading.pending_len + len(data) < self.reading.batch:
+                # a small chunk only kept for the next look: no work to pay for (a client
+                # sending a byte at a time must not drain its budget on bookkeeping)
+                self.reading.push(data)
+                if self.kept is not None:
+                    self.kept.append(data)
+                return []
+        budget.start()
+        work = self._work(data)
+        while True:
+            try:
+                next(work)
+            except StopIteration as stop:
+                budget.charge()
+                return stop.value
+            budget.charge()
+            yield
+            budget.start()
+
+    def _work(self, data: bytes | None):
+        """steps() without the paying: yields after each look and decoded piece."""
+        end = data is None
+        sent = self.sent
+        if sent is not None and (end or sent.push(data)):
+            self._elsewhere(sent.look(end), self.sent_allowed, _AS_SENT)
+            yield
+        decoder, reading, text, kept = self.decoder, self.reading, self.text, self.kept
+        if decoder is not None:
+            pieces = decoder.finish() if end else decoder.feed(data)
+        else:
+            pieces = () if end else (data,) if len(data) <= SLICE else \
+                [data[k:k + SLICE] for k in range(0, len(data), SLICE)]
+        found: list[Finding] = []
+        for piece in pieces:  # decoding happens as this loop asks for the next piece
+            if kept is not None:
+                kept.append(piece)
+            if text is not None:
+                for reader in text.push(piece):
+                    self._elsewhere(reader.reading.look(), self.allowed, reader.form)
+                    yield
+                if text.wide is False:
+                    text = self.text = None  # not such text: nothing more to read that way
+            if reading.push(piece):
+                found += reading.look()
+            yield
+        if end:
+            if text is not None:
+                for reader in text.finish():
+                    self._elsewhere(reader.reading.look(True), self.allowed, reader.form)
+                    yield
+                self.text = None
+            found += reading.look(True)
+            self.marks.clear()
+            self.released = self.raw
+        elif decoder is not None:
+            self.marks.append((self.raw, decoder.size))
+        if found:
+            found = [f for f in found if f.kind not in self.allowed and f.kind not in self.ignore]
         return found
+
+    def _elsewhere(self, found: list[Finding], allowed: frozenset, form: str) -> None:
+        for finding in found:
+            if finding.kind not in allowed and finding.kind not in self.ignore:
+                raise _Elsewhere(finding.kind, form)
 
     @property
     def releasable(self) -> int:
-        settled = self.scanner.settled
+        settled = self.reading.settled
+        if self.text is not None:
+            settled = min(settled, self.text.settled)
         if self.decoder is None:
             return settled
         while self.marks and self.marks[0][1] <= settled:
             self.released = self.marks.popleft()[0]
-        return self.released
+        return self.released if self.sent is None else min(self.released, self.sent.settled)
 
     def body(self) -> bytes:
         """The decoded body (kept only when asked for: to rewrite it)."""
         return b"".join(self.kept)
-
-    def _pieces(self, data: bytes):
-        self.raw += len(data)
-        self.budget.earn(len(data))
-        if self.decoder is not None:
-            return self.decoder.feed(data)
-        return [data[k:k + SLICE] for k in range(0, len(data), SLICE)] if len(data) > SLICE else (data,)
-
-    def _end(self):
-        if self.decoder is not None:
-            yield from self.decoder.finish()
-        yield None  # the scanner's own end
-
-    def _steps(self, pieces):
-        budget, scanner, kept = self.budget, self.scanner, self.kept
-        found: list[Finding] = []
-        if type(pieces) is tuple and pieces[0] and not scanner.would_scan(len(pieces[0])):
-            # a small chunk the scanner only keeps: no work to pay for (a client sending a
-            # byte at a time must not drain its budget on bookkeeping)
-            if kept is not None:
-                kept.append(pieces[0])
-            scanner.feed(pieces[0])
-            return found
-        budget.start()
-        for piece in pieces:  # decoding happens as this loop asks for the next piece
-            if piece is None:
-                found += scanner.finish()
-            else:
-                if kept is not None:
-                    kept.append(piece)
-                found += scanner.feed(piece)
-            budget.charge()
-            yield
-            budget.start()
-        budget.charge()
-        if found:
-            found = [f for f in found if f.kind not in self.allowed and f.kind not in self.ignore]
-        return found
 
 
 def _exhaust(steps):
@@ -733,7 +992,7 @@ class _Relay:
     def __init__(self, guard: CredentialGuard, flow: http.HTTPFlow, host: str, scan: _BodyScan, echo: bool = False,
                  also: list | None = None):
         self.guard, self.flow, self.host, self.scan, self.echo = guard, flow, host, scan, echo
-        self.also = also or []  # other readings of the same bytes (_AsSent, _Sniffed): a finding there is cut off
+        self.also = also or []  # other readings of the same bytes (_Sniffed): a finding there is cut off
         # The chunks not relayed yet, as they came: a list, not one bytes grown by +=, which
         # copied everything held (up to SCAN_BATCH + overlap) for every chunk and again to cut
         # off what was relayed -- 3.9% of the proxy's samples in an 8 MiB upload (py-spy).
@@ -752,6 +1011,8 @@ class _Relay:
             return self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
         except _OverBudget as e:
             return self._stop(f"{where} could not be scanned in time ({e})")
+        except _Elsewhere as e:
+            return self._stop(f"{e.kind} {'given back ' if self.echo else ''}in {where} ({e.form})")
         for side in self.also:
             try:
                 other = side.feed(chunk) if chunk else side.finish()
@@ -809,27 +1070,6 @@ class _Relay:
         return []
 
 
-class _AsSent:
-    """A coded response body read as sent, before decoding: gzip's name, comment and extra
-    fields, zstd's skippable frames and brotli's metadata are bytes a decoder skips and a
-    client can read all the same."""
-
-    form = "in its coded bytes as sent"
-
-    def __init__(self, scan: _BodyScan):
-        self.scan = scan
-
-    def feed(self, chunk: bytes) -> list[Finding]:
-        return self.scan.feed(chunk)
-
-    def finish(self) -> list[Finding]:
-        return self.scan.finish()
-
-    @property
-    def releasable(self) -> int:
-        return self.scan.releasable
-
-
 # What the first bytes of a compressed body are, whatever its headers say.
 _GZIP_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
 
@@ -869,7 +1109,7 @@ class _Sniffed:
                 return []
             self.coding, chunk, self.head = _sniff(self.head), self.head, b""
             self.scan = self._DONE if self.coding is None else \
-                _BodyScan(self.detector, self.coding, frozenset(), frozenset(), self.budget())
+                _BodyScan(self.detector, self.coding, frozenset(), frozenset(), self.budget(), as_sent=False, text=False)
         if self.scan is self._DONE:
             return []
         try:
