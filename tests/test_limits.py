@@ -524,3 +524,88 @@ def test_a_tls_handshake_trickled_inside_a_tunnel_is_cut_by_the_head_timeout(pro
     assert closed
     assert metric(proxy, "egress_connections_limited_total", 'limit="head-timeout"') == 1
     assert https_upstream.connections == 0
+
+
+def test_bytes_pipelined_behind_a_waiting_request_are_bounded(proxy, http_upstream):
+    # Before: while a request waited for its upstream, everything the client sent behind it was
+    # buffered, without limit (160 MiB in 2.3 s); --max-head-size was never consulted.
+    pid = proxy.process.pid
+    port = http_upstream.port
+    for warm in (f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test\r\nConnection: close",
+                 f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test\r\nX-A: \x00"):
+        send_raw(proxy, f"{warm}\r\n\r\n".encode())  # every code path imported once: an answer, a refusal
+    before = _reset_peak(pid)
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+    try:
+        sock.sendall(f"GET http://allowed.test:{port}/hang HTTP/1.1\r\nHost: allowed.test\r\n\r\n".encode())
+        deadline = time.monotonic() + 30
+        while not any(r["path"] == "/hang" for r in http_upstream.requests) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the first request is with its upstream: the proxy waits for its answer
+        one = f"GET http://allowed.test:{port}/small HTTP/1.1\r\nHost: allowed.test\r\n\r\n".encode()
+        flood = one * (8 * 1024 * 1024 // len(one))
+        refused = False
+        try:
+            sock.sendall(flood)
+        except (BrokenPipeError, ConnectionResetError):
+            refused = True
+        answer = b""
+        if not refused:  # all of it went into the proxy's buffers (or the kernel's): ask for the answer
+            http_upstream.release.set()
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+        http_upstream.release.set()
+    grown = proxy.rss_peak_kib() - before
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert b"X-Egress-Blocked: allowed.test; reason=protocol" in answer
+    assert grown < 2 * 1024, grown  # 8 MiB buffered before: +5.9 MiB (the rest waited in the kernel)
+    assert [e["detail"] for e in blocks(proxy, "protocol")] == [
+        "a NUL byte in the request head", "more than 64 KiB sent behind a request still waiting for its answer"]
+    assert [r["path"] for r in http_upstream.requests] == ["/small", "/hang"]  # none of the flood
+
+
+def _part_then_wait(upstream, conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4000000\r\n\r\n" + b"b" * 100000)
+    upstream.release.wait(60)
+
+
+def test_bytes_pipelined_while_a_response_streams_are_bounded(proxy):
+    # The answer has begun (a large body is streamed): the connection is cut, and the refusal is an event.
+    upstream = HostileUpstream(_part_then_wait)
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+    try:
+        one = f"GET http://allowed.test:{upstream.port}/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n".encode()
+        sock.sendall(one)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        try:
+            sock.sendall(one * (8 * 1024 * 1024 // len(one)))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        read_until_closed(sock)
+    finally:
+        sock.close()
+        upstream.close()
+    [event] = blocks(proxy, "protocol")
+    assert event["detail"] == "more than 64 KiB sent behind a request still waiting for its answer"
+
+
+def test_a_chunk_size_line_without_end_is_refused_at_the_head_limit(proxy, http_upstream):
+    # Before: h11's chunked reader buffers a chunk size line (its extension) until its line end,
+    # whatever its size, and no head timeout runs while a body is read.
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+    try:
+        sock.sendall(f"POST http://allowed.test:{http_upstream.port}/echo HTTP/1.1\r\nHost: allowed.test\r\n"
+                     f"Transfer-Encoding: chunked\r\n\r\n1;x=".encode())
+        try:
+            for _ in range(128):  # 8 MiB, stopped by the proxy after 64 KiB
+                sock.sendall(b"a" * 65536)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = read_until_closed(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert b"X-Egress-Blocked: allowed.test; reason=protocol" in answer
+    [event] = blocks(proxy, "protocol")
+    assert event["detail"] == "a chunk size line or trailer of the request body over 64 KiB"
+    assert metric(proxy, "egress_connections_limited_total", 'limit="head-size"') == 1

@@ -32,6 +32,13 @@ What this module does:
 * ``egress_max_head_bytes`` (default 64 KiB; nginx's largest default header buffers are
   4 x 8 KiB, Node's 16 KiB): a bigger request head is answered ``431`` and the connection
   closed before more is buffered;
+* the same bound for what a connection holds unread while mitmproxy is not reading a head: the
+  bytes a client sends behind a request still waiting for its answer (pipelined requests:
+  mitmproxy reads one at a time, and buffered all the rest, 160 MiB in 2.3 s), and a chunk
+  size line or trailer of a chunked body. Past it the request is refused (``400``,
+  ``protocol``) and the connection closed. Refusing rather than pausing the socket: a client
+  that sends 64 KiB ahead is no HTTP client (browsers and curl do not pipeline), and pausing
+  would need the transport that mitmproxy's layers never see;
 * and for the upstream's response head (:class:`StrictHttp1Client`): mitmproxy buffered it
   whole too (+390 MiB for a 96 MiB head), and put a repr of all of it in the error that
   became the 502's body. A head past the bound fails the request as egress's upstream error
@@ -83,7 +90,7 @@ from ..flowstate import KEY, ConnState, flow_state
 from ..hosts import InvalidHost, parse_authority
 from ..policy import Decision
 from ..reclaim import Reclaimer
-from ..refusal import refuse, upstream_error
+from ..refusal import ANSWER, NONE, refuse, upstream_error
 
 logger = logging.getLogger("egress")
 
@@ -388,7 +395,7 @@ class StrictHttp1Server(Http1Server):
             # mitmproxy closes the connection first, then reports the malformed body: the close is
             # held back until egress's refusal has been sent, so the client is answered (400, the
             # line), as for every other refusal, rather than cut off without a word.
-            held = None
+            held = failed = None
             for command in super().read_body(event):
                 if (held is None and isinstance(event, events.DataReceived)
                         and isinstance(command, commands.CloseConnection) and command.connection is self.conn):
@@ -396,6 +403,7 @@ class StrictHttp1Server(Http1Server):
                     continue
                 if (isinstance(command, ReceiveHttp) and isinstance(command.event, RequestProtocolError)
                         and isinstance(event, events.DataReceived)):  # not a client that went away
+                    failed = True
                     response = self._refuse_flow(command.event.message)
                     if held is not None and response is not None and self.response is None:
                         yield commands.SendData(self.conn, http1.assemble_response(response))
@@ -412,6 +420,40 @@ class StrictHttp1Server(Http1Server):
             yield commands.CloseConnection(self.conn)
             yield ReceiveHttp(RequestProtocolError(self.stream_id, "HTTP trailers are not supported", 400))
             self.state = self.done
+            return
+        if len(self.buf) > self.limits.max_head_bytes > 0 and not failed:
+            yield from self._refuse_unread(event)
+
+    def wait(self, event: events.Event) -> layer.CommandGenerator[None]:
+        # mitmproxy reads the next request only once this one is answered, and buffers what comes
+        # meanwhile (Http1Connection._handle_event appends every DataReceived): bounded here.
+        if len(self.buf) > self.limits.max_head_bytes > 0:
+            yield from self._refuse_unread(event)
+        if self.state == self.wait:
+            yield from super().wait(event)
+
+    def _refuse_unread(self, event: events.Event) -> layer.CommandGenerator[None]:
+        """Refuse the request and close: more than the head limit waits unread in the buffer
+        while a body is read (a chunk size line or trailer without end) or while the request
+        waits for its answer (what the client sent behind it)."""
+        limit = self.limits.max_head_bytes
+        if not isinstance(event, events.DataReceived):
+            return
+        if self.state == self.read_body:
+            message = f"a chunk size line or trailer of the request body over {size_words(limit)}"
+        elif self.state == self.wait:
+            message = f"more than {size_words(limit)} sent behind a request still waiting for its answer"
+        else:
+            return
+        self.limits.metrics.connections_limited.labels("head-size").inc()
+        answering = self.response is None and bool(self.conn.state & ConnectionState.CAN_WRITE)
+        response = self._refuse_flow(message, answer=answering)
+        if answering and response is not None:
+            yield commands.SendData(self.conn, http1.assemble_response(response))
+        yield commands.CloseConnection(self.conn)
+        yield ReceiveHttp(RequestProtocolError(self.stream_id, message, 400))
+        self.state = self.done
+        self.buf = ReceiveBuffer()
 
     def mark_done(self, *, request: bool = False, response: bool = False) -> layer.CommandGenerator[None]:
         yield from super().mark_done(request=request, response=response)
@@ -452,8 +494,9 @@ class StrictHttp1Server(Http1Server):
         self.state = self.done
         self.buf = ReceiveBuffer()
 
-    def _refuse_flow(self, message: str):
-        """A refusal (one event) for the flow whose body is being read; its response, if one was made."""
+    def _refuse_flow(self, message: str, answer: bool = True):
+        """A refusal (one event) for the flow of this request; its response, if one was made
+        (``answer=False``: the event only, the response to the client has begun)."""
         stream = self.http_layer.streams.get(self.stream_id)
         flow = getattr(stream, "flow", None)
         if flow is None:
@@ -461,7 +504,8 @@ class StrictHttp1Server(Http1Server):
         state = flow_state(flow)
         host = state.host_name or flow.request.host or "unknown"
         return refuse(self.limits.engine, flow, Decision(host, flow.request.port, False, "protocol",
-                                                         detail=message[:200]), status=400)
+                                                         detail=message[:200]), status=400,
+                      how=ANSWER if answer else NONE, after_allow=not answer)
 
 
 class StrictHttp1Client(Http1Client):
