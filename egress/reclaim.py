@@ -18,16 +18,32 @@ per closed connection is bounded, but it is one pause: 428,344 objects (4,000 tu
 took 1.5 s on a busy 2-vCPU machine, the pause CPython's own full collection would make whenever
 it came. A keep-alive load opens no connection and never pays it. What still lives pins some of
 the allocator's pages: after 4,000 tunnels a worker kept ~35% of what they had taken, not 100%.
+
+Counting connections needs many of them to close. A few can hold a lot: six zstd uploads of 2 KB
+each (12 KiB in all) held 360 MiB of decoder windows in their flows' cycles, still held after they
+closed, since 6 is not 1000 (P9 of the 2026-12-07 review); a kept-alive connection's flows are in
+no count at all. So memory is also reclaimed by what it weighs: :meth:`Reclaimer.check`, asked at
+each sweep of Limits (every 5 s at the default head timeout; nothing per request or connection),
+reads the resident size (/proc/self/statm, ~20 us) and, once it has grown over what it was after
+the last collection (the floor) by GROWTH_SHARE of it and by GROWTH at least, runs the same full
+collection and trim. What still lives after it is the new floor: memory held by live connections
+costs one collection per half again of growth (CPython's own rule makes one per quarter more
+long-lived objects), so the cost per byte taken is bounded as the cost per closed connection is.
+Garbage under the bound waits for the other rules, or for the next growth. Where there is no
+/proc (macOS), only the count applies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 
 MIN_CLOSED = 1000
 QUIET = 1.0
 WAIT = 10.0
+GROWTH = 64 << 20  # bytes of resident memory over the floor, at least, before a collection by size
+GROWTH_SHARE = 0.5  # ... and this share of the floor
 
 
 class Reclaimer:
@@ -37,6 +53,7 @@ class Reclaimer:
         self._full = _full_collections()
         self._due: asyncio.TimerHandle | None = None
         self._latest = 0.0  # the time by which it runs, once due
+        self.floor: int | None = None  # resident bytes after the last collection (or the least seen since)
 
     def opened(self) -> None:
         self.open += 1
@@ -62,11 +79,29 @@ class Reclaimer:
         self._latest = loop.time() + WAIT
         self._due = loop.call_at(loop.time() + QUIET, self.reclaim)
 
+    def check(self) -> bool:
+        """Reclaim now if the resident size has grown past the bound over the floor; True if it did."""
+        size = resident_bytes()
+        if size is None:
+            return False
+        if self.floor is None or size < self.floor:
+            self.floor = size
+            return False
+        if size - self.floor < max(GROWTH, self.floor * GROWTH_SHARE) or self._due is not None:
+            return False  # within the bound, or a collection is due anyway
+        self.reclaim()
+        self.floor = resident_bytes() or size
+        return True
+
     def reclaim(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
         self._due = None
         gc.collect()
         self._full, self.closed = _full_collections(), 0
         trim()
+        if self.floor is not None:
+            self.floor = resident_bytes() or self.floor
 
     def cancel(self) -> None:
         if self._due is not None:
@@ -76,6 +111,18 @@ class Reclaimer:
 
 def _full_collections() -> int:
     return gc.get_stats()[2]["collections"]
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes() -> int | None:
+    """This process's resident size in bytes (/proc/self/statm); None where there is no /proc."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 _malloc_trim = None

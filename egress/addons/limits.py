@@ -49,7 +49,8 @@ What this module does:
   is answered ``400`` (``protocol``). Bare LF line ends are left to mitmproxy: it splits
   lines on LF and writes the head anew with CRLF, so upstream never sees them;
 * connections that closed are given back to the system (:mod:`egress.reclaim`: a full collection
-  once as many have closed as are open, then ``malloc_trim``);
+  once as many have closed as are open, then ``malloc_trim``), and so is memory that grew and
+  stays grown, whatever closed (the sweep below asks it each time);
 * a request line mitmproxy cannot parse is answered ``400`` by egress (``invalid-host`` when
   it names a host that is not one, else ``protocol``), with an event; trailers and a
   malformed chunked body are reported as ``protocol`` refusals (and trailers answered 400).
@@ -178,6 +179,7 @@ class Limits:
         self.max_head_bytes = options.egress_max_head_bytes
 
     def running(self) -> None:
+        self.reclaimer.check()  # the resident size at start: the first floor
         if self._sweeper is None:
             self._sweeper = asyncio.ensure_future(self._sweep_forever())
 
@@ -268,6 +270,7 @@ class Limits:
             await asyncio.sleep(max(0.05, min(5.0, (self.head_timeout or 20.0) / 4)))
             try:
                 self.sweep(time.monotonic())
+                self.reclaimer.check()  # memory that grew and stays grown: see egress.reclaim
             except Exception:  # the sweep must go on; mitmproxy would not see this task fail
                 logger.exception("egress: the head-timeout sweep failed")
 

@@ -127,3 +127,20 @@ def test_every_upstream_response_is_read_by_the_strict_client():
     for user in (http_layers.HttpClient._handle_event, http_layers.HttpLayer._handle_event):
         function = getattr(user, "__wrapped__", user)  # under mitmproxy's @expect
         assert "Http1Client" in function.__code__.co_names and function.__globals__ is vars(http_layers)
+
+
+def test_memory_that_still_lives_costs_one_collection_not_one_a_look():
+    # The reclaim by size collects when the resident size has grown by half again (64 MiB at least);
+    # what is still alive afterwards is the new floor, so live memory is not collected for again.
+    from egress.reclaim import GROWTH, GROWTH_SHARE, Reclaimer, resident_bytes
+
+    start = resident_bytes()
+    if start is None:
+        pytest.skip("no /proc/self/statm: the reclaim by size does not run here")
+    reclaimer = Reclaimer()
+    assert reclaimer.check() is False and reclaimer.floor == start  # the first look sets the floor
+    live = [b"x" * (1 << 20) for _ in range(int(max(GROWTH, start * GROWTH_SHARE)) // (1 << 20) + 16)]
+    assert reclaimer.check() is True  # grown past the bound: one collection (it frees nothing here)
+    assert reclaimer.floor >= start + len(live) * (1 << 20) * 0.9
+    assert reclaimer.check() is False  # alive: not collected for again
+    del live
