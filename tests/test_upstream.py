@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+import requests
 
 from conftest import (DEFAULT_POLICY, TEST_NAMES, _start_upstream, clean_env, egress_command, proxied_session,
                       run_curl)
@@ -265,6 +266,61 @@ def test_serve_logs_and_counts_upstream_failures(proxy_factory, failures, http_u
     for domain, reason, count in (("nothing.invalid", "dns-failed", 2), ("closed.test", "connect-failed", 4),
                                   ("allowed.test", "upstream-timeout", 2), ("allowed.test", "tls-failed", 2)):
         assert f'egress_upstream_errors_total{{domain="{domain}",reason="{reason}"}} {count}.0' in metrics
+
+
+class TricklingTlsServer:
+    """A TCP server on 127.0.0.1:0 that reads a ClientHello, then answers a byte every 0.3 s (a
+    handshake record header, then zeros) until the connection closes: a ServerHello that never ends."""
+
+    def __init__(self):
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.stopped = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn):
+        with conn:
+            try:
+                conn.recv(65536)
+                for byte in b"\x16\x03\x03\x40\x00\x02" + bytes(16000):
+                    if self.stopped.wait(0.3):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:
+                pass
+
+    def close(self):
+        self.stopped.set()
+        self.sock.close()
+
+
+@pytest.mark.xfail(strict=True, raises=requests.exceptions.ReadTimeout, reason=(
+    "UpstreamTimeout._expire closes flow.server_conn, which during the upstream TLS handshake is not the "
+    "connection being handshaken (HttpLayer.get_connection dials a new Server; flow.server_conn is set after): "
+    "nothing is closed, and a ServerHello trickled a byte at a time holds the request past --upstream-timeout "
+    "(the client gives up first)"))
+def test_an_upstream_trickling_its_tls_handshake_is_cut_by_the_upstream_timeout(proxy_factory):
+    # For plain HTTP the same upstream gets the 504 after --upstream-timeout.
+    proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
+    upstream = TricklingTlsServer()
+    try:
+        response = proxied_session(proxy).get(f"https://allowed.test:{upstream.port}/", timeout=20)
+    finally:
+        upstream.close()
+    assert response.status_code == 504
+    assert response.headers["X-Egress-Error"] == "allowed.test; reason=upstream-timeout"
 
 
 def test_a_client_that_gives_up_is_not_an_upstream_failure(proxy_factory, http_upstream, curl_path, tmp_path):
