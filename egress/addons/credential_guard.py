@@ -48,6 +48,7 @@ import asyncio
 import base64
 import bisect
 import codecs
+import contextlib
 import json
 import re
 import time
@@ -77,27 +78,41 @@ SLICE = 64 * 1024  # the most decoded bytes one piece of work makes between look
 # with the 16 KiB carried from one look to the next, each byte is scanned 1.06 times, against
 # 1.25 with a look per 64 KiB chunk as a socket read delivers them (with the url-password
 # prefilter change, a clean-text upload took 1.2x less CPU per GB, side by side:
-# bench/README.md); clean text gets there from the second look. The least is the 16 KiB
-# carried (Detector.overlap): 32 KiB of the slowest text known (a run of "sk-") take ~18 ms.
+# bench/README.md); text that scans at 0.02 us a byte or faster (ordinary text, JSON, code)
+# gets there from the second look. The least a look scans anew is the 16 KiB it carries
+# (Detector.overlap): 32 KiB of the slowest text known (a run of "sk-") take ~19 ms.
 SCAN_BATCH = 256 * 1024
-LOOK = 0.002
+LOOK = 0.005
 
 # The scanning time budget, in CPU seconds of the proxy's one event-loop thread (thread_time:
-# other processes on the machine do not count). A request starts with SCAN_BURST and earns
-# SCAN_PER_BYTE for every byte it sends (as sent, before decoding); each slice of decoding and
-# scanning is paid for; a request whose balance goes below zero is refused. A streamed body
-# is scanned inside mitmproxy's synchronous stream call, where nothing else runs, so its
-# balance never exceeds SCAN_BURST: that bounds how long one request can hold every other
-# client up. Buffered bodies and WebSocket messages give the loop back between slices, so
-# their balance is not capped.
+# other processes on the machine do not count). A client's request body or WebSocket message
+# earns SCAN_PER_BYTE for every byte it sends (as sent, before decoding), and pays for each
+# piece of decoding and each look of scanning; what its bytes do not cover is taken from its
+# client address's bucket (_Bucket), shared by all of that address's connections and requests:
+# SCAN_BURST at most, refilled at SCAN_RATE a second. A body is refused ("scan budget spent")
+# when both are spent. So a client buys no more scanning than 1 us a byte it sends, plus
+# SCAN_BURST once and SCAN_RATE a second: a flood of small compressed bombs gets its later
+# requests refused after a look each. Responses and messages from a server have SCAN_BURST of
+# their own, and earn as a client does (capped at SCAN_BURST).
 # Measured (bench/scanner_bench.py --wedge, 2 vCPU): ordinary traffic costs ~0.02 us of CPU a
 # byte, the slowest ordinary text (a token-like prefix every ~40 bytes, runs of PEM headers)
 # 0.1-0.25 us. 1 us a sent byte covers any uncompressed body 4x over, and compressed ones up to
-# ~4:1 of the slowest text or ~40:1 of ordinary text. 0.25 s lets ~1-2 MB of the slowest text
-# through at once and is the longest a streamed body can hold the loop. A 30 KB gzip of PEM
-# headers (12 MiB decoded, 20 s of scanning before issue 9) is refused after ~0.3 s.
+# ~4:1 of the slowest text or ~40:1 of ordinary text; the bucket covers the rest of an honest
+# client's. A 30 KB gzip of PEM headers (12 MiB decoded, 20 s of scanning before issue 9) is
+# refused after ~0.3 s, and that client's next such request after a look.
 SCAN_BURST = 0.25
 SCAN_PER_BYTE = 1e-6
+SCAN_RATE = 0.05
+BUCKETS_KEPT = 16384  # client addresses whose bucket is kept (a full one is the same as none)
+# How long one client's scanning holds every other client up. Buffered bodies and WebSocket
+# messages give the event loop back after each look. A streamed body is scanned inside
+# mitmproxy's synchronous stream call: STREAM_CALL of CPU a call at most, the rest between reads
+# (_Relay); the call at the body's end has to finish, within STREAM_END (a read of ordinary
+# text takes ~0.5-2 ms; 64 KiB of the slowest known, ~37 ms). STREAM_QUEUE: bytes a stream may
+# have waiting when nothing holds its client back (never, inside mitmproxy).
+STREAM_CALL = 0.005
+STREAM_END = 0.05
+STREAM_QUEUE = 4 * 2**20
 WS_TAIL = 4096  # bytes of the client's last WebSocket messages read again with the next one
 CLEAN_CACHED = 256  # characters: longer texts are cleaned each time, not kept
 _CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
@@ -105,12 +120,13 @@ _CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the 
 
 class CredentialGuard:
     def __init__(self, engine: Engine, credentials: Credentials, *, burst: float = SCAN_BURST,
-                 per_byte: float = SCAN_PER_BYTE):
+                 per_byte: float = SCAN_PER_BYTE, rate: float = SCAN_RATE):
         self.engine = engine
         self.action = credentials.action
         self.ignore_kinds = frozenset(credentials.ignore_kinds)
         self.secrets = credentials.secrets
-        self.burst, self.per_byte = burst, per_byte
+        self.burst, self.per_byte, self.rate = burst, per_byte, rate
+        self._buckets: dict[str, _Bucket] = {}  # client address -> its scan time (_Bucket)
         labelled = [(s.label, s.value) for s in credentials.secrets]
         labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered]
         # Stored secrets match in any case: host names reach DNS lower-cased, and an
@@ -195,7 +211,7 @@ class CredentialGuard:
         # A large upload is scanned as it streams. So is one of unknown length (chunked):
         # mitmproxy would switch it to streaming past 1 MiB, after this hook, unscanned.
         if flow.request.stream or (transfer and "content-length" not in flow.request.headers):
-            scan = self._body_scan(bound, encoding, streamed=True,
+            scan = self._body_scan(flow, bound, encoding, streamed=True,
                                    content_type=flow.request.headers.get("content-type", ""))
             flow.request.stream = _Relay(self, flow, host, scan)
 
@@ -259,6 +275,15 @@ class CredentialGuard:
         if left:
             response.trailers = None
             self._refuse(flow, host, f"{left[0].kind} given back in a response trailer", stage="response")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        # A flow that failed (its client gone mid-upload, a connection cut): its body's
+        # decoder and scanners go now, not when the collector finds the flow.
+        for message in (flow.request, flow.response):
+            relay = getattr(message, "stream", None)
+            relay = getattr(relay, "inner", relay)  # egress.addons.reporter counts what it relays
+            if isinstance(relay, _Relay):
+                relay.drop()
 
     @fail_closed
     def websocket_start(self, flow: http.HTTPFlow) -> None:
@@ -348,13 +373,32 @@ class CredentialGuard:
         allowed = {s.label for s in bound}
         return [f for f in findings if f.kind not in allowed and f.kind not in self.ignore_kinds]
 
-    def _budget(self, streamed: bool) -> "_Budget":
-        return _Budget(self.burst, self.per_byte, self.burst if streamed else float("inf"))
+    def _budget(self, streamed: bool, flow: http.HTTPFlow | None = None) -> "_Budget":
+        """The budget of what ``flow``'s client sends (its bytes' earnings, then its client's
+        bucket), or, without a flow, of what a server sends (SCAN_BURST of its own)."""
+        if flow is None:
+            return _Budget(self.burst, self.per_byte, self.burst)
+        return _Budget(0.0, self.per_byte, self.burst if streamed else float("inf"), self._bucket(flow))
 
-    def _body_scan(self, bound: list[StoredSecret], encoding: str, streamed: bool, keep: bool = False,
-                   **readings) -> "_BodyScan":
+    def _bucket(self, flow: http.HTTPFlow) -> "_Bucket":
+        peer = flow.client_conn.peername
+        address = peer[0] if peer else ""
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            if len(self._buckets) >= BUCKETS_KEPT:
+                # a full bucket is the same as none; past that the oldest go (a new address
+                # gets SCAN_BURST anyway)
+                full = [a for a, b in self._buckets.items() if b.refill() >= b.burst]
+                for a in full or list(self._buckets)[:BUCKETS_KEPT // 2]:
+                    del self._buckets[a]
+            bucket = self._buckets[address] = _Bucket(self.burst, self.rate)
+        return bucket
+
+    def _body_scan(self, flow: http.HTTPFlow, bound: list[StoredSecret], encoding: str, streamed: bool,
+                   keep: bool = False, **readings) -> "_BodyScan":
+        """A scan of what ``flow``'s client sends."""
         return _BodyScan(self.detector, encoding, frozenset(s.label for s in bound), self.ignore_kinds,
-                         self._budget(streamed), keep, **readings)
+                         self._budget(streamed, flow), keep, **readings)
 
     def _scan_head(self, flow: http.HTTPFlow, host: str, bound: list[StoredSecret]):
         """Findings in the host, the URL, the method and each header: [(where, finding, field)];
@@ -424,7 +468,7 @@ class CredentialGuard:
         # too (a stored deflate block): the body is then coded again, from what was swapped.
         sent_allowed = frozenset(s.label for s in bound) | {f"{PLACEHOLDER_LABEL}:{s.label}" for s in swapping}
         try:
-            scan = self._body_scan(bound, encoding, streamed=False, keep=rewrite, sent_allowed=sent_allowed,
+            scan = self._body_scan(flow, bound, encoding, streamed=False, keep=rewrite, sent_allowed=sent_allowed,
                                    content_type=flow.request.headers.get("content-type", ""))
             findings = yield from scan.run(raw)
             body = scan.body() if rewrite else raw
@@ -437,7 +481,7 @@ class CredentialGuard:
                     flow_state(flow).substituted = True
                     # again: the swapped-in value may go here; a placeholder the swap could
                     # not reach (inside base64, say) may not
-                    findings = yield from self._body_scan(bound, "", streamed=False).run(body)
+                    findings = yield from self._body_scan(flow, bound, "", streamed=False).run(body)
         except UndecodableBody as e:
             self._refuse(flow, host, f"an unreadable body (content-encoding {encoding!r}: {e})")
             return
@@ -467,7 +511,8 @@ class CredentialGuard:
                 state = flow_state(flow)
                 tail = state.client_tail
                 bound = self._bound_to(host)
-                findings = yield from self._body_scan(bound, "", streamed=False).run(message.content, context=tail)
+                findings = yield from self._body_scan(flow, bound, "", streamed=False).run(message.content,
+                                                                                        context=tail)
                 findings = [f for f in findings if f.end > len(tail)]  # the tail's own were read before
                 if findings:
                     where = "across WebSocket messages" if findings[0].start < len(tail) else "in a WebSocket message"
@@ -509,12 +554,14 @@ class CredentialGuard:
         if from_client:
             detector, allowed, ignore = self.detector, frozenset(s.label for s in self._bound_to(_host(flow))), \
                 self.ignore_kinds
+            budget = self._budget(True, flow)
         elif self._echo_due(flow, _host(flow)):
             detector, allowed, ignore = self.echo_detector, frozenset(), frozenset()
+            budget = self._budget(True)
         else:
             return True
         try:
-            findings = list(_BodyScan(detector, "", allowed, ignore, self._budget(streamed=True)).run_sync(payload))
+            findings = list(_BodyScan(detector, "", allowed, ignore, budget).run_sync(payload))
         except _OverBudget:
             findings = [Finding("an unscannable payload", 0, len(payload))]
         except _Elsewhere as e:
@@ -603,14 +650,38 @@ class _OverBudget(Exception):
     pass
 
 
+class _Bucket:
+    """Scan time one client address may spend beyond what its bytes earn (SCAN_BURST at
+    most, refilled at SCAN_RATE a second), shared by its connections and requests; and the
+    scan time all of them spent (the guard's own accounting)."""
+
+    __slots__ = ("level", "burst", "rate", "stamp", "spent")
+
+    def __init__(self, burst: float, rate: float):
+        self.level, self.burst, self.rate = burst, burst, rate
+        self.stamp = time.monotonic()
+        self.spent = 0.0
+
+    def refill(self) -> float:
+        now = time.monotonic()
+        self.level = min(self.burst, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+        return self.level
+
+    def take(self, seconds: float) -> bool:
+        """Take ``seconds`` (the level may go below zero: a debt); False if it did."""
+        self.level = self.refill() - seconds
+        return self.level >= 0
+
+
 class _Budget:
-    """CPU time a request may still spend scanning (see SCAN_BURST): earned by the bytes it
-    sends, paid for each slice of work."""
+    """CPU time one body or message may still spend scanning (see SCAN_BURST): earned by the
+    bytes it sends, then taken from its client's bucket; paid for each piece of work."""
 
-    __slots__ = ("left", "per_byte", "cap", "mark", "spent")
+    __slots__ = ("left", "per_byte", "cap", "bucket", "mark", "spent")
 
-    def __init__(self, burst: float, per_byte: float, cap: float):
-        self.left, self.per_byte, self.cap = burst, per_byte, cap
+    def __init__(self, left: float, per_byte: float, cap: float, bucket: _Bucket | None = None):
+        self.left, self.per_byte, self.cap, self.bucket = left, per_byte, cap, bucket
         self.mark = 0.0
         self.spent = 0.0
 
@@ -622,11 +693,19 @@ class _Budget:
 
     def charge(self) -> None:
         now = time.thread_time()
-        self.left -= now - self.mark
-        self.spent += now - self.mark
-        self.mark = now
-        if self.left < 0:
-            raise _OverBudget(f"{self.spent:.2f} s of scanning spent")
+        spent, self.mark = now - self.mark, now
+        self.spent += spent
+        self.left -= spent
+        bucket = self.bucket
+        if bucket is not None:
+            bucket.spent += spent
+            if self.left < 0:
+                debt, self.left = -self.left, 0.0
+                if not bucket.take(debt):
+                    raise _OverBudget(f"scan budget spent: {self.spent:.2f} s of scanning, and this client's "
+                                      f"share is used up for now")
+        elif self.left < 0:
+            raise _OverBudget(f"scan budget spent: {self.spent:.2f} s of scanning")
 
 
 class _Elsewhere(Exception):
@@ -652,17 +731,35 @@ class _Reading:
         self.pending: list[bytes] = []
         self.pending_len = 0
 
-    def push(self, piece: bytes) -> bool:
-        """Keep ``piece`` for the next look; True once one is due."""
+    def push(self, piece: bytes) -> None:
+        """Keep ``piece`` for the next look."""
         self.pending.append(piece)
         self.pending_len += len(piece)
+
+    @property
+    def due(self) -> bool:
+        """Whether a look is due (one more: a look takes ``batch`` bytes, a piece can be longer)."""
         return self.pending_len >= self.batch
 
     def look(self, final: bool = False) -> list[Finding]:
-        """Scan what was pushed (``final``: and settle the reading to its end)."""
+        """Scan the next ``batch`` bytes pushed (``final``: all of them, and settle the
+        reading to its end)."""
         pending = self.pending
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        self.pending, self.pending_len = [], 0
+        if final or self.pending_len <= self.batch:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            self.pending, self.pending_len = [], 0
+        else:
+            take, got = [], 0
+            while got < self.batch:
+                piece = pending[0]
+                if got + len(piece) > self.batch:  # cut it: the rest waits for the next look
+                    piece, pending[0] = piece[:self.batch - got], piece[self.batch - got:]
+                else:
+                    del pending[0]
+                take.append(piece)
+                got += len(piece)
+            data = take[0] if len(take) == 1 else b"".join(take)
+            self.pending_len -= got
         size = self.scanner.held + len(data)
         start = time.thread_time()
         found = self.scanner.feed(data)
@@ -753,12 +850,13 @@ class _Transcoded:
         self.marks: deque[tuple[int, int]] = deque()  # (decoded bytes consumed, UTF-8 end) after each piece
         self.done = 0  # decoded bytes whose UTF-8 has all been settled
 
-    def push(self, piece: bytes, final: bool = False) -> bool:
+    def push(self, piece: bytes, final: bool = False) -> None:
         text = self.decoder.decode(piece, final).encode("utf-8", "surrogatepass")
         self.fed += len(piece)
         self.out += len(text)
         self.marks.append((self.fed - len(self.decoder.getstate()[0]), self.out))
-        return self.reading.push(text) if text else False
+        if text:
+            self.reading.push(text)
 
     @property
     def settled(self) -> int:
@@ -786,13 +884,15 @@ class _Text:
         return None if self.readers is None else bool(self.readers)
 
     def push(self, piece: bytes) -> list[_Transcoded]:
-        """Read ``piece``; the readers a look is due for."""
+        """Read ``piece``; the readers (their looks may be due)."""
         if self.readers is None:
             self.head += piece
             if len(self.head) < TEXT_HEAD:
                 return []
             piece = self._decide()
-        return [r for r in self.readers if r.push(piece)]
+        for reader in self.readers:
+            reader.push(piece)
+        return self.readers
 
     def finish(self) -> list[_Transcoded]:
         """The body's end: the readers, every one due for its last look."""
@@ -901,12 +1001,19 @@ class _BodyScan:
             budget.start()
 
     def _work(self, data: bytes | None):
-        """steps() without the paying: yields after each look and decoded piece."""
+        """steps() without the paying: it yields before each look and before decoding each
+        next piece, the units of work (the caller may stop there, or give the loop back)."""
         end = data is None
         sent = self.sent
-        if sent is not None and (end or sent.push(data)):
-            self._elsewhere(sent.look(end), self.sent_allowed, _AS_SENT)
-            yield
+        if sent is not None:
+            if not end:
+                sent.push(data)
+            while sent.due:
+                yield
+                self._elsewhere(sent.look(), self.sent_allowed, _AS_SENT)
+            if end:
+                yield
+                self._elsewhere(sent.look(True), self.sent_allowed, _AS_SENT)
         decoder, reading, text, kept = self.decoder, self.reading, self.text, self.kept
         if decoder is not None:
             pieces = decoder.finish() if end else decoder.feed(data)
@@ -919,19 +1026,29 @@ class _BodyScan:
                 kept.append(piece)
             if text is not None:
                 for reader in text.push(piece):
-                    self._elsewhere(reader.reading.look(), self.allowed, reader.form)
-                    yield
+                    while reader.reading.due:
+                        yield
+                        self._elsewhere(reader.reading.look(), self.allowed, reader.form)
                 if text.wide is False:
                     text = self.text = None  # not such text: nothing more to read that way
-            if reading.push(piece):
+            reading.push(piece)
+            while reading.due:
+                yield
+                found += reading.look()
+            if decoder is not None:
+                yield
+        if end:
+            for reader in text.finish() if text is not None else ():
+                while reader.reading.due:
+                    yield
+                    self._elsewhere(reader.reading.look(), self.allowed, reader.form)
+                yield
+                self._elsewhere(reader.reading.look(True), self.allowed, reader.form)
+            self.text = None
+            while reading.due:
+                yield
                 found += reading.look()
             yield
-        if end:
-            if text is not None:
-                for reader in text.finish():
-                    self._elsewhere(reader.reading.look(True), self.allowed, reader.form)
-                    yield
-                self.text = None
             found += reading.look(True)
             self.marks.clear()
             self.released = self.raw
@@ -984,6 +1101,13 @@ class _Relay:
     secret (``echo``): a brokered value is put back to its placeholder in place if it can
     be (same length: the Content-Length has been sent), else the response is cut off.
 
+    mitmproxy calls it synchronously for each read, while every other client waits. A call
+    scans for STREAM_CALL of CPU at most; what it leaves is scanned between reads (a task,
+    LOOK at a time, the loop given back in between) while mitmproxy reads nothing more of
+    this connection (its event lock held): the client waits for its own scanning, no one
+    else does. The body's end cannot wait: its call may take STREAM_END, and a body whose
+    last read needs more is cut off.
+
     Nothing to relay yet is an empty list, never b"": mitmproxy sends an empty chunk of a
     chunked body as "0\r\n\r\n", the end of the body, and what follows would reach the
     upstream as a request of its own.
@@ -1000,42 +1124,104 @@ class _Relay:
         self.held_len = 0
         self.offset = 0  # stream offset of the first held byte
         self.stopped = False
+        self.queue: deque[bytes | None] = deque()  # chunks not scanned yet (None: the end)
+        self.queued = 0  # their bytes
+        self.work = None  # the scan's steps through the chunk under way
+        self.task: asyncio.Task | None = None  # the scanning between reads
+
+    @property
+    def where(self) -> str:
+        return "the response body" if self.echo else "the body"
 
     def __call__(self, chunk: bytes) -> bytes | list:
-        if self.stopped:
+        if self.stopped or self.scan is None:
             return []
-        where = "the response body" if self.echo else "the body"
-        try:
-            findings = self.scan.feed(chunk) if chunk else self.scan.finish()
-        except UndecodableBody as e:
-            return self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
-        except _OverBudget as e:
-            return self._stop(f"{where} could not be scanned in time ({e})")
-        except _Elsewhere as e:
-            return self._stop(f"{e.kind} {'given back ' if self.echo else ''}in {where} ({e.form})")
+        if chunk:
+            self.held.append(chunk)
+            self.held_len += len(chunk)
+            self.queued += len(chunk)
+        self.queue.append(chunk or None)
         for side in self.also:
             try:
                 other = side.feed(chunk) if chunk else side.finish()
             except UndecodableBody as e:
                 return self._stop(f"a response that cannot be read ({e})")
             except _OverBudget as e:
-                return self._stop(f"{where} could not be scanned in time ({e})")
+                return self._stop(f"{self.where} could not be scanned in time ({e})")
             if other:
-                return self._stop(f"{other[0].kind} given back in {where} ({side.form})")
-        if chunk:
-            self.held.append(chunk)
-            self.held_len += len(chunk)
-        if findings:
-            if not self.echo or self.scan.decoder is not None:
-                return self._stop(f"{findings[0].kind} {'given back ' if self.echo else ''}in {where}")
-            put_back = self.guard._put_back(b"".join(self.held), findings, self.offset)
-            if put_back is None:
-                return self._stop(f"{findings[0].kind} given back in {where}")
-            self.held = [put_back]
+                return self._stop(f"{other[0].kind} given back in {self.where} ({side.form})")
+        if not self._advance(STREAM_END if not chunk else STREAM_CALL):
+            if not chunk:
+                return self._stop(f"{self.where} could not be scanned in time (its end came with more than "
+                                  f"{STREAM_END * 1000:.0f} ms of scanning left)")
+            if self.queued > STREAM_QUEUE:  # nothing holds the client back (no event lock here)
+                return self._stop(f"{self.where} could not be scanned in time (sent faster than it could be)")
+            self._later()
+        if self.stopped:
+            return []
+        if not chunk:  # the end: all of it is scanned
+            out = self._release(self.held_len)
+            self.drop()
+            return out
         releasable = self.scan.releasable
         for side in self.also:
             releasable = min(releasable, side.releasable)
         return self._release(releasable - self.offset)
+
+    def _advance(self, limit: float) -> bool:
+        """Scan the queued chunks for ``limit`` of CPU at most: True when none is left."""
+        until = time.thread_time() + limit
+        while not self.stopped:
+            if self.work is None:
+                if not self.queue:
+                    return True
+                chunk = self.queue.popleft()
+                if chunk is not None:
+                    self.queued -= len(chunk)
+                self.work = self.scan.steps(chunk)
+            try:
+                next(self.work)
+            except StopIteration as stop:
+                self.work = None
+                if stop.value:
+                    self._found(stop.value)
+                continue
+            except UndecodableBody as e:
+                self._stop(f"an unreadable body ({e})" if not self.echo else f"a response that cannot be read ({e})")
+            except _OverBudget as e:
+                self._stop(f"{self.where} could not be scanned in time ({e})")
+            except _Elsewhere as e:
+                self._stop(f"{e.kind} {'given back ' if self.echo else ''}in {self.where} ({e.form})")
+            if time.thread_time() >= until:
+                return False
+        return True
+
+    def _found(self, findings: list[Finding]) -> None:
+        if not self.echo or self.scan.decoder is not None:
+            self._stop(f"{findings[0].kind} {'given back ' if self.echo else ''}in {self.where}")
+            return
+        put_back = self.guard._put_back(b"".join(self.held), findings, self.offset)
+        if put_back is None:
+            self._stop(f"{findings[0].kind} given back in {self.where}")
+        else:
+            self.held = [put_back]
+
+    def _later(self) -> None:
+        """Go on scanning between reads (not when driven by hand, outside an event loop)."""
+        if self.task is None:
+            try:
+                self.task = asyncio.get_running_loop().create_task(self._between_reads())
+            except RuntimeError:
+                pass
+
+    async def _between_reads(self) -> None:
+        lock = _event_lock(self.flow)
+        try:
+            async with lock if lock is not None else contextlib.nullcontext():
+                while self.scan is not None and not self._advance(LOOK):
+                    await asyncio.sleep(0)  # other clients' turn
+        finally:
+            self.task = None
 
     def _release(self, upto: int) -> bytes | list:
         """The first ``upto`` held bytes, taken off the held chunks ([] for none)."""
@@ -1066,8 +1252,38 @@ class _Relay:
     def _stop(self, detail: str) -> list:
         self.stopped = True
         self.held, self.held_len = [], 0
+        self.drop()
         self.guard._refuse(self.flow, self.host, detail, stage="response" if self.echo else "stream")
         return []
+
+    def drop(self) -> None:
+        """The body is done with (ended, refused, or its flow failed): let its decoder (a zstd
+        window can be 8 MiB) and scanners go now, not when the collector finds the flow."""
+        self.scan, self.also, self.work = None, [], None
+        self.queue.clear()
+        self.queued = 0
+        task, self.task = self.task, None
+        if task is not None and task is not _current_task():
+            task.cancel()
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop running
+        return None
+
+
+def _event_lock(flow: http.HTTPFlow) -> asyncio.Lock | None:
+    """The lock mitmproxy's connection handler takes to handle each event of the flow's
+    client connection (a read, a hook's end, the server's bytes): while another task holds
+    it, that connection is read no further. None when there is none to find."""
+    try:
+        handler = mitm.connection_handler(flow)
+    except AttributeError:  # no mitmproxy master (a flow driven by hand)
+        return None
+    lock = getattr(handler, "_server_event_lock", None)
+    return lock if isinstance(lock, asyncio.Lock) else None
 
 
 # What the first bytes of a compressed body are, whatever its headers say.

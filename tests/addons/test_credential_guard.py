@@ -417,6 +417,34 @@ def test_other_clients_are_served_while_a_large_body_is_scanned():
     run(scenario())
 
 
+def test_a_streamed_body_slow_to_scan_is_scanned_between_reads():
+    # mitmproxy calls the stream function synchronously, every other client waiting: a call
+    # scanned all its chunk (up to 0.25 s). Now it stops after STREAM_CALL and leaves the rest
+    # to a task that gives the loop back after each look; the body still goes out whole.
+    setup = Setup(burst=600.0)  # time enough to scan it all on any machine
+    flow = streaming_flow(setup)
+    relay = flow.request.stream
+    body = b"sk-" * 70_000  # the slowest text known to scan: ~0.6 us a byte, ~40 ms a 64 KiB read
+
+    async def scenario():
+        sent, deferred, served_meanwhile = [], 0, 0
+        for k in range(0, len(body), 65536):
+            out = relay(body[k:k + 65536])
+            sent += [out] if isinstance(out, bytes) else out
+            deferred += relay.task is not None
+            while relay.task is not None:  # another client's work: it gets the loop between looks
+                served_meanwhile += 1
+                await asyncio.sleep(0)
+        out = relay(b"")
+        sent += [out] if isinstance(out, bytes) else out
+        return b"".join(sent), deferred, served_meanwhile
+
+    relayed, deferred, served_meanwhile = run(scenario())
+    assert relayed == body and setup.events == []
+    assert deferred >= 1 and served_meanwhile > deferred
+    assert relay.scan is None  # done with: its scanners let go
+
+
 # ------------------------------------------------------- brokered: what comes back
 
 
