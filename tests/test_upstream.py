@@ -306,11 +306,6 @@ class TricklingTlsServer:
         self.sock.close()
 
 
-@pytest.mark.xfail(strict=True, raises=requests.exceptions.ReadTimeout, reason=(
-    "UpstreamTimeout._expire closes flow.server_conn, which during the upstream TLS handshake is not the "
-    "connection being handshaken (HttpLayer.get_connection dials a new Server; flow.server_conn is set after): "
-    "nothing is closed, and a ServerHello trickled a byte at a time holds the request past --upstream-timeout "
-    "(the client gives up first)"))
 def test_an_upstream_trickling_its_tls_handshake_is_cut_by_the_upstream_timeout(proxy_factory):
     # For plain HTTP the same upstream gets the 504 after --upstream-timeout.
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")

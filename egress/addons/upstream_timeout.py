@@ -9,15 +9,16 @@ to upstream; if no response head arrives before it fires:
   response (``Connection: close`` then drops the hung connection), so every later
   hook sees an ordinary response;
 * TLS upstream: bytes fed in there would be taken for ciphertext, so the hung
-  connection is closed instead; mitmproxy's error that follows is answered with the same
-  ``504`` by egress's HTTP/1 server side (see upstream_errors.py).
+  connection is closed instead (also one still in its TLS handshake, which is not yet the
+  flow's server_conn); mitmproxy's error that follows is answered with the same ``504`` by
+  egress's HTTP/1 server side (see upstream_errors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from mitmproxy import http
+from mitmproxy import connection, http
 
 from .. import mitm, refusal
 from ..failclosed import fail_closed
@@ -53,8 +54,22 @@ class UpstreamTimeout:
         state = flow_state(flow)
         state.upstream_error = "upstream-timeout"
         state.upstream_detail = f"no response within {self.seconds:g} s"
-        if flow.server_conn.tls:  # bytes fed in would be read as ciphertext: close it instead
-            mitm.close_connections(flow, flow.server_conn)
+        handshaking = _handshaking(flow)
+        if flow.server_conn.tls or handshaking:
+            # Bytes fed in would be read as ciphertext: close it instead. One still in its
+            # TLS handshake (a ServerHello trickled a byte at a time) is not yet the flow's
+            # server_conn: that one is closed too.
+            mitm.close_connections(flow, flow.server_conn, *handshaking)
             return
         host = state.host_name or flow.request.host
         mitm.feed_server_response(flow, refusal.upstream_error(host, "upstream-timeout", state.upstream_detail))
+
+
+def _handshaking(flow: http.HTTPFlow) -> list[connection.Server]:
+    """The server connections of the flow's client connection still in their TLS handshake
+    (one at most: requests on a connection are answered one at a time)."""
+    handler = mitm.connection_handler(flow)
+    if handler is None:
+        return []
+    return [conn for conn in handler.transports
+            if isinstance(conn, connection.Server) and conn.tls and not conn.tls_established]
