@@ -524,6 +524,11 @@ class StrictHttp1Client(Http1Client):
     bytes of it.
     """
 
+    def __init__(self, context):
+        super().__init__(context)
+        # read once a server connection (an option read costs 2.5 us); MAX_HEAD_BYTES where Limits is not loaded
+        self.max_head_bytes = getattr(context.options, "egress_max_head_bytes", MAX_HEAD_BYTES)
+
     def read_headers(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
         if not self.request or not isinstance(event, (events.DataReceived, events.ConnectionClosed)):
             yield from super().read_headers(event)  # data for no request: mitmproxy closes
@@ -539,7 +544,7 @@ class StrictHttp1Client(Http1Client):
             yield from super().read_headers(event)
             return
         lines = self.buf.maybe_extract_lines()
-        limit = _head_limit(self.context)
+        limit = self.max_head_bytes
         if not lines:
             if len(self.buf) > limit > 0:
                 yield from self._fail(f"response head over {size_words(limit)}")
@@ -562,7 +567,7 @@ class StrictHttp1Client(Http1Client):
     def read_body(self, event: events.Event) -> layer.CommandGenerator[None]:
         yield from super().read_body(event)
         if self.buf and self.state == self.read_body and isinstance(event, events.DataReceived):
-            limit = _head_limit(self.context)
+            limit = self.max_head_bytes
             if len(self.buf) > limit > 0:
                 yield from self._fail(f"a chunk size line or trailer of the response body over {size_words(limit)}")
 
@@ -575,11 +580,6 @@ class StrictHttp1Client(Http1Client):
     def done(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
         self.buf = ReceiveBuffer()  # what still arrives is dropped, not kept
         yield from ()
-
-
-def _head_limit(context) -> int:
-    """egress_max_head_bytes as the connection's options hold it (its default where Limits is not loaded)."""
-    return getattr(context.options, "egress_max_head_bytes", MAX_HEAD_BYTES)
 
 
 def strict_upstream_heads() -> None:
