@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-import requests
 
 from conftest import (DEFAULT_POLICY, TEST_NAMES, _start_upstream, clean_env, egress_command, proxied_session,
                       run_curl)
@@ -307,7 +306,8 @@ class TricklingTlsServer:
 
 
 def test_an_upstream_trickling_its_tls_handshake_is_cut_by_the_upstream_timeout(proxy_factory):
-    # For plain HTTP the same upstream gets the 504 after --upstream-timeout.
+    # Before: the timeout closed flow.server_conn, which is not yet the connection being handshaken:
+    # nothing was closed, and the request hung past --upstream-timeout (plain HTTP got its 504).
     proxy = proxy_factory(DEFAULT_POLICY, "--upstream-timeout", "1")
     upstream = TricklingTlsServer()
     try:
