@@ -2,8 +2,9 @@
 (percent, JSON string escapes, base64, hex) a token can hide under.
 
 :class:`ContentDecoder` undoes ``Content-Encoding`` (gzip, deflate, br, zstd) as a body
-arrives, in bounded pieces, with a size cap (:func:`decode_content`: all at once); anything
-it cannot read raises :class:`UndecodableBody` so the caller can fail closed.
+arrives, in bounded pieces, with a size cap and each coding's window capped
+(:func:`decode_content`: all at once); anything it cannot read raises
+:class:`UndecodableBody` so the caller can fail closed.
 
 The layer functions find *segments* of a buffer that are encoded -- only where there
 is evidence (``%`` + two hex digits, a ``\\u``/``\\/`` escape, a long base64 or hex
@@ -20,8 +21,9 @@ import zlib
 from bisect import bisect_right
 from itertools import accumulate
 
-__all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "Segment", "span", "layer_segments", "basic_segment",
-           "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "RUN_TABLE", "RUN_TRIGGERS", "run_starts", "run_start", "run_segments"]
+__all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
+           "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "RUN_TABLE", "RUN_TRIGGERS",
+           "run_starts", "run_start", "run_segments"]
 
 
 # ------------------------------------------------------------------ content-encoding
@@ -59,10 +61,12 @@ class ContentDecoder:
     :meth:`feed` and :meth:`finish` return iterators over the decoded bytes they make
     available, in pieces of at most ``piece`` bytes, so a caller can stop -- or look at its
     time budget -- between pieces, and never holds more than a piece (plus what one
-    decompressor call makes: brotli up to ~16 MiB from 16 input bytes) in memory.
-    An unknown coding raises UndecodableBody here, before a byte has been relayed;
-    corrupt or truncated data, trailing garbage and more than ``limit`` decoded bytes
-    raise it while iterating.
+    decompressor call makes: gzip and deflate ``piece``, zstd 2 MiB, brotli up to ~16 MiB
+    from 16 input bytes) in memory, besides each coding's window: deflate 32 KiB, zstd at
+    most ZSTD_MAX_WINDOW (8 MiB, RFC 9659's limit: a frame that needs more is refused),
+    brotli at most 16 MiB (the format's). An unknown coding raises UndecodableBody here,
+    before a byte has been relayed; corrupt or truncated data, trailing garbage, a zstd
+    window over the limit and more than ``limit`` decoded bytes raise it while iterating.
     """
 
     def __init__(self, encoding: str, limit: int = DEFAULT_LIMIT, piece: int = 2**18):
@@ -97,6 +101,13 @@ class ContentDecoder:
 
     def finish(self):
         return self._close(0)
+
+    def close(self) -> None:
+        """Let go of the decompressors' windows now (a body cut off, refused, or its connection
+        gone), not when the collector gets to the flow that holds this decoder. Each stage lets
+        go of its own when its stream ends or fails."""
+        for stage in self._stages:
+            stage.close()
 
     def _push(self, i: int, data: bytes):
         if not data:
@@ -196,10 +207,16 @@ class _Inflate:
             raise UndecodableBody("truncated data")
         return iter(())
 
+    def close(self) -> None:
+        self.d = None
+
 
 class _Brotli:
     # brotli's Decompressor has no output cap (one input byte can finish an 8 MiB block):
-    # feed 16 bytes at a time so that one call cannot make much more than that.
+    # feed 16 bytes at a time so that one call cannot make much more than that. Its window is
+    # the stream's own, at most 16 MiB by the format (RFC 7932; this module's decoder reads no
+    # large-window streams): a stream that runs long holds a ring buffer that size (+24 MiB
+    # measured for one, with what one call makes), let go as soon as the stream ends or fails.
     STEP = 16
 
     def __init__(self):
@@ -220,16 +237,26 @@ class _Brotli:
                 if out:
                     yield out
         except self.error as e:
+            self.close()
             raise UndecodableBody(f"corrupt data: {e}") from None
 
     def finish(self):
-        if self.started and not self.d.is_finished():
+        finished = not self.started or self.d.is_finished()
+        self.close()
+        if not finished:
             raise UndecodableBody("truncated data")
         return iter(())
 
+    def close(self) -> None:
+        self.d = None
+
 
 class _Zstd:
-    # One input byte can finish a 128 KiB block: 64 bytes at a time keep a call's output small.
+    # One input byte can finish a 128 KiB block, and the smallest block (RLE) is 4 bytes: 64
+    # bytes at a time make at most 2 MiB a call. The window is capped at ZSTD_MAX_WINDOW, as
+    # RFC 9659 caps it for the HTTP content coding: a frame that asks for more is refused
+    # before a byte of it is decoded (a 64 MiB window pinned its 64 MiB per upload; red team
+    # P9), and the decoder's buffers are let go as soon as the body ends or fails.
     STEP = 64
 
     def __init__(self):
@@ -238,20 +265,25 @@ class _Zstd:
         except ImportError:
             raise UndecodableBody("zstd: the zstandard module is not installed") from None
         self.error = zstandard.ZstdError
-        self.new = zstandard.ZstdDecompressor().decompressobj
+        self.parameters = zstandard.get_frame_parameters
+        self.decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
         self.d = None
-        self.pending = b""
+        self.head = b""  # the first bytes of the frame being decoded: its header, for a refusal's reason
 
     def feed(self, data: bytes):
         step = self.STEP
         pos = 0
         while pos < len(data):
             if self.d is None:  # frames one after another, as mitmproxy reads them
-                self.d = self.new()
+                self.d = self.decompressor.decompressobj()
+                self.head = b""
+            piece = data[pos:pos + step]
+            if len(self.head) < _ZSTD_HEADER_MAX:
+                self.head += piece[:_ZSTD_HEADER_MAX - len(self.head)]
             try:
-                out = self.d.decompress(data[pos:pos + step])
+                out = self.d.decompress(piece)
             except self.error as e:
-                raise UndecodableBody(f"corrupt data: {e}") from None
+                raise self._unreadable(e) from None
             pos += step
             if out:
                 yield out
@@ -261,10 +293,30 @@ class _Zstd:
                 if rest:
                     yield from self.feed(rest)
 
+    def _unreadable(self, error: Exception) -> UndecodableBody:
+        try:
+            window = self.parameters(self.head).window_size
+        except Exception:  # not even a frame header: corrupt
+            window = 0
+        self.close()
+        if window > ZSTD_MAX_WINDOW:
+            return UndecodableBody(f"a zstd window of {window >> 20} MiB, over the {ZSTD_MAX_WINDOW >> 20} MiB "
+                                   f"RFC 9659 allows the zstd content coding")
+        return UndecodableBody(f"corrupt data: {error}")
+
     def finish(self):
-        if self.d is not None:
+        truncated = self.d is not None
+        self.close()
+        if truncated:
             raise UndecodableBody("truncated data")
         return iter(())
+
+    def close(self) -> None:
+        self.decompressor = self.d = None
+
+
+ZSTD_MAX_WINDOW = 8 * 2**20
+_ZSTD_HEADER_MAX = 18  # a frame header's largest size (RFC 8878 3.1.1)
 
 
 # ------------------------------------------------------------------------- layers

@@ -925,6 +925,61 @@ def test_content_decoder_stops_a_bomb_in_small_pieces(compress, encoding):
     assert sum(seen) <= 2**20 and all(n <= 2**16 for n in seen)
 
 
+# ---------------------------------------------------- decoders' windows (red team P9)
+
+
+def _zstd_frame(window_log: int, size: int) -> bytes:
+    params = zstandard.ZstdCompressionParameters(window_log=window_log, compression_level=3, write_content_size=False)
+    writer = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    return writer.compress(b"\0" * size) + writer.flush()
+
+
+def test_a_zstd_window_over_8_mib_is_refused_before_it_is_decoded():
+    # RFC 9659: the zstd content coding's window is at most 8 MB. A 64 MiB window pinned
+    # its 64 MiB for each upload that asked for it (12 KiB of uploads: 360 MiB).
+    frame = _zstd_frame(26, 60 * 2**20)
+    assert zstandard.get_frame_parameters(frame).window_size == 64 * 2**20 and len(frame) < 4096
+    decoder = ContentDecoder("zstd")
+    with pytest.raises(UndecodableBody, match="a zstd window of 64 MiB, over the 8 MiB RFC 9659 allows"):
+        for _ in decoder.feed(frame):
+            pass
+    assert decoder.size == 0
+    with pytest.raises(UndecodableBody, match="zstd window"):
+        decode_content(frame, "zstd")
+    # 8 MiB is allowed
+    assert decode_content(_zstd_frame(23, 9 * 2**20), "zstd") == b"\0" * (9 * 2**20)
+
+
+def test_a_zstd_decoder_call_makes_at_most_2_mib_and_lets_go_of_its_window():
+    # RLE blocks (4 bytes for 128 KiB): what one call of 64 input bytes can make
+    frame = zstandard.ZstdCompressor(level=1).compress(b"a" * (8 * 2**20))
+    decoder = ContentDecoder("zstd", piece=2**30)
+    stage = decoder._stages[0]
+    assert max(len(piece) for piece in decoder.feed(frame)) <= 2 * 2**20
+    list(decoder.finish())
+    assert stage.decompressor is None and stage.d is None
+    cut = ContentDecoder("zstd")
+    list(cut.feed(frame[:1000]))
+    cut.close()  # a body cut off: its window goes now, not when the collector finds the flow
+    assert cut._stages[0].decompressor is None
+
+
+def test_brotli_and_deflate_decoders_let_go_when_their_stream_ends_or_fails():
+    body = brotli.compress(b"x" * 100_000)
+    decoder = ContentDecoder("br, gzip".replace(", gzip", ""))
+    list(decoder.feed(body))
+    list(decoder.finish())
+    assert decoder._stages[0].d is None
+    broken = ContentDecoder("br")
+    with pytest.raises(UndecodableBody):
+        list(broken.feed(b"not brotli at all"))
+    assert broken._stages[0].d is None
+    gz = ContentDecoder("gzip")
+    list(gz.feed(gzip.compress(b"y" * 1000)[:20]))
+    gz.close()
+    assert gz._stages[0].d is None
+
+
 # ------------------------------------------------- the compiled pass, differentially
 #
 # The detector finds its candidates in one Hyperscan pass (egress.multimatch): anchors,
