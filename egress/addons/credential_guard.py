@@ -1325,7 +1325,8 @@ class _Sniffed:
                 return []
             self.coding, chunk, self.head = _sniff(self.head), self.head, b""
             self.scan = self._DONE if self.coding is None else \
-                _BodyScan(self.detector, self.coding, frozenset(), frozenset(), self.budget(), as_sent=False, text=False)
+                _BodyScan(self.detector, self.coding, frozenset(), frozenset(), self.budget(), as_sent=False,
+                          text=False)
         if self.scan is self._DONE:
             return []
         try:
