@@ -1259,6 +1259,9 @@ class _Relay:
     def drop(self) -> None:
         """The body is done with (ended, refused, or its flow failed): let its decoder (a zstd
         window can be 8 MiB) and scanners go now, not when the collector finds the flow."""
+        for scan in (self.scan, *(getattr(side, "scan", None) for side in self.also)):
+            if isinstance(scan, _BodyScan) and scan.decoder is not None:
+                scan.decoder.close()
         self.scan, self.also, self.work = None, [], None
         self.queue.clear()
         self.queued = 0
