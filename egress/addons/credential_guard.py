@@ -27,7 +27,8 @@ pong, close).
 
 One scanner behind every body: :class:`_BodyScan` undoes the content coding piece by
 piece (gzip, deflate, br, zstd; an unknown one is refused before a byte is relayed) and
-feeds a :class:`~egress.detect.StreamScanner`, within a time budget. It reads a body as any
+feeds a :class:`~egress.detect.StreamScanner` in looks of a few ms, within a time budget
+shared by everything one client address sends (SCAN_BURST). It reads a body as any
 receiver could: decoded; a coded one as sent too (gzip's name, comment and extra fields,
 zstd's skippable frames, brotli's metadata: decoders skip them); UTF-16 or UTF-32 text (a
 byte-order mark, a charset, an XML declaration, or its NULs in the first 512 bytes)
@@ -38,6 +39,9 @@ messages and control frames, and brokered responses all go through it. A streame
 relayed only as far as it has been scanned (the held-back rule: no byte of a token split
 across chunks leaves before the token has been seen); a finding there ends the request in
 either mode (both connections closed), since bytes already relayed cannot be called back.
+Its scanning runs for a few ms in each of mitmproxy's synchronous calls and goes on between
+reads, while that connection is read no further (_Relay); its decoder and scanners are let
+go as soon as it ends, is refused, or its flow fails.
 
 Every refusal of this guard goes through :meth:`CredentialGuard._refuse`.
 """
