@@ -710,6 +710,16 @@ def test_a_body_is_read_as_a_client_may_read_it(encoding, body, form):
     assert REAL.encode() not in out and REAL.encode() not in shown
 
 
+def test_a_bound_hosts_utf16_body_is_read_transcoded():
+    # the same reading as a request's: the review's P7 echoed the request in UTF-16
+    setup = Setup()
+    body = f"you sent: Authorization: token {REAL}".encode("utf-16")
+    flow = plain_flow(setup, response({"Content-Length": str(len(body)), "Content-Type": "text/plain; charset=utf-16"}))
+    out = response_stream(flow, [body[k:k + 9] for k in range(0, len(body), 9)])
+    assert setup.blocks() == [("GET", "credential", "GITHUB_TOKEN given back in the response body (read as UTF-16LE)")]
+    assert REAL[:8].encode("utf-16-le") not in out
+
+
 def test_an_unlabelled_stream_that_decodes_then_breaks_is_cut_off():
     # what a client decodes before the garbage holds the value; the scanner had not read it yet
     setup = Setup()
