@@ -564,6 +564,79 @@ def test_bytes_pipelined_behind_a_waiting_request_are_bounded(proxy, http_upstre
     assert [r["path"] for r in http_upstream.requests] == ["/small", "/hang"]  # none of the flood
 
 
+class EarlyAnswer:
+    """A keep-alive upstream on 127.0.0.1:0 that answers each request as soon as its head is in,
+    before reading its body (as nginx's ``return 200`` does), then reads the body."""
+
+    def __init__(self, ssl_context=None):
+        self.ssl_context = ssl_context
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        with conn:
+            try:
+                if self.ssl_context is not None:
+                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
+                data = b""
+                while True:
+                    while b"\r\n\r\n" not in data:
+                        more = conn.recv(65536)
+                        if not more:
+                            return
+                        data += more
+                    head, data = data.split(b"\r\n\r\n", 1)
+                    length = int(re.search(rb"\r\ncontent-length: *(\d+)", head, re.I).group(1))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                    self.answered += 1
+                    while len(data) < length:
+                        more = conn.recv(1 << 20)
+                        if not more:
+                            return
+                        data += more
+                    data = data[length:]
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_keep_alive_client_uploading_right_after_its_answer_is_not_refused(proxy, test_ca, scheme):
+    # An upstream that answers before it reads the body: the client has its whole answer while
+    # it still uploads, and sends its next request as soon as its body is out, before mitmproxy
+    # has ended the exchange. Before: refused as "sent behind a request still waiting" (curl's
+    # repeated uploads to nginx: 24 of 36 over HTTPS).
+    context = None
+    if scheme == "https":
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        test_ca.issue_cert("allowed.test").configure_cert(context)
+    upstream = EarlyAnswer(context)
+    session = proxied_session(proxy)
+    body = b"u" * (2 * 1024 * 1024)
+    try:
+        statuses = [session.post(f"{scheme}://allowed.test:{upstream.port}/upload", data=body,
+                                 timeout=30).status_code for _ in range(12)]
+    finally:
+        session.close()
+        upstream.close()
+    assert statuses == [200] * 12
+    assert not [e for e in proxy.audit() if e["decision"] == "block"]
+
+
 def _part_then_wait(upstream, conn):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4000000\r\n\r\n" + b"b" * 100000)
     upstream.release.wait(60)

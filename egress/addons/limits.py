@@ -36,7 +36,9 @@ What this module does:
   bytes a client sends behind a request still waiting for its answer (pipelined requests:
   mitmproxy reads one at a time, and buffered all the rest, 160 MiB in 2.3 s), and a chunk
   size line or trailer of a chunked body. Past it the request is refused (``400``,
-  ``protocol``) and the connection closed. Refusing rather than pausing the socket: a client
+  ``protocol``) and the connection closed. Once the client has its answer whole (every byte of
+  a response of known length relayed), what it sends is its next request, in the gap before
+  mitmproxy's response hook ends the exchange: ANSWERED_SLACK (1 MiB) is allowed there. Refusing rather than pausing the socket: a client
   that sends 64 KiB ahead is no HTTP client (browsers and curl do not pipeline), and pausing
   would need the transport that mitmproxy's layers never see;
 * and for the upstream's response head (:class:`StrictHttp1Client`): mitmproxy buffered it
@@ -79,8 +81,8 @@ from mitmproxy.net.http import http1, status_codes, url
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import (RequestHeaders, RequestProtocolError, ResponseHeaders,
-                                                  ResponseProtocolError)
+from mitmproxy.proxy.layers.http._events import (RequestHeaders, RequestProtocolError, ResponseData,
+                                                  ResponseHeaders, ResponseProtocolError)
 from mitmproxy.proxy.layers import TCPLayer
 from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server, make_body_reader
 
@@ -99,6 +101,11 @@ MAX_CLIENT_CONNECTIONS = 256
 IDLE_TIMEOUT = 300.0
 HEAD_TIMEOUT = 60.0
 MAX_HEAD_BYTES = 64 * 1024
+# What a client may send behind a request whose answer it already has whole: mitmproxy relays a
+# streamed response's last byte (egress streams every response it does not rewrite), then runs
+# the response hook before it reads the next request; a keep-alive client that starts its next
+# upload at once (curl with several URLs, a requests session) sends into that gap.
+ANSWERED_SLACK = 1024 * 1024
 
 # In a request head (its lines joined by LF): a control character other than HTAB (a bare CR
 # included: line-ending CRs are gone), or a line that starts with a space or HTAB (obs-fold).
@@ -310,6 +317,7 @@ class StrictHttp1Server(Http1Server):
         self.limits = limits
         self.http_layer = http_layer
         self.conn_state: ConnState = limits.engine.conn(context.client)
+        self._unsent_body: int | None = None  # bytes of the response body the client lacks
 
     def read_headers(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
         if not isinstance(event, events.DataReceived):
@@ -366,12 +374,22 @@ class StrictHttp1Server(Http1Server):
                                              host=request.host_header or "")
                 return
         state.waiting_since = None
+        self._unsent_body = None  # this request's answer has not begun
         yield ReceiveHttp(RequestHeaders(self.stream_id, request, expected_body_size == 0))
         self.body_reader = make_body_reader(expected_body_size)
         self.state = self.read_body
         yield from self.state(event)
 
     def send(self, event) -> layer.CommandGenerator[None]:
+        # How much of the response body the client still lacks (None: until its end is sent).
+        if isinstance(event, ResponseHeaders):
+            try:
+                size = http1.expected_http_body_size(self.request, event.response)
+            except ValueError:
+                size = None
+            self._unsent_body = size if size is not None and size >= 0 else None
+        elif isinstance(event, ResponseData) and self._unsent_body:
+            self._unsent_body = max(0, self._unsent_body - len(event.data))
         # Http1Server.send would write make_error_response's HTML page, then close.
         if (isinstance(event, ResponseProtocolError) and self.response is None
                 and event.code != status_codes.NO_RESPONSE
@@ -430,7 +448,10 @@ class StrictHttp1Server(Http1Server):
     def wait(self, event: events.Event) -> layer.CommandGenerator[None]:
         # mitmproxy reads the next request only once this one is answered, and buffers what comes
         # meanwhile (Http1Connection._handle_event appends every DataReceived): bounded here.
-        if len(self.buf) > self.limits.max_head_bytes > 0:
+        limit = self.limits.max_head_bytes
+        if limit > 0 and self._unsent_body == 0:
+            limit = max(limit, ANSWERED_SLACK)  # the client has its answer whole: its next request
+        if len(self.buf) > limit > 0:
             yield from self._refuse_unread(event)
         if self.state == self.wait:
             yield from super().wait(event)
