@@ -289,8 +289,6 @@ def test_p15_names_are_refused_before_dns(proxy_factory, curl_path, tmp_path, dn
     assert asked.isdisjoint(name.lower() for name in P15_NAMES), dns_server.queries
 
 
-@pytest.mark.xfail(strict=True, reason="the name a refusal shows is cleaned by CredentialGuard.clean, which reads "
-                                       "it with the detector alone: it needs HostSecrets.redact too (issue 26 report)")
 def test_a_refusal_never_shows_the_token(proxy_factory, curl_path, tmp_path, dns_server):
     proxy = proxy_factory('allow = ["ok.test"]\n', "--dns-server", f"127.0.0.1:{dns_server.port}", names=[])
     for name in P15_NAMES:
@@ -302,8 +300,6 @@ def test_a_refusal_never_shows_the_token(proxy_factory, curl_path, tmp_path, dns
         assert event["host"] == "[redacted:github-token].ok.test" or event["host"].startswith("x[redacted:"), event
 
 
-@pytest.mark.xfail(strict=True, reason="in absolute form CredentialGuard reads the canonical, lower-cased name: it "
-                                       "needs the name as written too (flow.request.host; issue 26 report)")
 def test_a_mixed_case_token_in_absolute_form_is_refused_before_dns(proxy_factory, curl_path, tmp_path, dns_server):
     # A format whose one-case form is not the token (AIza: a short word-like prefix) is found in
     # the name as the client wrote it; by CONNECT it is (test_a_token_glued_or_split_is_found).

@@ -168,6 +168,8 @@ class CredentialGuard:
         if cached is None:
             data = text.encode("utf-8", "surrogateescape")
             cached = self.detector.redact(data).decode("utf-8", "surrogateescape")
+            # and what only a host name's reading finds (a token split by dots, lower-cased, glued)
+            cached = self.host_secrets.redact(cached)
             # Host names and refusal details repeat; a long text (an upstream's answer quoted in
             # an error) is rarely seen twice and would pin its size, twice, in the cache.
             if len(text) <= CLEAN_CACHED:
@@ -408,7 +410,9 @@ class CredentialGuard:
         """Findings in the host, the URL, the method and each header: [(where, finding, field)];
         field is "path", a header's index (its value, which can be masked) or None (refuse)."""
         found = []
-        finding = self.host_secrets.first(host)
+        # As the client wrote it too: the canonical name is lower-cased, and a format with a short
+        # word-like prefix (AIza...) is a token only in its own case.
+        finding = self.host_secrets.first(flow.request.host) or self.host_secrets.first(host)
         if finding is not None:
             found.append(("the host name", finding, None))
         target = flow.request.path.encode("utf-8", "surrogateescape")
