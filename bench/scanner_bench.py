@@ -450,13 +450,15 @@ def parts_main(args) -> None:
     det = Detector()
     with_runs, _, _ = detect._static_database(True)
     without, _, _ = detect._static_database(False)
-    starts = det._find(data)[1]
+    found = det._find(data)[1]
     steps = [
         ("compiled pass, anchors only", lambda: without.scan(data, [])),
         ("compiled pass, anchors and run triggers (what a scan makes)", lambda: with_runs.scan(data, [])),
         ("JSON escape segments, found and decoded", lambda: decode.json_segments(data)),
         ("percent segments, found and decoded", lambda: decode.percent_segments(data)),
-        ("base64/hex runs from the triggers' starts, decoded", lambda: decode.run_segments(data, starts)),
+        ("quoted-printable segments from the triggers' evidence, decoded", lambda: decode.qp_segments(data, found.qp)),
+        ("base64/hex runs from the triggers' starts, decoded",
+         lambda: decode.run_segments(data, found.runs, found.hexes)),
         ("the whole scan: Detector.scan", lambda: det.scan(data)),
     ]
     mib = len(data) / 2**20

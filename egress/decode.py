@@ -1,5 +1,5 @@
 """Decoding for the credential detector: HTTP content-encodings and the text layers
-(percent, JSON string escapes, base64, hex) a token can hide under.
+(percent, JSON string escapes, quoted-printable, base64, hex) a token can hide under.
 
 :class:`ContentDecoder` undoes ``Content-Encoding`` (gzip, deflate, br, zstd) as a body
 arrives, in bounded pieces, with a size cap and each coding's window capped
@@ -7,10 +7,13 @@ arrives, in bounded pieces, with a size cap and each coding's window capped
 :class:`UndecodableBody` so the caller can fail closed.
 
 The layer functions find *segments* of a buffer that are encoded -- only where there
-is evidence (``%`` + two hex digits, a ``\\u``/``\\/`` escape, a long base64 or hex
-run) -- and return each one decoded, with a map from decoded offsets back to the
-span of the encoded text in the buffer. :mod:`egress.detect` scans the decoded
-segments and reports findings on the encoded spans.
+is evidence (``%`` + two hex digits, a ``\\u``/``\\/`` escape, a quoted-printable escape
+or soft line break, a long base64 run or one whose text starts a few characters in, a long
+run of hex digits) -- and return each one decoded, with a map from decoded offsets back to
+the span of the encoded text in the buffer. :mod:`egress.detect` scans the decoded
+segments and reports findings on the encoded spans; it finds the evidence for most of them
+in its one compiled pass (:data:`RUN_TRIGGERS`), and each layer here has the slower search
+that pass stands in for, which the tests hold it to.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import re
 import zlib
 from bisect import bisect_right
 from itertools import accumulate
+from typing import NamedTuple
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
-           "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "RUN_TABLE", "RUN_TRIGGERS",
-           "run_starts", "run_start", "run_segments"]
+           "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "SHIFT_MAX", "RUN_TABLE",
+           "RUN_TRIGGERS", "Triggers", "run_starts", "run_start", "run_shifts", "hex_starts", "edge_hexes", "qp_starts",
+           "run_segments", "qp_segments"]
 
 
 # ------------------------------------------------------------------ content-encoding
@@ -447,7 +452,8 @@ def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks:
     into the segment before. ``lead``: the byte the evidence starts with, where it is rare
     in text (``%``), so that ``find`` (memchr) gets to the next one faster than the regex
     engine's search; None: ``finditer`` (JSON's backslashes come close together, and a
-    Python step per search cost more). Decoded all at once by ``decode_all(raws)``, or if
+    Python step per search cost more); a sorted list: where the evidence is, found already
+    (quoted-printable's, by the compiled pass). Decoded all at once by ``decode_all(raws)``, or if
     it returns None one by one by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``.
     The map back (which needs the pieces) is only worked out for a segment something is
     found in."""
@@ -456,6 +462,8 @@ def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks:
     floor = 0
     if lead is None:
         matches = segment.finditer(buf)
+    elif type(lead) is list:
+        matches = _placed(buf, lead, segment.match)
     else:
         matches = _led(buf, lead, segment.search)
     for m in matches:
@@ -487,6 +495,16 @@ def _led(buf: bytes, lead: bytes, search):
     while (k := find(lead, floor)) >= 0 and (m := search(buf, k)) is not None:
         yield m
         floor = m.end()
+
+
+def _placed(buf: bytes, positions: list[int], match):
+    """The segments that start at ``positions`` (sorted), each after the one before."""
+    floor = 0
+    for k in positions:
+        if k >= floor:
+            m = match(buf, k)
+            yield m
+            floor = m.end()
 
 
 def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
@@ -562,6 +580,55 @@ def _percent_decode_all(raws: list[bytes]) -> list[bytes] | None:
     return joined.split(_JOIN) if joined.count(_JOIN) == len(raws) - 1 else None
 
 
+_Q_WORD = re.compile(rb"=\?[^?\s]+\?[Qq]\?[^?\s]*\?=")
+
+
+def _q_words(raw: bytes) -> bytes:
+    """``raw`` with the "_" of each MIME Q word (``=?utf-8?Q?...?=``) read as the space it
+    stands for (one byte for one: the map back holds)."""
+    return _Q_WORD.sub(lambda m: m.group().replace(b"_", b" "), raw)
+
+
+def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+    """Quoted-printable: "=XX" escapes undone (either case, as decoders take them), soft line
+    breaks ("=" and CRLF or LF) dropped, any other "=" kept; in a MIME Q word "_" is a space.
+    A soft break is a piece that decodes to nothing."""
+    if b"?Q?" in raw or b"?q?" in raw:
+        raw = _q_words(raw)
+    parts = raw.split(b"=")
+    out = [parts[0]]
+    pieces = []
+    hexbyte = _HEX_BYTE
+    d = len(parts[0])
+    r = base + len(parts[0])
+    for part in parts[1:]:
+        b = hexbyte.get(part[:2])
+        if b is not None:
+            out.append(b)
+            out.append(part[2:])
+            pieces.append((d, d + 1, r, r + 3))
+            d += len(part) - 1
+        else:
+            k = 1 if part[:1] == b"\n" else 2 if part[:2] == b"\r\n" else 0
+            if k:
+                out.append(part[k:])
+                pieces.append((d, d, r, r + 1 + k))
+                d += len(part) - k
+            else:
+                out.append(b"=")
+                out.append(part)
+                d += 1 + len(part)
+        r += 1 + len(part)
+    return b"".join(out), pieces if want_pieces else []
+
+
+def _qp_decode_all(raws: list[bytes]) -> list[bytes] | None:
+    """_qp_decode of each of ``raws``, as one buffer, or None if one holds a NUL or decodes
+    to one (as _percent_decode_all)."""
+    joined = _qp_decode(_JOIN.join(raws), 0, False)[0]
+    return joined.split(_JOIN) if joined.count(_JOIN) == len(raws) - 1 else None
+
+
 def _json_simple(raw: bytes) -> bytes:
     """``raw`` decoded when every backslash in it starts a one-character escape (no
     ``\\u``, no ``\\\\``): plain replaces do it. ("\\/" alone, from PHP-style encoders, is
@@ -624,6 +691,12 @@ def _b64_decode(text: bytes) -> bytes | None:
         n = len(text) % 4
         text = text[:-1] if n == 1 else text + _PADDING[n]
     try:
+        # strict: ~20% faster a character; what it turns down (padding inside, or too much)
+        # is decoded as before
+        return binascii.a2b_base64(text, strict_mode=True)
+    except binascii.Error:
+        pass
+    try:
         return binascii.a2b_base64(text)
     except binascii.Error:
         return None
@@ -653,65 +726,162 @@ def run_start(buf: bytes, end: int) -> int:
     return 0
 
 
-# Hyperscan expressions (see egress.multimatch) that between them match at the start of
-# every run that run_segments does something with -- once per run, and never on the runs
-# that make up most text (lower-case hex digests, UUIDs, paths), so that a clean buffer
-# costs no Python step per run:
+# Base64 out of phase: a run whose base64 starts 1 to SHIFT_MAX characters in, after a prefix
+# a receiver drops (`v1-`, `x`, `ab`, `sha256-`; red team P2), decodes to garbage from the
+# run's first character. Where the text it encodes starts, its characters say so: an ASCII
+# byte needs the top bit of its 8 to be 0, so in each group of 4 base64 characters that
+# carries 3 ASCII bytes the 1st is under 32 (A-Z, a-f), the 2nd has its bit 3 clear and the
+# 3rd its bit 1 (_ASCII_QUAD). 5 such groups (15 ASCII bytes) 1-15 characters into a
+# mixed-case run, at a phase other than the run's own: the run is decoded from that phase
+# too. (2^-15 a position in random base64: an image run is decoded again ~once in 3,000.)
+# Looked for by run_segments in each mixed-case run it is given: a look-ahead in the regex it
+# matches a run with anyway (_RUN_AT) sees whether groups 4 and 5 of any phase are ASCII, as
+# they are if 5 groups start 1-15 characters in (~5% of random runs); only then the exact
+# test (run_shifts). ~0.17 us a run: nothing on the clean bench, 4% of the near-miss scan
+# (~200,000 runs in 16 MiB). As a Hyperscan trigger it cost the pass +1.7 ms/MiB; as a
+# regex call of its own, +0.14 ms/MiB clean and 10% on near-miss text. All 4 phases of every
+# run, decoded: 1.66x the whole clean scan (base64 is 2.6 ns a character to decode).
+SHIFT_MAX = 15
+_B64_VALUES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"  # 62, 63 (+/ -_) fit no slot
+
+
+def _b64_class(fits) -> bytes:
+    return b"[" + bytes(c for v, c in enumerate(_B64_VALUES) if fits(v)) + b"]"
+
+
+_ASCII_QUAD = (_b64_class(lambda v: v < 32) + _b64_class(lambda v: not v & 8) + _b64_class(lambda v: not v & 2)
+               + rb"[A-Za-z0-9+/_\-]")
+_ASCII_QUADS = b"(?:" + _ASCII_QUAD + b"){5}"
+_ASCII_QUADS_AT = re.compile(_ASCII_QUADS).match
+# A run, and (group 1 set) whether it may hold shifted base64: groups 4 and 5 of phase 1, 2
+# or 3 (at 13 + phase and 17 + phase) ASCII.
+_RUN_AT = re.compile(rb"(?:(?=[A-Za-z0-9+/_\-]{13}[A-Za-z0-9+/_\-]{0,2}" + _ASCII_QUAD + _ASCII_QUAD + rb")())?"
+                     rb"[A-Za-z0-9+/_\-]+").match
+
+
+def run_shifts(buf: bytes, s: int) -> list[int]:
+    """The phases (1-3) other than its own at which the run that starts at ``s`` holds
+    base64 of text 1 to SHIFT_MAX characters in."""
+    return sorted({k % 4 for k in range(1, SHIFT_MAX + 1) if k % 4 and _ASCII_QUADS_AT(buf, s + k)})
+
+
+# Quoted-printable (RFC 2045 6.7; MIME's Q words, RFC 2047 4.2): "=XX" escapes, and soft line
+# breaks -- "=" at a line's end joins the next line to it. An encoder escapes "=", bytes over
+# 126 and spaces at a line's end, never a letter; a token's characters escaped, or a token
+# broken over two lines, are what hides one. The evidence, found in the compiled pass
+# (:data:`RUN_TRIGGERS`; :func:`qp_starts` is its reference): an escape of a printable
+# character glued to a run character or another escape after it, or to 12 run characters
+# before it (a token's last character escaped; a form's "per_page=50" has a shorter name),
+# or "=" at a line's end after anything but "=" (base64 padding). A segment is a run of text
+# around it, as a percent one, that goes on over soft breaks.
+_QP_EVIDENCE = re.compile(rb"=(?:[2-7][0-9A-Fa-f](?=[A-Za-z0-9+/_\-=])|(?<=[A-Za-z0-9+/_\-]{12}=)[2-7][0-9A-Fa-f]"
+                          rb"|(?<=[^=]=)\r?\n)")
+_QP_SEGMENT = re.compile(rb"(?:=\r?\n|[^ \t\r\n\"'<>])*")
+
+
+def qp_starts(buf: bytes) -> list[int]:
+    """Where quoted-printable evidence starts in ``buf`` (the "="), found by a regex search:
+    the reference for the compiled pass's QP triggers."""
+    return [m.start() for m in _QP_EVIDENCE.finditer(buf)] if b"=" in buf else []
+
+
+class Triggers(NamedTuple):
+    """Where the layers have work, as the compiled pass found it (:data:`RUN_TRIGGERS`, by
+    kind): run starts (``run``), hex that may decode (``hex``: where its ASCII pairs start)
+    and quoted-printable evidence (``qp``); unsorted, perhaps repeated."""
+
+    runs: list[int]
+    hexes: list[int]
+    qp: list[int]
+
+
+# Hyperscan expressions (see egress.multimatch) that between them match wherever the layers
+# have work -- at the start of every run that run_segments does something with, once per
+# run, and never on the runs that make up most text (lower-case hex digests, UUIDs, paths),
+# so that a clean buffer costs no Python step per run:
 #   * the first 20 characters hold an upper-case letter (mixed-case base64, or upper case);
 #   * the first upper-case letter comes later (reported at it, so its start is looked up);
-#   * no letter in the first 20 (digits and +/_- only: base64 of no letter at all);
-#   * 16 hex pairs that are ASCII bytes (a hex layer);
-#   * a line of WRAP_MIN+ after a whole line of WRAP_MIN to 19 (base64 wrapped that short).
-# A run of lower case and digits only is skipped by run_segments unless it is such hex.
-# Each is (expression, distance from the match's end back to the run's start; 0: unknown).
-# The first two leave out a run at the very start of the buffer (Hyperscan ran them ~20%
-# slower with "^|"): the caller adds position 0 when a run starts there.
-# On the bench's clean 16 MiB the four cost the pass ~37 ms (the first two ~25 together,
-# the last two ~13). Weighed and measured, none cheaper: the first two as one expression
-# (25-26), all four as one (43-60: the automaton grows), hex on lower case only (37, the
-# same), the first as one expression per position of its upper-case letter (31 against
-# 24), and a fifth reporting where the first's runs end, to spare run_segments its regex
-# to the end (clean -4 ms, but a callback per run cost near-miss text 1.12x; bounded to
-# long runs, +8 ms, as much as it spares). The wrapped-line one costs the pass ~5% (4.74
-# to 4.97 ms/MiB, 4 MiB clean), what the one-line _b64_candidate spares run_segments (3.03
-# to 2.85): a whole clean scan is unchanged (12.46 against 12.41). Reporting every line
-# after a break instead ran the pass faster (4.55) but costs a callback and a Python step
-# for each line of a path list or a hex dump.
+#   * hex: 16 hex pairs that are ASCII bytes (HEX_PAIRS), starting at the first or second
+#     digit of a run of hex digits, where that run of digits starts a run, or follows a
+#     character that is no hex digit in a run with no upper-case letter before it
+#     (`/upload/<hex>`, `v1-<hex>`, `req_<HEX>`), or follows "-", "_" or "0x" in any run
+#     (reported where the pairs start; hex_starts is the reference);
+#   * a line of WRAP_MIN+ after a whole line of WRAP_MIN to 19 (base64 wrapped that short);
+#   * quoted-printable evidence (reported at its "="; _QP_EVIDENCE).
+# A run of digits and +/_- only is left alone: such base64 decodes to a byte over 0xCF in
+# every 3, so never to 3 ASCII bytes in a row.
+# Each is (expression, kind, distance from the match's end back to what it reports; for a
+# run, 0: unknown, look its start up). Those that start with _NOT_R leave out a run at the
+# very start of the buffer (Hyperscan ran them ~20% slower with "^|"): the caller adds
+# position 0, and the hex of that run (edge_hexes), when a run starts there.
+#
+# Cost, the bench's clean 16 MiB: the first two ~25 ms of the pass together. Weighed and
+# measured, none cheaper: the first two as one expression (25-26), all as one (43-60: the
+# automaton grows), the first as one expression per position of its upper-case letter (31
+# against 24), and a trigger reporting where the first's runs end, to spare run_segments its
+# regex to the end (clean -4 ms, but a callback per run cost near-miss text 1.12x; bounded to
+# long runs, +8 ms, as much as it spares). The wrapped-line one costs the pass ~5% (4.74 to
+# 4.97 ms/MiB, 4 MiB clean), what the one-line _b64_candidate spares run_segments (3.03 to
+# 2.85). Reporting every line after a break instead ran the pass faster (4.55) but costs a
+# callback and a Python step for each line of a path list or a hex dump.
+# Hex (issue 26, red team P1) could hide anywhere in a run, but an expression that may start
+# inside any run wakes on every byte of a base64 image, where the others sleep until its run
+# ends (Hyperscan skips ahead to a byte that can wake them): hex after any character that is
+# no hex digit cost the pass +1.6 ms per MiB of base64 (3.29 -> 3.76 ms/MiB clean, +14%);
+# after "/" anywhere, +0.25 to +0.8; looked for in Python in every run with upper case (a
+# translate and a find), +0.35 ms/MiB clean and +3% on near-miss text. What is here costs the
+# pass what the old run-edge hex and digits-only triggers did (clean 3.32 against 3.46
+# ms/MiB, near-miss +1%): hex after a non-hex character only in a run whose earlier part has
+# no upper case (its prefix cannot go on far in base64), and after "-", "_" or "0x", which
+# standard base64 holds no or few of, in any run. The digits-only run trigger it replaces
+# is needless: see below. The QP evidence sleeps the same way: ~0.06 ms/MiB. These costs do
+# not add up: Hyperscan builds its engines for the set (the shifted-base64 test as a trigger
+# cost 0 beside the old triggers, 1.7-2.1 beside these and alone: it is a regex lookahead
+# in run_segments instead, _RUN_AT).
 _R = rb"[A-Za-z0-9+/_\-]"
 _NOT_R = rb"[^A-Za-z0-9+/_\-]"
 _RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
 _NOT_UPPER = rb"[a-z0-9+/_\-]"
 _LINE_BREAK = rb"(?:\r?\n|(?:\\r)?\\n)[ \t]*"  # _BREAK
+_HEX_PAIRS = rb"(?:[0-7][0-9a-fA-F]){%d}" % (HEX_MIN_RUN // 2)  # ASCII bytes in hex
 
 
 def _times(chars: bytes, n: int) -> bytes:
     return chars + b"{%d}" % n if n else b""  # Hyperscan refuses {0}
 
 
-RUN_TRIGGERS: tuple[tuple[bytes, int], ...] = (
+RUN_TRIGGERS: tuple[tuple[bytes, str, int], ...] = (
     (_NOT_R + b"(?:" + b"|".join(_times(_NOT_UPPER, k) + b"[A-Z]" + _times(_R, B64_MIN_RUN - 1 - k)
-                                 for k in range(B64_MIN_RUN)) + b")", B64_MIN_RUN),
-    (_NOT_R + _NOT_UPPER + b"{%d,}[A-Z]" % B64_MIN_RUN, 0),
-    (_RUN_EDGE + rb"[0-9+/_\-]{%d}" % B64_MIN_RUN, B64_MIN_RUN),
-    (_RUN_EDGE + rb"(?:[0-7][0-9a-fA-F]){%d}" % (HEX_MIN_RUN // 2), HEX_MIN_RUN),
+                                 for k in range(B64_MIN_RUN)) + b")", "run", B64_MIN_RUN),
+    (_NOT_R + _NOT_UPPER + b"{%d,}[A-Z]" % B64_MIN_RUN, "run", 0),
+    (_NOT_R + rb"(?:[a-z0-9+/_\-]*[g-z+/_\-])?[0-9a-fA-F]?" + _HEX_PAIRS, "hex", HEX_MIN_RUN),
+    (rb"[\-_][0-9a-fA-F]?" + _HEX_PAIRS, "hex", HEX_MIN_RUN),
+    (rb"0[xX][0-9a-fA-F]?" + _HEX_PAIRS, "hex", HEX_MIN_RUN),
     # base64 wrapped at 16-19 characters, whose lines are too short for the others: the
     # start of each line after such a line (run_segments joins the lines before it)
-    (_RUN_EDGE + _R + b"{%d,%d}" % (WRAP_MIN, B64_MIN_RUN - 1) + _LINE_BREAK + _R + b"{%d}" % WRAP_MIN, WRAP_MIN),
+    (_RUN_EDGE + _R + b"{%d,%d}" % (WRAP_MIN, B64_MIN_RUN - 1) + _LINE_BREAK + _R + b"{%d}" % WRAP_MIN, "run", WRAP_MIN),
+    (rb"=[2-7][0-9A-Fa-f][A-Za-z0-9+/_\-=]", "qp", 4),
+    (_R + rb"{12}=[2-7][0-9A-Fa-f]", "qp", 3),
+    (rb"[^=]=\n", "qp", 2),
+    (rb"[^=]=\r\n", "qp", 3),
 )
-# run_starts' form of the last trigger
+# run_starts' form of the wrapped-line trigger
 _SHORT_LINES = re.compile(rb"(?:^|(?<=[^A-Za-z0-9+/_\-]))" + _R + b"{%d,%d}" % (WRAP_MIN, B64_MIN_RUN - 1) + _LINE_BREAK
                           + b"(?=" + _R + b"{%d})" % WRAP_MIN)
+_LETTERLESS = b"0123456789+/_-"
 
 
-def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
+def run_segments(buf: bytes, starts: list[int] | None = None, hexes: list[int] | None = None) -> list[Segment]:
     """Base64 runs (mixed case, at least B64_MIN_RUN characters; the lines of a wrapped
-    base64 text are joined, see _wrapped) and hex runs (at least HEX_MIN_RUN digits that
-    decode to ASCII), decoded. ``starts``: where runs start, at least every one that
-    decodes (:data:`RUN_TRIGGERS`); by default every run (:func:`run_starts`)."""
+    base64 text are joined, see _wrapped; decoded also from a phase where text starts a few
+    characters in, see run_shifts) and hex in runs (_hex_candidate), decoded. ``starts``:
+    where runs start, at least every one that decodes (:data:`RUN_TRIGGERS`); by default
+    every run (:func:`run_starts`). ``hexes``: where the hex triggers found ASCII pairs start
+    (those that want a character before the run miss the run at position 0, a start: its
+    hex is looked for here, :func:`edge_hexes`); by default :func:`hex_starts`."""
     out: list[Segment] = []
     n = len(buf)
-    hex_ascii = _HEX_ASCII.fullmatch
-    run_at = _ANY_RUN_RAW.match
+    run_at = _RUN_AT
     pos = 0
     for s in run_starts(buf) if starts is None else sorted(set(starts)):
         if s < pos:
@@ -720,12 +890,15 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
         e = m.end() if m else s
         if e - s < WRAP_MIN:
             continue
+        if s == 0 and hexes is not None and e >= HEX_MIN_RUN:
+            hexes = hexes + edge_hexes(buf)
         run = buf[s:e]
-        if run.islower() or run.isupper() or not run.strip(_HEX_CHARS):
-            # UUIDs, digests, words, slugs: not base64; hex digits may be a hex layer
-            if e - s >= HEX_MIN_RUN and hex_ascii(run):
-                _hex_candidate(buf, s, e, out)
-            continue
+        if run.islower() or run.isupper() or not run.strip(_HEX_CHARS) or not run.strip(_LETTERLESS):
+            continue  # UUIDs, digests, words, slugs, numbers: not base64
+        if m.lastindex:
+            shifts = run_shifts(buf, s)
+            if shifts:
+                _b64_shifted(buf, s, e, shifts, out)
         if e < n and buf[e] in _BREAK_FIRST:
             # a line of a wrapped text? (after a JSON "\n" the run starts at the "n")
             wrapped = _wrapped(buf, s + 1 if buf[s] == 0x6E and s and buf[s - 1] == 0x5C else s, e, pos)
@@ -746,7 +919,23 @@ def run_segments(buf: bytes, starts: list[int] | None = None) -> list[Segment]:
                 if 16 <= len(part) < len(run) and _mixed_case(part):
                     _b64_candidate(buf, offset, offset + len(part), out)
                 offset += len(part) + 1
+    last = -1
+    for q in hex_starts(buf) if hexes is None else sorted(set(hexes)) if hexes else ():
+        a = q - 1 if q and buf[q - 1] in _HEX_CHARS else q  # the first digit of the run of them
+        if a > last:
+            last = a
+            _hex_candidate(buf, a, _HEX_DIGITS_AT(buf, a).end(), out)
     return out
+
+
+def _b64_shifted(buf: bytes, s: int, e: int, shifts: list[int], out: list[Segment]) -> None:
+    """The run buf[s:e] decoded from each of ``shifts`` (its own "=" padding taken)."""
+    n = len(buf)
+    end = e
+    while end < n and buf[end] == 0x3D and end - e < 2:
+        end += 1
+    for shift in shifts:
+        _b64_candidate(buf, s + shift, end, out)
 
 
 def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[int, int, bytes, int] | None:
@@ -837,21 +1026,73 @@ def _b64_wrapped(buf: bytes, start: int, end: int, gap: bytes, out: list[Segment
             out.append((dec, _wrapped_span, (buf, start, end, gap, phase)))
 
 
-# Hex digits in pairs whose first digit is 0-7: bytes that are ASCII.
-_HEX_ASCII = re.compile(rb"(?:[0-7][0-9a-fA-F])+[0-9a-fA-F]?")
-
-
 def _b64_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
     dec = _b64_decode(buf[s:e])
     if dec:
         out.append((dec, _b64_span, (s, e)))
 
 
+# Hex in a run (red team P1: `/upload/<hex>`, `"0x<hex>"`, `req_<HEX>`): a run of HEX_MIN_RUN+
+# hex digits, where the hex triggers say (see RUN_TRIGGERS), decoded where 16 pairs that are
+# ASCII bytes start at its first or second digit, both ways of pairing its digits, and cut
+# into the stretches of 16+ ASCII bytes that decode (a token is one; digests, UUIDs and hex
+# dumps of binary are none).
+_HEX_PAIRS_AT = re.compile(_HEX_PAIRS).match
+_HEX_DIGITS_AT = re.compile(rb"[0-9a-fA-F]*").match
+_HEX_DIGITS = re.compile(rb"[0-9a-fA-F]{%d,}" % HEX_MIN_RUN)
+_ASCII_STRETCH = re.compile(rb"[\x00-\x7f]{%d,}" % (HEX_MIN_RUN // 2))
+_UPPER = re.compile(rb"[A-Z]").search
+
+
+def hex_starts(buf: bytes) -> list[int]:
+    """Where the hex triggers report ASCII pairs in ``buf``, found by a regex search: the
+    reference they stand in for."""
+    out = []
+    for m in _HEX_DIGITS.finditer(buf):
+        a, b = m.span()
+        if _glued(buf, a) or _UPPER(buf, run_start(buf, a + 1), a) is None:
+            out += _pairs_from(buf, a, b)
+    return out
+
+
+def edge_hexes(buf: bytes) -> list[int]:
+    """What the hex triggers miss in the run that starts ``buf`` (theirs want a character
+    before the run): where its ASCII pairs start, before its first upper-case letter."""
+    e = _ANY_RUN_RAW.match(buf).end()
+    if e < HEX_MIN_RUN:
+        return []
+    upper = _UPPER(buf, 0, e)
+    limit = upper.start() if upper else e
+    out = []
+    pos = 0
+    while (m := _HEX_DIGITS.search(buf, pos, min(e, limit + HEX_MIN_RUN))) is not None and m.start() <= limit:
+        a = m.start()
+        b = _HEX_DIGITS_AT(buf, a).end()
+        if not _glued(buf, a):
+            out += _pairs_from(buf, a, b)
+        pos = b
+    return out
+
+
+def _glued(buf: bytes, a: int) -> bool:
+    """Whether the hex digits from ``a`` on follow "-", "_" or "0x"."""
+    return bool(a and buf[a - 1] in b"-_") or (a >= 2 and buf[a - 2:a] in (b"0x", b"0X"))
+
+
+def _pairs_from(buf: bytes, a: int, b: int) -> list[int]:
+    return [q for q in (a, a + 1) if b - q >= HEX_MIN_RUN and _HEX_PAIRS_AT(buf, q)]
+
+
 def _hex_candidate(buf: bytes, s: int, e: int, out: list[Segment]) -> None:
-    e -= (e - s) % 2
-    decoded = bytes.fromhex(buf[s:e].decode("ascii"))
-    if decoded.isascii():
-        out.append((decoded, _hex_span, s))
+    """The hex digits buf[s:e] (a whole run of them), decoded as said above."""
+    for lo in (s, s + 1):
+        if e - lo < HEX_MIN_RUN or not _HEX_PAIRS_AT(buf, lo):
+            continue
+        decoded = binascii.unhexlify(buf[lo:e - (e - lo) % 2])
+        if decoded.isascii():
+            out.append((decoded, _hex_span, lo))
+        else:
+            out += [(m.group(), _hex_span, lo + 2 * m.start()) for m in _ASCII_STRETCH.finditer(decoded)]
 
 
 def _hex_span(start: int, s: int, e: int) -> tuple[int, int]:
@@ -880,7 +1121,24 @@ def json_segments(buf: bytes) -> list[Segment]:
     return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all) if b"\\" in buf else []
 
 
-def layer_segments(buf: bytes, run_starts: list[int] | None = None) -> list[Segment]:
-    """Every encoded segment of ``buf`` there is evidence for, decoded (``run_starts``:
-    see :func:`run_segments`)."""
-    return percent_segments(buf) + json_segments(buf) + run_segments(buf, run_starts)
+def qp_segments(buf: bytes, positions: list[int] | None = None) -> list[Segment]:
+    """Quoted-printable segments around the evidence at ``positions`` (what the QP triggers
+    reported; by default :func:`qp_starts`)."""
+    if positions is None:
+        positions = qp_starts(buf)
+    if not positions:
+        return []
+    return _escape_segments(buf, sorted(set(positions)), _QP_SEGMENT, _PCT_MARKS, _qp_decode, _qp_decode_all)
+
+
+def layer_segments(buf: bytes, found: Triggers | None = None) -> list[Segment]:
+    """Every encoded segment of ``buf`` there is evidence for, decoded (``found``: what the
+    compiled pass's triggers reported; None: look for all of it here, the slow way)."""
+    if found is None:
+        return percent_segments(buf) + json_segments(buf) + qp_segments(buf) + run_segments(buf)
+    segments = percent_segments(buf) + json_segments(buf)
+    if found.qp:
+        segments += qp_segments(buf, found.qp)
+    if found.runs or found.hexes:
+        segments += run_segments(buf, found.runs, found.hexes)
+    return segments

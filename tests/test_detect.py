@@ -833,6 +833,174 @@ def test_is_secret_name(name, secret):
     assert is_secret_name(name) is secret
 
 
+# --------------------------------------------- forms inside a run, and quoted-printable
+#
+# Red team 2026-12-07: hex was decoded only when it was a whole run (P1), base64 only from
+# its run's first character (P2), and quoted-printable not at all (P4). Each form here, for a
+# token format and for a stored secret; the span is the encoded text that carries the value.
+
+FORM_TOKEN = "ghp_" + rnd(36)
+FORM_SECRET = "s3cr3t-" + rnd(20)  # a stored secret with no known shape
+FORM_DET = Detector([("MY_SECRET", FORM_SECRET)])
+
+
+def _hex(value: str, upper: bool = False) -> str:
+    return value.encode().hex().upper() if upper else value.encode().hex()
+
+
+@pytest.mark.parametrize("before,upper,after", [
+    ("GET /upload/", False, " HTTP/1.1"),  # a URL path segment
+    ("GET /", False, " HTTP/1.1"),
+    ("GET /u/", True, " HTTP/1.1"),
+    ('{"d": "0x', False, '"}'),  # JSON, 0x-prefixed
+    ("Cookie: sid=s-", False, "; path=/"),
+    ("X-Trace: req_", True, "\r\n"),
+    ("v=v1-", False, "&x=1"),
+    ("X-Up: Upload-", False, "\r\n"),  # after "-" in a run with upper case before it
+    ("ref=abc/", False, " "),
+], ids=["path", "root", "path-upper", "json-0x", "cookie", "header-upper", "form", "upper-before-dash", "after-slash"])
+@pytest.mark.parametrize("value,kind", [(FORM_TOKEN, "github-token"), (FORM_SECRET, "MY_SECRET")], ids=["token", "secret"])
+def test_hex_inside_a_run_is_read(before, upper, after, value, kind):
+    encoded = _hex(value, upper)
+    data = (before + encoded + after).encode()
+    start = len(before)
+    assert [tuple(f) for f in FORM_DET.scan(data)] == [(kind, start, start + len(encoded))]
+
+
+def test_hex_is_read_from_its_second_digit_and_up_to_bytes_that_are_not_ascii():
+    token = FORM_TOKEN
+    for data in (b"/x/7" + _hex(token).encode(),  # one stray digit before it
+                 b"/x/" + _hex(token).encode() + b"ff00ff" + _hex(FORM_SECRET).encode()):  # binary after it
+        found = FORM_DET.scan(data)
+        assert [tuple(f) for f in found][:1] == [("github-token", 4 if data[3:4] == b"7" else 3,
+                                                 (4 if data[3:4] == b"7" else 3) + 2 * len(token))], data[:20]
+    assert [f.kind for f in FORM_DET.scan(data)] == ["github-token", "MY_SECRET"]  # and after the binary
+
+
+@pytest.mark.parametrize("prefix", ["v1-", "x", "ab", "sha256-", "id_", "Ab1", "token-0123"])
+@pytest.mark.parametrize("urlsafe", [False, True], ids=["std", "urlsafe"])
+@pytest.mark.parametrize("value,kind", [(FORM_TOKEN, "github-token"), (FORM_SECRET, "MY_SECRET")], ids=["token", "secret"])
+def test_base64_a_few_characters_into_its_run_is_read(prefix, urlsafe, value, kind):
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    plain = b"t=" + value.encode() + b" and more text after it"
+    encoded = encode(plain).decode()
+    data = f'{{"state": "{prefix}{encoded}"}}'.encode()
+    start = data.index(encoded.encode())
+    ds = plain.index(value.encode())
+    de = ds + len(value)
+    assert [tuple(f) for f in FORM_DET.scan(data)] == [(kind, start + ds * 4 // 3, start + -(-de * 4 // 3))]
+
+
+def test_base64_of_binary_a_few_characters_in_is_read_where_its_text_starts():
+    # \xff\xfe before the token: the text starts 2 bytes in, still in the first groups
+    data = b"id=x" + base64.b64encode(b"\xff\xfe" + FORM_TOKEN.encode() + b" tail of the value")
+    assert [f.kind for f in DET.scan(data)] == ["github-token"]
+
+
+def qp_encode(text: str, width: int = 76) -> str:
+    """Quoted-printable as an encoder writes it: "=" escaped, lines cut at ``width`` with
+    soft line breaks."""
+    escaped = text.replace("=", "=3D")
+    lines = [escaped[i:i + width - 1] for i in range(0, len(escaped), width - 1)]
+    return "=\r\n".join(lines)
+
+
+@pytest.mark.parametrize("value,kind", [(FORM_TOKEN, "github-token"), (FORM_SECRET, "MY_SECRET")], ids=["token", "secret"])
+@pytest.mark.parametrize("at", [1, 4, 10, 20, 26], ids=lambda at: f"break-at-{at}")
+def test_a_quoted_printable_soft_break_inside_a_value_is_read(value, kind, at):
+    shown = value[:at] + "=\r\n" + value[at:]
+    data = ("--b\r\nContent-Type: text/plain\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n"
+            f"token: {shown}\r\n--b--\r\n").encode()
+    start = data.index(shown.encode())
+    assert [tuple(f) for f in FORM_DET.scan(data)] == [(kind, start, start + len(shown))]
+
+
+@pytest.mark.parametrize("escape", [
+    lambda v: "".join("=%02X" % c for c in v.encode()),  # every character escaped
+    lambda v: "".join("=%02x" % c for c in v.encode()),  # in lower case, as decoders take it
+    lambda v: v[:7] + "=%02X" % ord(v[7]) + v[8:],  # one in the middle
+    lambda v: "=%02X" % ord(v[0]) + v[1:],  # the first
+    lambda v: v[:-1] + "=%02X" % ord(v[-1]),  # the last
+], ids=["all", "all-lower", "middle", "first", "last"])
+@pytest.mark.parametrize("value,kind", [(FORM_TOKEN, "github-token"), (FORM_SECRET, "MY_SECRET")], ids=["token", "secret"])
+def test_quoted_printable_escapes_are_read(escape, value, kind):
+    shown = escape(value)
+    data = f"field: {shown}\r\nnext: 1\r\n".encode()
+    start = data.index(shown.encode())
+    assert [tuple(f) for f in FORM_DET.scan(data)] == [(kind, start, start + len(shown))]
+
+
+def test_a_quoted_printable_body_as_an_encoder_writes_it_is_read():
+    text = "config = {" + ", ".join(f"k{i} = v{i}" for i in range(12)) + f", token = {FORM_TOKEN} }}"
+    data = qp_encode(text, 40).encode()
+    assert b"=\r\n" in data[data.index(b"ghp_"):data.index(b"ghp_") + 60]  # the token is broken
+    assert [f.kind for f in DET.scan(data)] == ["github-token"]
+
+
+def test_mime_encoded_words_are_read():
+    q = FORM_TOKEN.replace("_", "=5F")
+    for header in (f"Subject: =?utf-8?Q?key_{q}?=", f"Subject: =?UTF-8?B?{base64.b64encode(FORM_TOKEN.encode()).decode()}?="):
+        assert [f.kind for f in DET.scan(header.encode())] == ["github-token"], header
+
+
+def test_a_quoted_printable_segment_maps_back_across_its_soft_breaks():
+    from egress.decode import qp_segments, span
+    data = b"a: x=3Dy ghp=\r\n_ab=\ncd=41 tail"
+    first, seg = qp_segments(data)
+    assert first[0] == b"x=y" and span(first, 0, 3) == (3, 8)  # out to the spaces around it
+    assert seg[0] == b"ghp_abcdA"  # on over both soft breaks
+    for ds, de, raw in ((0, 3, b"ghp"), (3, 4, b"_"), (3, 6, b"_ab"), (6, 8, b"cd"), (8, 9, b"=41"),
+                        (2, 4, b"p=\r\n_"), (5, 7, b"b=\nc"), (0, 9, b"ghp=\r\n_ab=\ncd=41")):
+        s, e = span(seg, ds, de)
+        assert data[s:e] == raw, (ds, de, data[s:e])
+
+
+# What looks like these forms in ordinary traffic must not be a finding (the detector reports
+# tokens: a digest may be decoded, as long as nothing is found in it).
+ORDINARY = [
+    f"GET /repos/o/r/git/commits/{rnd(40, HEX)} HTTP/1.1",
+    f"GET /v2/library/alpine/blobs/sha256:{rnd(64, HEX)} HTTP/1.1",
+    f"GET /api/items/{rnd(32, HEX)}/files/{rnd(64, HEX)}?v={rnd(8, HEX)}",
+    f'{{"tx": "0x{rnd(64, HEX)}", "from": "0x{rnd(40, HEX)}", "block": "0x{rnd(6, HEX)}"}}',
+    f'{{"id": "req_{rnd(32, HEX)}", "trace": "00-{rnd(32, HEX)}-{rnd(16, HEX)}-01"}}',
+    f"traceparent: 00-{rnd(32, HEX)}-{rnd(16, HEX)}-01",
+    f"X-Request-Id: v1-{rnd(48, HEX)}",
+    f"ETag: W/\"{rnd(32, HEX)}\"",
+    f"id={rnd(8, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(4, HEX)}-{rnd(12, HEX)}",
+    f"integrity=\"sha512-{base64.b64encode(R.randbytes(64)).decode()}\"",
+    f"integrity=\"sha256-{base64.b64encode(R.randbytes(32)).decode()}\"",
+    f"data:image/png;base64,x{base64.b64encode(R.randbytes(900)).decode()}",
+    f"GET /search?q=a+b&page=2&per_page=50&limit=100&offset=4500&ts=1767225600 HTTP/1.1",
+    f"amount=4999&currency=usd&qty=30&sku=AB12CD34EF56&ref={rnd(24, HEX)}",
+    "NAME=\nOTHER=value\nEMPTY=\r\nLAST=1\n",
+    "==========\nA heading\n==========\n",
+    "a = b\nc == d\nx=1; y=2;\n",
+    base64.encodebytes(R.randbytes(400)).decode(),  # MIME base64: "=" padding at a line's end
+    "Content-Transfer-Encoding: quoted-printable\r\n\r\nCaf=C3=A9 cr=C3=A8me, 100 =E2=82=AC=\r\n per item=2E\r\n",
+    f"cookie: session={rnd(64, HEX)}; csrftoken={rnd(32, B62)}",
+    f"/assets/app-{rnd(20, HEX)}.js /assets/vendor.{rnd(32, HEX)}.css",
+    f"git@github.com:org/repo.git#{rnd(40, HEX)}",
+    f"{rnd(64, HEX)}  file.tar.gz\n{rnd(128, HEX)}  other.tar.gz\n",
+    f"0x{rnd(64, HEX).upper()} 0X{rnd(40, HEX)}",
+    "".join(f"{i:08x}: " + R.randbytes(16).hex() + "\n" for i in range(0, 400, 16)),  # a hex dump of binary
+]
+
+
+@pytest.mark.parametrize("text", ORDINARY, ids=lambda t: t[:30])
+def test_ordinary_hex_base64_and_equals_signs_are_not_findings(text):
+    for data in (text.encode(), json.dumps({"v": text}).encode(), urllib.parse.quote(text).encode()):
+        assert DET.scan(data) == [] and FORM_DET.scan(data) == [], data[:120]
+
+
+def test_a_hex_token_in_a_run_split_across_stream_chunks_is_found():
+    encoded = _hex(FORM_TOKEN)
+    data = f"{rnd(DET.overlap + 3000, string.ascii_lowercase + ' ')} /upload/{encoded} tail".encode()
+    start = data.index(encoded.encode())
+    for cut in (start - 3, start + 17, start + len(encoded) - 2):
+        found = stream_scan(DET.stream(), [data[:cut], data[cut:]])
+        assert [tuple(f) for f in found] == [("github-token", start, start + len(encoded))], cut
+
+
 # ------------------------------------------------------------------ content decoding
 
 
@@ -989,16 +1157,33 @@ def test_brotli_and_deflate_decoders_let_go_when_their_stream_ends_or_fails():
 # everything after it is the same code, so equal findings on varied inputs -- every format
 # raw and under each layer, at run and chunk edges -- say the compiled pass lost nothing.
 
-from egress.decode import run_segments, run_starts  # noqa: E402
+from egress.decode import qp_segments, run_segments  # noqa: E402
 
 
 class ReferenceDetector(Detector):
     """The detector with the pure-Python candidate search (nine-odd regex passes, one per
-    lead character, and a translated copy of the buffer for runs)."""
+    lead character; for the layers, every run and a regex search for the rest: what
+    layer_segments does when it is told nothing)."""
 
     def _find(self, data: bytes, runs: bool = True):
         leads = [m.start() for p in self._passes if p.lead in data for m in p.regex.finditer(data)]
-        return leads, run_starts(data) if runs else []
+        return leads, None
+
+
+def _segments(segments: list) -> list:
+    """Each segment as what it decodes to and the span it maps back to."""
+    from egress.decode import span
+    return [(seg[0], span(seg, 0, len(seg[0]))) for seg in segments]
+
+
+def triggered_layers(data: bytes, found) -> list:
+    """The segments of the layers the compiled pass finds evidence for, from what it found."""
+    return _segments(qp_segments(data, found.qp) + run_segments(data, found.runs, found.hexes))
+
+
+def searched_layers(data: bytes) -> list:
+    """The same, from the layers' own (slow) search."""
+    return _segments(qp_segments(data) + run_segments(data))
 
 
 def _encodings(r: random.Random, text: str) -> str:
@@ -1020,8 +1205,23 @@ def _encodings(r: random.Random, text: str) -> str:
         lambda: base64.b64encode(json.dumps({"k": text}).replace("/", "\\/").encode()).decode(),
         lambda: json.dumps(urllib.parse.quote(text, safe=""))[1:-1].replace("/", "\\/"),
         lambda: "".join("\\u%04x" % ord(c) for c in text) if len(text) < 400 else text,
+        # hex inside a run, after a prefix (red team P1)
+        lambda: r.choice(["/upload/", "0x", "s-", "req_", "v1-", "/u/", "x", "A-", "Up/", "b"])
+        + (raw.hex() if r.random() < .5 else raw.hex().upper()),
+        # base64 a few characters into its run (P2)
+        lambda: r.choice(["v1-", "x", "ab", "sha256-", "id_", "Q", "token-0123"])
+        + (base64.b64encode if r.random() < .5 else base64.urlsafe_b64encode)(r.randbytes(r.randrange(0, 3)) + raw).decode(),
+        # quoted-printable (P4): a soft line break, every character escaped, some escaped
+        lambda: qp_soft_break(text, r.randrange(1, max(2, len(text)))),
+        lambda: "".join("=%02X" % c for c in raw) if len(raw) < 400 else text,
+        lambda: "".join("=%02x" % c if r.random() < .3 else chr(c) for c in raw),
     ]
     return r.choice(forms)()
+
+
+def qp_soft_break(text: str, at: int) -> str:
+    """``text`` with a quoted-printable soft line break before character ``at``."""
+    return text[:at] + "=\r\n" + text[at:]
 
 
 def _filler(r: random.Random) -> str:
@@ -1095,10 +1295,10 @@ def test_the_compiled_pass_finds_what_the_regex_passes_found(seed):
     data = _placed_secrets(r, generated(seed), secrets)
     for det, ref in ((DET, ReferenceDetector()), (Detector(secrets), ReferenceDetector(secrets)),
                      (Detector(secrets, formats=False), ReferenceDetector(secrets, formats=False))):
-        leads, runs = det._find(data)
+        leads, found = det._find(data)
         ref_leads, _ = ref._find(data)
         assert set(ref_leads) <= set(leads), sorted(set(ref_leads) - set(leads))[:5]
-        assert run_segments(data, runs) == run_segments(data)
+        assert triggered_layers(data, found) == searched_layers(data)
         assert det.scan(data) == ref.scan(data)
         chunks = chunked(data, [r.randrange(1, 5000) for _ in range(20)])
         assert stream_scan(det.stream(), chunks) == stream_scan(ref.stream(), chunks)
@@ -1117,9 +1317,10 @@ def test_the_compiled_pass_at_the_edges_of_the_buffer():
     for n in (19, 20, 21, 32, 33):
         for data in ("".join(r.choice(B64) for _ in range(n)).encode(), b"4142434445464748494a4b4c4d4e4f50"[:n],
                      b"0123456789+/_-0123456789+/_-"[:n], b"a" * (n - 1) + b"Q", b"Q" + b"a" * (n - 1)):
-            assert run_segments(data, DET._find(data)[1]) == run_segments(data), data
+            assert triggered_layers(data, DET._find(data)[1]) == searched_layers(data), data
 
 
+HEX_TEXT = b"the hex of a line of text".hex().encode()
 RUN_EDGES = [
     b"Q" + b"a" * 19,  # a run at the start of the buffer that reaches its end
     b" " + b"a" * 19 + b"Q",  # the upper case last of 20; and the run reaches the end
@@ -1134,12 +1335,33 @@ RUN_EDGES = [
     b" " + b"4142434445464748494A4B4C4D4E4F50" + b".",  # hex with upper-case letters (an ASCII layer)
     b" " + b"0123456789+/_-0123456789" + b" " + b"a" * 25 + b"Z" * 25,
     b"x-" + b"aZ" * 2000 + b"|",  # longer than a 4 KiB step back
+    # hex in a run: after a character that is no hex digit, with no upper case before it; after
+    # "-", "_", "0x" anywhere; from its second digit; at the very start; not after other hex
+    b" /upload/" + HEX_TEXT + b" ",
+    HEX_TEXT + b" ",
+    b"-" + HEX_TEXT,
+    b"0x" + HEX_TEXT,
+    b"a" + HEX_TEXT,
+    b"ab" + HEX_TEXT,
+    b"xY/" + HEX_TEXT.upper() + b"/z",
+    b" Upload/" + HEX_TEXT + b" Up-" + HEX_TEXT + b" Up_0x" + HEX_TEXT,
+    b"q" * 5000 + HEX_TEXT,
+    b"Q" * 3 + b"q" * 40 + HEX_TEXT,
+    b" " + HEX_TEXT[:31] + b" " + HEX_TEXT[:33] + b"/" + b"ff" + HEX_TEXT,
+    b"=" + HEX_TEXT + b"=\n" + HEX_TEXT,
+    # base64 a few characters into a run
+    b"x" + base64.b64encode(b"some text to find here"),
+    b" sha256-" + base64.b64encode(b"\xff\xfeand text after it"),
+    b" " + b"Q" * 16 + base64.b64encode(b"a phase too far in"),
+    # quoted-printable evidence
+    b"=41=42=43", b"x" * 12 + b"=41", b"x" * 11 + b"=41\n", b'per_page=50"', b"A=\n", b"==\n", b"=\r\nab",
+    b"key=\r\nvalue", b"a=4", b"a=4G", b"=7F=80",
 ]
 
 
 @pytest.mark.parametrize("data", RUN_EDGES, ids=lambda b: repr(b[:24]))
 def test_the_run_triggers_at_the_edges_of_a_run(data):
-    assert run_segments(data, DET._find(data)[1]) == run_segments(data)
+    assert triggered_layers(data, DET._find(data)[1]) == searched_layers(data)
 
 
 def test_an_error_inside_a_compiled_scan_raises():
