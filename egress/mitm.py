@@ -413,6 +413,18 @@ def connection_handler(flow: http.HTTPFlow):
     return ctx.master.addons.get("proxyserver").connections.get(flow.client_conn.id)
 
 
+def event_lock(flow: http.HTTPFlow) -> asyncio.Lock | None:
+    """The lock mitmproxy's connection handler takes to handle each event of the flow's
+    client connection (a read, a hook's end, the server's bytes): while another task holds
+    it, that connection is read no further. None when there is none to find."""
+    try:
+        handler = connection_handler(flow)
+    except AttributeError:  # no mitmproxy master (a flow driven by hand)
+        return None
+    lock = getattr(handler, "_server_event_lock", None)
+    return lock if isinstance(lock, asyncio.Lock) else None
+
+
 def close_connections(flow: http.HTTPFlow, *conns: connection.Connection) -> bool:
     """Close these connections of a live flow at the socket (bytes already moving cannot be
     recalled by a hook). False if the flow's client connection is already gone."""

@@ -9,10 +9,12 @@ internal it relies on fails here, by name.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import socket
 import time
+import types
 import typing
 from pathlib import Path
 
@@ -554,3 +556,14 @@ def test_the_hook_table_dispatches_as_mitmproxys_own_walk():
                                                   ("d", "/2"), ("e", "/2"), ("f", "/2")]
     assert ("g", "/3") in calls and ("h", "/4") not in calls
     assert len(errors) == 4 * 2 + 1  # b1 and d each time, and h's handler that is not callable
+
+
+def test_the_event_lock_is_the_one_each_client_event_is_handled_under():
+    # credential_guard scans a streamed body between reads while it holds this lock, so the
+    # connection is read no further meanwhile (mitm.event_lock).
+    from mitmproxy.proxy import server
+
+    source = inspect.getsource(server.ConnectionHandler)
+    assert "self._server_event_lock = asyncio.Lock()" in source
+    assert "async with self._server_event_lock:" in inspect.getsource(server.ConnectionHandler.server_event)
+    assert mitm.event_lock(types.SimpleNamespace(client_conn=types.SimpleNamespace(id="none"))) is None

@@ -1223,7 +1223,7 @@ class _Relay:
                 pass
 
     async def _between_reads(self) -> None:
-        lock = _event_lock(self.flow)
+        lock = mitm.event_lock(self.flow)
         try:
             async with lock if lock is not None else contextlib.nullcontext():
                 while self.scan is not None and not self._advance(LOOK):
@@ -1283,18 +1283,6 @@ def _current_task() -> asyncio.Task | None:
         return asyncio.current_task()
     except RuntimeError:  # no event loop running
         return None
-
-
-def _event_lock(flow: http.HTTPFlow) -> asyncio.Lock | None:
-    """The lock mitmproxy's connection handler takes to handle each event of the flow's
-    client connection (a read, a hook's end, the server's bytes): while another task holds
-    it, that connection is read no further. None when there is none to find."""
-    try:
-        handler = mitm.connection_handler(flow)
-    except AttributeError:  # no mitmproxy master (a flow driven by hand)
-        return None
-    lock = getattr(handler, "_server_event_lock", None)
-    return lock if isinstance(lock, asyncio.Lock) else None
 
 
 # What the first bytes of a compressed body are, whatever its headers say.
