@@ -752,17 +752,20 @@ def _b64_class(fits) -> bytes:
 _ASCII_QUAD = (_b64_class(lambda v: v < 32) + _b64_class(lambda v: not v & 8) + _b64_class(lambda v: not v & 2)
                + rb"[A-Za-z0-9+/_\-]")
 _ASCII_QUADS = b"(?:" + _ASCII_QUAD + b"){5}"
-_ASCII_QUADS_AT = re.compile(_ASCII_QUADS).match
 # A run, and (group 1 set) whether it may hold shifted base64: groups 4 and 5 of phase 1, 2
 # or 3 (at 13 + phase and 17 + phase) ASCII.
 _RUN_AT = re.compile(rb"(?:(?=[A-Za-z0-9+/_\-]{13}[A-Za-z0-9+/_\-]{0,2}" + _ASCII_QUAD + _ASCII_QUAD + rb")())?"
                      rb"[A-Za-z0-9+/_\-]+").match
 
 
+_SHIFTED_AT = [(shift, re.compile(rb"[A-Za-z0-9+/_\-]{%d}(?:[A-Za-z0-9+/_\-]{4}){0,%d}" % (shift, (SHIFT_MAX - shift) // 4)
+                                   + _ASCII_QUADS).match) for shift in (1, 2, 3)]
+
+
 def run_shifts(buf: bytes, s: int) -> list[int]:
     """The phases (1-3) other than its own at which the run that starts at ``s`` holds
     base64 of text 1 to SHIFT_MAX characters in."""
-    return sorted({k % 4 for k in range(1, SHIFT_MAX + 1) if k % 4 and _ASCII_QUADS_AT(buf, s + k)})
+    return [shift for shift, at in _SHIFTED_AT if at(buf, s)]
 
 
 # Quoted-printable (RFC 2045 6.7; MIME's Q words, RFC 2047 4.2): "=XX" escapes, and soft line
