@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 __all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
            "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "SHIFT_MAX", "RUN_TABLE",
-           "RUN_TRIGGERS", "Triggers", "run_starts", "run_start", "run_shifts", "hex_starts", "edge_hexes", "qp_starts",
+           "RUN_TRIGGERS", "Triggers", "run_starts", "run_start", "run_shifts", "hex_starts", "edge_hexes",
            "run_segments", "qp_segments"]
 
 
@@ -446,14 +446,14 @@ _JOIN = b"\0"
 
 
 def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks: bytes, decode,
-                     decode_all) -> list[Segment]:
+                     decode_all, start: int = 0) -> list[Segment]:
     """Segments around the evidence that ``segment`` matches, with the rest of the segment
     to its right; on the left, out to the last delimiter (per ``marks``) before it, never
     into the segment before. ``lead``: the byte the evidence starts with, where it is rare
     in text (``%``), so that ``find`` (memchr) gets to the next one faster than the regex
-    engine's search; None: ``finditer`` (JSON's backslashes come close together, and a
-    Python step per search cost more); a sorted list: where the evidence is, found already
-    (quoted-printable's, by the compiled pass). Decoded all at once by ``decode_all(raws)``, or if
+    engine's search; None: ``finditer`` from ``start`` (JSON's backslashes come close
+    together, and a Python step per search cost more; quoted-printable's first evidence is
+    found by the compiled pass). Decoded all at once by ``decode_all(raws)``, or if
     it returns None one by one by ``decode(raw, raw_start, pieces) -> (bytes, pieces)``.
     The map back (which needs the pieces) is only worked out for a segment something is
     found in."""
@@ -461,9 +461,7 @@ def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks:
     his: list[int] = []
     floor = 0
     if lead is None:
-        matches = segment.finditer(buf)
-    elif type(lead) is list:
-        matches = _placed(buf, lead, segment.match)
+        matches = segment.finditer(buf, start)
     else:
         matches = _led(buf, lead, segment.search)
     for m in matches:
@@ -495,16 +493,6 @@ def _led(buf: bytes, lead: bytes, search):
     while (k := find(lead, floor)) >= 0 and (m := search(buf, k)) is not None:
         yield m
         floor = m.end()
-
-
-def _placed(buf: bytes, positions: list[int], match):
-    """The segments that start at ``positions`` (sorted), each after the one before."""
-    floor = 0
-    for k in positions:
-        if k >= floor:
-            m = match(buf, k)
-            yield m
-            floor = m.end()
 
 
 def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
@@ -599,6 +587,20 @@ def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
     out = [parts[0]]
     pieces = []
     hexbyte = _HEX_BYTE
+    if not want_pieces:
+        for part in parts[1:]:
+            b = hexbyte.get(part[:2])
+            if b is not None:
+                out.append(b)
+                out.append(part[2:])
+            elif part[:1] == b"\n":
+                out.append(part[1:])
+            elif part[:2] == b"\r\n":
+                out.append(part[2:])
+            else:
+                out.append(b"=")
+                out.append(part)
+        return b"".join(out), pieces
     d = len(parts[0])
     r = base + len(parts[0])
     for part in parts[1:]:
@@ -619,7 +621,7 @@ def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
                 out.append(part)
                 d += 1 + len(part)
         r += 1 + len(part)
-    return b"".join(out), pieces if want_pieces else []
+    return b"".join(out), pieces
 
 
 def _qp_decode_all(raws: list[bytes]) -> list[bytes] | None:
@@ -772,26 +774,23 @@ def run_shifts(buf: bytes, s: int) -> list[int]:
 # breaks -- "=" at a line's end joins the next line to it. An encoder escapes "=", bytes over
 # 126 and spaces at a line's end, never a letter; a token's characters escaped, or a token
 # broken over two lines, are what hides one. The evidence, found in the compiled pass
-# (:data:`RUN_TRIGGERS`; :func:`qp_starts` is its reference): an escape of a printable
-# character glued to a run character or another escape after it, or to 12 run characters
-# before it (a token's last character escaped; a form's "per_page=50" has a shorter name),
-# or "=" at a line's end after anything but "=" (base64 padding). A segment is a run of text
-# around it, as a percent one, that goes on over soft breaks.
-_QP_EVIDENCE = re.compile(rb"=(?:[2-7][0-9A-Fa-f](?=[A-Za-z0-9+/_\-=])|(?<=[A-Za-z0-9+/_\-]{12}=)[2-7][0-9A-Fa-f]"
-                          rb"|(?<=[^=]=)\r?\n)")
-_QP_SEGMENT = re.compile(rb"(?:=\r?\n|[^ \t\r\n\"'<>])*")
-
-
-def qp_starts(buf: bytes) -> list[int]:
-    """Where quoted-printable evidence starts in ``buf`` (the "="), found by a regex search:
-    the reference for the compiled pass's QP triggers."""
-    return [m.start() for m in _QP_EVIDENCE.finditer(buf)] if b"=" in buf else []
+# (:data:`RUN_TRIGGERS`): an escape of a printable character glued to a run character or
+# another escape after it, or to 12 run characters before it (a token's last character
+# escaped; a form's "per_page=50" has a shorter name), or "=" at a line's end after anything
+# but "=" (base64 padding). A segment is a run of text around it, as a percent one, that goes
+# on over soft breaks. The compiled pass reports only the first evidence of each kind
+# (Hyperscan's single-match flag: a report is a Python call, and "=41=42=43..." made one per
+# escape, 0.47 us a byte); the segments are found from there by one regex, evidence and the
+# rest of its segment in one match, as JSON's are.
+_QP_SEGMENT = re.compile(rb"=(?:[2-7][0-9A-Fa-f](?=[A-Za-z0-9+/_\-=])|(?<=[A-Za-z0-9+/_\-]{12}=)[2-7][0-9A-Fa-f]"
+                         rb"|(?<=[^=]=)\r?\n)[^ \t\r\n\"'<>=]*(?:=(?:\r?\n)?[^ \t\r\n\"'<>=]*)*")
 
 
 class Triggers(NamedTuple):
     """Where the layers have work, as the compiled pass found it (:data:`RUN_TRIGGERS`, by
     kind): run starts (``run``), hex that may decode (``hex``: where its ASCII pairs start)
-    and quoted-printable evidence (``qp``); unsorted, perhaps repeated."""
+    and quoted-printable evidence (``qp``: the first of each kind); unsorted, perhaps
+    repeated."""
 
     runs: list[int]
     hexes: list[int]
@@ -810,7 +809,7 @@ class Triggers(NamedTuple):
 #     (`/upload/<hex>`, `v1-<hex>`, `req_<HEX>`), or follows "-", "_" or "0x" in any run
 #     (reported where the pairs start; hex_starts is the reference);
 #   * a line of WRAP_MIN+ after a whole line of WRAP_MIN to 19 (base64 wrapped that short);
-#   * quoted-printable evidence (reported at its "="; _QP_EVIDENCE).
+#   * quoted-printable evidence (the first of each kind, reported at its "="; _QP_SEGMENT).
 # A run of digits and +/_- only is left alone: such base64 decodes to a byte over 0xCF in
 # every 3, so never to 3 ASCII bytes in a row.
 # Each is (expression, kind, distance from the match's end back to what it reports; for a
@@ -1124,14 +1123,14 @@ def json_segments(buf: bytes) -> list[Segment]:
     return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all) if b"\\" in buf else []
 
 
-def qp_segments(buf: bytes, positions: list[int] | None = None) -> list[Segment]:
-    """Quoted-printable segments around the evidence at ``positions`` (what the QP triggers
-    reported; by default :func:`qp_starts`)."""
-    if positions is None:
-        positions = qp_starts(buf)
-    if not positions:
+def qp_segments(buf: bytes, first: list[int] | None = None) -> list[Segment]:
+    """Quoted-printable segments, from the first evidence the QP triggers reported
+    (``first``; by default the whole of ``buf`` is searched)."""
+    if first is None:
+        return _escape_segments(buf, None, _QP_SEGMENT, _PCT_MARKS, _qp_decode, _qp_decode_all) if b"=" in buf else []
+    if not first:
         return []
-    return _escape_segments(buf, sorted(set(positions)), _QP_SEGMENT, _PCT_MARKS, _qp_decode, _qp_decode_all)
+    return _escape_segments(buf, None, _QP_SEGMENT, _PCT_MARKS, _qp_decode, _qp_decode_all, min(first))
 
 
 def layer_segments(buf: bytes, found: Triggers | None = None) -> list[Segment]:

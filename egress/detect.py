@@ -676,6 +676,10 @@ def _hs_literal(text: bytes) -> bytes:
     return b"".join(b"\\x%02x" % c for c in text)
 
 
+# Hyperscan's single-match flag (multimatch names SOM and CASELESS, not this one)
+_SINGLE = multimatch.hyperscan.HS_FLAG_SINGLEMATCH
+
+
 @functools.cache
 def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[int]]:
     """The formats' database, with each anchor's back (see _hs_anchor); with ``runs``, also
@@ -692,7 +696,7 @@ def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[i
     run_backs = []
     for expr, kind, back in RUN_TRIGGERS if runs else ():
         exprs.append(expr)
-        flags.append(0)
+        flags.append(_SINGLE if kind == "qp" else 0)  # the first: decode finds the rest
         run_backs.append((kind, back))
     return multimatch.Database(exprs, flags), backs, run_backs
 
