@@ -758,8 +758,6 @@ _ASCII_QUADS = b"(?:" + _ASCII_QUAD + b"){5}"
 # or 3 (at 13 + phase and 17 + phase) ASCII.
 _RUN_AT = re.compile(rb"(?:(?=[A-Za-z0-9+/_\-]{13}[A-Za-z0-9+/_\-]{0,2}" + _ASCII_QUAD + _ASCII_QUAD + rb")())?"
                      rb"[A-Za-z0-9+/_\-]+").match
-
-
 _SHIFTED_AT = [(shift, re.compile(rb"[A-Za-z0-9+/_\-]{%d}(?:[A-Za-z0-9+/_\-]{4}){0,%d}" % (shift, (SHIFT_MAX - shift) // 4)
                                    + _ASCII_QUADS).match) for shift in (1, 2, 3)]
 
