@@ -25,7 +25,7 @@ from bisect import bisect_right
 from itertools import accumulate
 from typing import NamedTuple
 
-__all__ = ["UndecodableBody", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
+__all__ = ["UndecodableBody", "WindowTooLarge", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
            "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "SHIFT_MAX", "RUN_TABLE",
            "RUN_TRIGGERS", "Triggers", "run_starts", "run_start", "run_shifts", "hex_starts", "edge_hexes",
            "run_segments", "qp_segments"]
@@ -40,6 +40,11 @@ KNOWN_CODINGS = ("identity", "gzip", "x-gzip", "deflate", "br", "zstd")
 
 class UndecodableBody(Exception):
     """A body whose content-encoding cannot be read (unknown, corrupt, truncated or too big)."""
+
+
+class WindowTooLarge(UndecodableBody):
+    """A zstd frame that needs a window over ZSTD_MAX_WINDOW: valid zstd all the same, which a
+    lenient client may decode (so a body sniffed as zstd is not "not compressed" for this)."""
 
 
 def decode_content(data: bytes, encoding: str, limit: int = DEFAULT_LIMIT) -> bytes:
@@ -305,8 +310,8 @@ class _Zstd:
             window = 0
         self.close()
         if window > ZSTD_MAX_WINDOW:
-            return UndecodableBody(f"a zstd window of {window >> 20} MiB, over the {ZSTD_MAX_WINDOW >> 20} MiB "
-                                   f"RFC 9659 allows the zstd content coding")
+            return WindowTooLarge(f"a zstd window of {window >> 20} MiB, over the {ZSTD_MAX_WINDOW >> 20} MiB "
+                                  f"RFC 9659 allows the zstd content coding")
         return UndecodableBody(f"corrupt data: {error}")
 
     def finish(self):
