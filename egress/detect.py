@@ -677,7 +677,7 @@ def _hs_literal(text: bytes) -> bytes:
 
 
 # Hyperscan's single-match flag (multimatch names SOM and CASELESS, not this one)
-_SINGLE = multimatch.hyperscan.HS_FLAG_SINGLEMATCH
+_SINGLE = multimatch.SINGLE
 
 
 @functools.cache

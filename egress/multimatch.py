@@ -23,6 +23,7 @@ import hyperscan
 
 SOM = hyperscan.HS_FLAG_SOM_LEFTMOST
 CASELESS = hyperscan.HS_FLAG_CASELESS
+SINGLE = hyperscan.HS_FLAG_SINGLEMATCH  # report an expression's first match only
 
 
 def _collect(id_: int, start: int, end: int, flags: int, out: list) -> None:

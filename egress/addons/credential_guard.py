@@ -64,7 +64,7 @@ from mitmproxy import http
 
 from .. import mitm, refusal
 from ..credentials import Credentials, StoredSecret
-from ..decode import KNOWN_CODINGS, ContentDecoder, UndecodableBody, codings
+from ..decode import KNOWN_CODINGS, ContentDecoder, UndecodableBody, WindowTooLarge, codings
 from ..detect import Detector, Finding
 from ..engine import Engine
 from ..failclosed import fail_closed
@@ -1344,9 +1344,9 @@ class _Sniffed:
 
     def _stopped(self, error: UndecodableBody) -> list[Finding]:
         """Decoding failed. Before any output: it was not compressed, the plain reading is
-        enough. After some: what decoded may not all have been scanned yet (the scanner works
+        enough (not so for a zstd window over the limit: valid zstd, which a lenient client decodes). After some: what decoded may not all have been scanned yet (the scanner works
         in batches), and a client can decode it all the same: raised, the response cut off."""
-        if self.scan.decoder.size == 0:
+        if self.scan.decoder.size == 0 and not isinstance(error, WindowTooLarge):
             self.scan = self._DONE
             return []
         raise UndecodableBody(f"it starts like {self.coding} and does not decode: {error}")

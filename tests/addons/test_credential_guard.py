@@ -731,6 +731,22 @@ def test_an_unlabelled_stream_that_decodes_then_breaks_is_cut_off():
     assert out == b""
 
 
+def test_an_unlabelled_zstd_body_with_a_window_over_the_limit_is_cut_off():
+    # Valid zstd that egress will not decode (its window is over RFC 9659's 8 MiB), but a lenient
+    # client may: it is not "not compressed", so the plain reading is not enough.
+    import zstandard
+
+    setup = Setup()
+    params = zstandard.ZstdCompressionParameters(window_log=26, compression_level=3, write_content_size=False)
+    writer = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    body = writer.compress(ECHO + b"\0" * (60 * 2**20)) + writer.flush()
+    flow = plain_flow(setup, response({"Content-Length": str(len(body))}))
+    out = response_stream(flow, [body])
+    assert len(setup.blocks()) == 1 and "it starts like zstd and does not decode: a zstd window of 64 MiB" \
+        in setup.blocks()[0][2]
+    assert out == b""
+
+
 def test_text_that_only_looks_compressed_passes_whole():
     setup = Setup()
     body = b"x^ not zlib at all, " + PAD
