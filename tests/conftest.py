@@ -212,13 +212,16 @@ def host_dir():
 # ------------------------------------------------------------------ raw echo upstream
 
 
-class EchoServer:
-    """A raw TCP server on 127.0.0.1:0 (or ``host``) that echoes what it reads, each connection in a thread."""
+class RawServer:
+    """A raw TCP server on 127.0.0.1:0 (or ``host``): each connection (TLS first with
+    ``ssl_context``) given to ``handle(conn)`` in a thread of its own; an OSError there ends it."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", ssl_context=None):
+        self.ssl_context = ssl_context
         self.sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self.sock.getsockname()[1]
         self.accepted = 0
+        self.stopped = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
@@ -228,19 +231,31 @@ class EchoServer:
             except OSError:
                 return
             self.accepted += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
-    @staticmethod
-    def _echo(conn):
+    def _one(self, conn):
         with conn:
             try:
-                while data := conn.recv(65536):
-                    conn.sendall(data)
+                if self.ssl_context is not None:
+                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
+                self.handle(conn)
             except OSError:
                 pass
 
+    def handle(self, conn) -> None:
+        raise NotImplementedError
+
     def close(self):
+        self.stopped.set()
         self.sock.close()
+
+
+class EchoServer(RawServer):
+    """A raw TCP server that echoes what it reads."""
+
+    def handle(self, conn):
+        while data := conn.recv(65536):
+            conn.sendall(data)
 
 
 # ------------------------------------------------------------------ upstreams

@@ -325,51 +325,35 @@ def test_an_idle_passthrough_tunnel_is_closed_after_the_idle_timeout(proxy_facto
 # ------------------------------------------- what a client or an upstream holds (issue 26)
 
 
-class HostileUpstream:
-    """A raw TCP server on 127.0.0.1:0 that reads a request (head, and a body of a Content-Length)
-    and then does ``behave(upstream, conn)``, each connection in a thread (``ssl_context``: TLS first)."""
+class HostileUpstream(conftest.RawServer):
+    """An upstream that reads a request (head, and a body of a Content-Length) and then does
+    ``behave(upstream, conn)`` (``ssl_context``: TLS first)."""
 
     def __init__(self, behave, ssl_context=None):
-        self.behave, self.ssl_context = behave, ssl_context
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
+        self.behave = behave
         self.release = threading.Event()
         self.sent = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(ssl_context=ssl_context)
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
+    def handle(self, conn):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = conn.recv(65536)
+            if not more:
                 return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn):
-        with conn:
-            try:
-                if self.ssl_context is not None:
-                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        return
-                    data += more
-                head, body = data.split(b"\r\n\r\n", 1)
-                length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.I)
-                while length is not None and len(body) < int(length.group(1)):
-                    more = conn.recv(1 << 20)
-                    if not more:
-                        return
-                    body += more
-                self.behave(self, conn)
-            except OSError:
-                pass
+            data += more
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = re.search(rb"\r\ncontent-length: *(\d+)", head, re.I)
+        while length is not None and len(body) < int(length.group(1)):
+            more = conn.recv(1 << 20)
+            if not more:
+                return
+            body += more
+        self.behave(self, conn)
 
     def close(self):
         self.release.set()
-        self.sock.close()
+        super().close()
 
 
 def _rss_kib(pid: int) -> int:
@@ -564,52 +548,27 @@ def test_bytes_pipelined_behind_a_waiting_request_are_bounded(proxy, http_upstre
     assert [r["path"] for r in http_upstream.requests] == ["/small", "/hang"]  # none of the flood
 
 
-class EarlyAnswer:
-    """A keep-alive upstream on 127.0.0.1:0 that answers each request as soon as its head is in,
-    before reading its body (as nginx's ``return 200`` does), then reads the body."""
+class EarlyAnswer(conftest.RawServer):
+    """A keep-alive upstream that answers each request as soon as its head is in, before reading
+    its body (as nginx's ``return 200`` does), then reads the body."""
 
-    def __init__(self, ssl_context=None):
-        self.ssl_context = ssl_context
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.answered = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
+    def handle(self, conn):
+        data = b""
         while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn):
-        with conn:
-            try:
-                if self.ssl_context is not None:
-                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
-                data = b""
-                while True:
-                    while b"\r\n\r\n" not in data:
-                        more = conn.recv(65536)
-                        if not more:
-                            return
-                        data += more
-                    head, data = data.split(b"\r\n\r\n", 1)
-                    length = int(re.search(rb"\r\ncontent-length: *(\d+)", head, re.I).group(1))
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                    self.answered += 1
-                    while len(data) < length:
-                        more = conn.recv(1 << 20)
-                        if not more:
-                            return
-                        data += more
-                    data = data[length:]
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    return
+                data += more
+            head, data = data.split(b"\r\n\r\n", 1)
+            length = int(re.search(rb"\r\ncontent-length: *(\d+)", head, re.I).group(1))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+            while len(data) < length:
+                more = conn.recv(1 << 20)
+                if not more:
+                    return
+                data += more
+            data = data[length:]
 
 
 @pytest.mark.parametrize("scheme", ["http", "https"])
@@ -624,7 +583,7 @@ def test_a_keep_alive_client_uploading_right_after_its_answer_is_not_refused(pro
 
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         test_ca.issue_cert("allowed.test").configure_cert(context)
-    upstream = EarlyAnswer(context)
+    upstream = EarlyAnswer(ssl_context=context)
     session = proxied_session(proxy)
     body = b"u" * (2 * 1024 * 1024)
     try:

@@ -21,6 +21,7 @@ import weakref
 
 import pytest
 
+from conftest import RawServer
 from egress import settings
 from egress.addons import credential_guard
 from egress.credentials import Credentials
@@ -154,36 +155,19 @@ def test_a_client_flooding_gzip_bombs_is_held_to_its_budget_while_others_are_ser
 # ------------------------------------------------------------ P9: nothing of a body outlives it
 
 
-class Sink:
-    """An upstream on 127.0.0.1:0 that reads what it is sent and never answers."""
+class Sink(RawServer):
+    """An upstream that reads what it is sent and never answers."""
 
     def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         self.received = b""
         self.heard = threading.Event()  # a request head has come
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn):
-        with conn:
-            try:
-                while data := conn.recv(65536):
-                    self.received += data
-                    if b"\r\n\r\n" in self.received:
-                        self.heard.set()
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
+    def handle(self, conn):
+        while data := conn.recv(65536):
+            self.received += data
+            if b"\r\n\r\n" in self.received:
+                self.heard.set()
 
 
 @pytest.mark.parametrize("ending", ["client-gone", "refused"])

@@ -18,8 +18,8 @@ import sys
 
 import pytest
 
-from conftest import (DEFAULT_POLICY, TEST_NAMES, _start_upstream, clean_env, egress_command, proxied_session,
-                      run_curl)
+from conftest import (DEFAULT_POLICY, TEST_NAMES, RawServer, _start_upstream, clean_env, egress_command,
+                      proxied_session, run_curl)
 from egress.contract import EXIT_LAUNCHER, EXIT_STATE
 from test_dns import DnsServer
 from test_run import egress_run
@@ -267,42 +267,16 @@ def test_serve_logs_and_counts_upstream_failures(proxy_factory, failures, http_u
         assert f'egress_upstream_errors_total{{domain="{domain}",reason="{reason}"}} {count}.0' in metrics
 
 
-class TricklingTlsServer:
-    """A TCP server on 127.0.0.1:0 that reads a ClientHello, then answers a byte every 0.3 s (a
-    handshake record header, then zeros) until the connection closes: a ServerHello that never ends."""
+class TricklingTlsServer(RawServer):
+    """A server that reads a ClientHello, then answers a byte every 0.3 s (a handshake record
+    header, then zeros) until the connection closes: a ServerHello that never ends."""
 
-    def __init__(self):
-        import threading
-
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.stopped = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        import threading
-
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
+    def handle(self, conn):
+        conn.recv(65536)
+        for byte in b"\x16\x03\x03\x40\x00\x02" + bytes(16000):
+            if self.stopped.wait(0.3):
                 return
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn):
-        with conn:
-            try:
-                conn.recv(65536)
-                for byte in b"\x16\x03\x03\x40\x00\x02" + bytes(16000):
-                    if self.stopped.wait(0.3):
-                        return
-                    conn.sendall(bytes([byte]))
-            except OSError:
-                pass
-
-    def close(self):
-        self.stopped.set()
-        self.sock.close()
+            conn.sendall(bytes([byte]))
 
 
 def test_an_upstream_trickling_its_tls_handshake_is_cut_by_the_upstream_timeout(proxy_factory):
