@@ -104,7 +104,7 @@ class Finding(NamedTuple):
 KINDS: dict[str, str] = {
     "github-token": "GitHub: classic PAT ghp_, OAuth gho_, app ghu_/ghs_, refresh ghr_, fine-grained github_pat_",
     "gitlab-token": "GitLab: glpat-, gldt-, glrt-, glft-, glcbt-, glptt-, gloas-, glagent-, glimt-, glsoat-",
-    "aws-access-key-id": "AWS: access key id AKIA/ASIA/ABIA/ACCA (names the secret key it pairs with)",
+    "aws-access-key-id": "AWS: access key id AKIA/ASIA/ABIA/ACCA + 16 base32 characters (names the secret key it pairs with)",
     "aws-secret-access-key": "AWS: 40-character secret key beside its key id or under an AWS secret name",
     "aws-bedrock-key": "AWS: Bedrock long-lived API key ABSK",
     "slack-token": "Slack: xoxb-/xoxp-/xoxa-/xoxr-/xoxs-/xoxo-/xoxc- tokens, xoxe refresh tokens, xapp- app tokens",
@@ -376,7 +376,7 @@ _TABLE = [
                       "glsoat-", "glrtr-"],
      _tok(r"gl(?:pat|dt|rt|rtr|ft|cbt|ptt|oas|agent|imt|soat)-[A-Za-z0-9_-]{20,300}(?:\.[0-9a-z]{9})?", _B64U),
      (0,), 0, lambda m: _plausible(m.group(0).split(b"-", 1)[1], True)),
-    ("aws-access-key-id", ["AKIA", "ASIA", "ABIA", "ACCA"], _tok(r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}", _B62),
+    ("aws-access-key-id", ["AKIA", "ASIA", "ABIA", "ACCA"], _tok(r"A(?:KIA|SIA|BIA|CCA)[A-Z2-7]{16}", _B62),
      (0,), 0, lambda m: m.group(0) not in _KNOWN_EXAMPLES and _plausible(m.group(0)[4:])),
     ("aws-secret-access-key", list(_AWS_KEYWORDS),
      re.compile(b"(?:" + "|".join(_AWS_KEYWORDS).encode() + b")" + _SEPARATOR + _AWS_VALUE), (0,), "v",

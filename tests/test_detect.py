@@ -33,6 +33,7 @@ B64U = B62 + "_-"
 B64 = B62 + "+/"
 HEX = "0123456789abcdef"
 UPPER_DIGITS = string.ascii_uppercase + string.digits
+BASE32 = string.ascii_uppercase + "234567"  # AWS writes key ids in it
 DET = Detector()
 
 
@@ -299,7 +300,7 @@ def test_placements_beyond_the_table():
     blob = base64.encodebytes(R.randbytes(40) + b" " + token.encode() + b" " + R.randbytes(200))
     assert_found(b"Content-Transfer-Encoding: base64\r\n\r\n" + blob.replace(b"\n", b"\r\n"), "github-token")
     # AWS secret key beside its id, and the pair in a credentials CSV
-    akia = "AKIA" + rnd(16, UPPER_DIGITS)
+    akia = "AKIA" + rnd(16, BASE32)
     secret = "Zz9/" + rnd(36, B64)
     found = DET.scan(f"User,{akia},{secret}\n".encode())
     assert kinds(found) == ["aws-access-key-id", "aws-secret-access-key"]
@@ -661,7 +662,7 @@ def test_stream_redactor_equals_one_shot(seed):
 
 
 def test_stream_scanner_holds_back_a_token_until_it_is_reported():
-    akia = "AKIA" + rnd(16, UPPER_DIGITS)
+    akia = "AKIA" + rnd(16, BASE32)
     pad = rnd(DET.overlap, string.ascii_lowercase + " ").encode()
     scanner = DET.stream()
     assert scanner.feed(pad + b" id: " + akia[:10].encode()) == []
@@ -677,7 +678,7 @@ def test_stream_scanner_waits_for_a_token_that_may_grow():
     # AKIA + 16 at the end of a scan is no token if the next chunk continues the run
     pad = rnd(DET.overlap + 100, string.ascii_lowercase + " ").encode()
     scanner = DET.stream()
-    assert scanner.feed(pad + b" AKIA" + rnd(16, UPPER_DIGITS).encode()) == []
+    assert scanner.feed(pad + b" AKIA" + rnd(16, BASE32).encode()) == []
     assert scanner.feed(b"MORE" + b" " * DET.overlap) == [] and scanner.finish() == []
 
 
@@ -685,7 +686,7 @@ def test_stream_scanner_window_start_is_not_a_boundary():
     # "zzz…AKIA…" is no token (part of a longer run); when the carried window starts
     # right at "AKIA", it must not become one.
     overlap = DET.overlap
-    chunk = b"z" * 1000 + b"AKIA" + rnd(16, UPPER_DIGITS).encode() + b" " + b"y" * (overlap - 21)
+    chunk = b"z" * 1000 + b"AKIA" + rnd(16, BASE32).encode() + b" " + b"y" * (overlap - 21)
     scanner = DET.stream()
     assert scanner.feed(chunk) + scanner.feed(b"\n") + scanner.finish() == []
 
@@ -1632,3 +1633,12 @@ def test_a_wrapped_text_ends_where_its_line_break_changes():
         at = data.index(other.encode(), 100 * 18 - 10)
         texts = {seg[2][1:3] for seg in run_segments(data) if seg[1] is _wrapped_span}
         assert len(texts) == 2 and all(end <= at or start > at for start, end in texts), (other, texts)
+
+
+def test_an_aws_key_id_is_base32_so_upper_case_words_with_0_1_8_9_are_not_one():
+    # AWS key ids are base32 after their prefix (as gitleaks' rule reads them); an upper-case
+    # name such as a host label ACCADEMIA2024FIRENZE was read as an ACCA key id.
+    assert DET.scan(b"ACCADEMIA2024FIRENZE.example.it") == []
+    assert DET.scan(b"host ACCADEMIA2024FIRENZE") == []
+    key = "ACCA" + rnd(16, BASE32)
+    assert kinds(DET.scan(f"host {key}".encode())) == ["aws-access-key-id"]
