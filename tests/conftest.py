@@ -234,13 +234,14 @@ class RawServer:
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn):
-        with conn:
-            try:
-                if self.ssl_context is not None:
-                    conn = self.ssl_context.wrap_socket(conn, server_side=True)
-                self.handle(conn)
-            except OSError:
-                pass
+        try:
+            if self.ssl_context is not None:
+                conn = self.ssl_context.wrap_socket(conn, server_side=True)
+            self.handle(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()  # the TLS socket when there is one: the plain one was handed to it
 
     def handle(self, conn) -> None:
         raise NotImplementedError

@@ -16,17 +16,15 @@ import base64
 import gzip
 import json
 import os
-import socket
 import ssl
 import struct
 import subprocess
 import sys
-import threading
 import zlib
 
 import pytest
 
-from conftest import TEST_NAMES, clean_env, egress_command
+from conftest import TEST_NAMES, RawServer, clean_env, egress_command
 from test_credentials import GITHUB
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
@@ -43,7 +41,7 @@ def gzip_with_comment(comment: bytes, content: bytes = b"x=1") -> bytes:
     return head + body + struct.pack("<II", zlib.crc32(content), len(content))
 
 
-class KeepingHost:
+class KeepingHost(RawServer):
     """A bound host that keeps what it is sent and gives it back: TLS on 127.0.0.1:0 for
     allowed.test and other.test, one request a connection.
 
@@ -56,48 +54,34 @@ class KeepingHost:
     """
 
     def __init__(self, test_ca):
-        cert = test_ca.issue_cert("allowed.test", "other.test")
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        cert.configure_cert(self.context)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        test_ca.issue_cert("allowed.test", "other.test").configure_cert(context)
         self.kept = b"nothing kept"
         self.received = b""  # every byte of every request
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(ssl_context=context)
 
     def url(self, host: str, path: str) -> str:
         return f"https://{host}:{self.port}{path}"
 
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
-
-    def _talk(self, conn):
+    def handle(self, tls):
         try:
-            with self.context.wrap_socket(conn, server_side=True) as tls:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = tls.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, body = data.partition(b"\r\n\r\n")
-                lines = head.split(b"\r\n")
-                length = next((int(l.split(b":", 1)[1]) for l in lines if l.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:
-                    chunk = tls.recv(65536)
-                    if not chunk:
-                        break
-                    body += chunk
-                self.received += head + b"\r\n\r\n" + body
-                tls.sendall(self._answer(lines, head + b"\r\n\r\n" + body))
-        except (OSError, ssl.SSLError, ValueError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            length = next((int(l.split(b":", 1)[1]) for l in lines if l.lower().startswith(b"content-length:")), 0)
+            while len(body) < length:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
+            self.received += head + b"\r\n\r\n" + body
+            tls.sendall(self._answer(lines, head + b"\r\n\r\n" + body))
+        except ValueError:  # a request this host cannot read
             return
 
     def _answer(self, lines: list[bytes], request: bytes) -> bytes:

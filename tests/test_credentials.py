@@ -19,7 +19,7 @@ import zlib
 
 import pytest
 
-from conftest import DEFAULT_POLICY, TEST_NAMES, clean_env, egress_command, proxied_session, run_curl
+from conftest import DEFAULT_POLICY, TEST_NAMES, RawServer, clean_env, egress_command, proxied_session, run_curl
 
 _RANDOM = random.Random(20261202)
 
@@ -260,53 +260,32 @@ def test_basic_auth_decoding_is_real(guarded, https_upstream):
 
 import socket
 import ssl
-import threading
 
 
-class RawUpstream:
+class RawUpstream(RawServer):
     """A TLS server on 127.0.0.1 that records every byte it receives and answers as told
     (``answer``: bytes, or made from the bytes received so far once the request head is
     complete -- None to wait for more)."""
 
     def __init__(self, test_ca, answer: bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"):
-        cert = test_ca.issue_cert("allowed.test", "other.test")
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        cert.configure_cert(self.context)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        test_ca.issue_cert("allowed.test", "other.test").configure_cert(context)
         self.answer = answer
         self.received = b""
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(ssl_context=context)
 
-    def _serve(self):
+    def handle(self, tls):
+        answered = False
         while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
+            data = tls.recv(65536)
+            if not data:
                 return
-            threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
-
-    def _talk(self, conn):
-        try:
-            with self.context.wrap_socket(conn, server_side=True) as tls:
-                answered = False
-                while True:
-                    data = tls.recv(65536)
-                    if not data:
-                        return
-                    self.received += data
-                    if not answered and b"\r\n\r\n" in self.received:
-                        reply = self.answer(self.received) if callable(self.answer) else self.answer
-                        if reply is not None:  # None: not yet (the body is still coming)
-                            tls.sendall(reply)
-                            answered = True
-        except OSError:
-            return
-
-    def close(self):
-        self.sock.close()
+            self.received += data
+            if not answered and b"\r\n\r\n" in self.received:
+                reply = self.answer(self.received) if callable(self.answer) else self.answer
+                if reply is not None:  # None: not yet (the body is still coming)
+                    tls.sendall(reply)
+                    answered = True
 
 
 def tunnel(proxy, port: int, host: str = "allowed.test"):
