@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warm_bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ("egress.entry,sandbox.launcher,sandbox.providers,egress.snapshot,egress.state,egress.wiring,"
-           "egress.trust,sandbox.spec,sandbox.paths,sandbox.linux,egress.warm,egress.control,egress.session,egress.ask")
+MODULES = ("egress.entry,egress.run.launcher,sandbox.providers,egress.run.snapshot,egress.proxy.ca,egress.proxy.build,"
+           "egress.proxy.trust,sandbox.spec,sandbox.paths,sandbox.linux,egress.run.warm.client,egress.host.control,egress.run.session,egress.run.ask")
 
 WRAPPER = r'''
 import os, sys, time
@@ -59,8 +59,8 @@ def timed(owner, attr, label, child=False):
                 phases.append((label, t - T_FIRST, took))
     setattr(owner, attr, wrapper)
 
-L, E, W, K, S, X = (m[n] for n in ("sandbox.launcher", "sandbox.environment", "egress.wiring", "egress.control",
-                                   "egress.session", "sandbox.linux"))
+L, E, W, K, S, X = (m[n] for n in ("egress.run.launcher", "sandbox.environment", "egress.proxy.build", "egress.host.control",
+                                   "egress.run.session", "sandbox.linux"))
 for name in ("_private_folder", "protect_own_code", "seal_policy", "offer_warm", "_asker", "_write_files",
              "_remove_tree"):
     timed(L, name, name)

@@ -157,8 +157,9 @@ def measure(path: Path, n: int, count: int) -> dict:
     """Child process: load_policy end to end, memory, decisions, first locations."""
     import gc
 
-    from egress.hosts import parse_host
-    from egress.policy import is_public_suffix, load_policy
+    from egress.core.hosts import parse_host
+    from egress.core.public_suffix import is_public_suffix
+    from egress.policy.loader import load_policy
 
     is_public_suffix("warm.up")
     rss_base = rss_kb()

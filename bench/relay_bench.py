@@ -1,4 +1,4 @@
-"""What relaying one event costs under `egress serve --workers N` (egress/workers.py).
+"""What relaying one event costs under `egress serve --workers N` (egress/serve/workers.py).
 
 Run:  .venv/bin/python bench/relay_bench.py [--events 200000] [--rounds 5]
 
@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from egress.control import RunState  # noqa: E402
-from egress.events import Event  # noqa: E402
-from egress.workers import EventForwarder, Relay  # noqa: E402
+from egress.host.control import RunState  # noqa: E402
+from egress.observe.events import Event  # noqa: E402
+from egress.serve.workers import EventForwarder, Relay  # noqa: E402
 
 
 def sample_event(worker: int) -> Event:

@@ -79,14 +79,14 @@ import sys, time
 T_FIRST = time.monotonic()
 spawned, out = float(sys.argv[1]), sys.argv[2]
 imports, phases, missing = {}, {}, []
-for name in ("egress.cli", "sandbox.launcher", "sandbox.linux", "egress.state", "egress.control",
-             "egress.session", "egress.ask"):
+for name in ("egress.cli", "egress.run.launcher", "sandbox.linux", "egress.proxy.ca", "egress.host.control",
+             "egress.run.session", "egress.run.ask"):
     t = time.monotonic()
     __import__(name)
     imports[name] = time.monotonic() - t
 import json, os, shutil, tempfile
-import egress.cli as C, egress.control as K, egress.session as P, egress.state as S, egress.wiring as W
-import sandbox.environment as E, sandbox.launcher as L, sandbox.linux as X
+import egress.cli as C, egress.host.control as K, egress.run.session as P, egress.proxy.ca as S, egress.proxy.build as W
+import sandbox.environment as E, egress.run.launcher as L, sandbox.linux as X
 
 def timed(owner, attr, label):
     fn = getattr(owner, attr, None)
@@ -132,7 +132,7 @@ class _ExitRaises(type(os)):
         raise SystemExit(status)
 
 C.os = _ExitRaises("os")
-L.os = _ExitRaises("os")  # where `egress run` now ends (sandbox.launcher.main)
+L.os = _ExitRaises("os")  # where `egress run` now ends (egress.run.launcher.main)
 t = time.monotonic()
 code = 0
 try:
@@ -150,12 +150,12 @@ os._exit(code)  # as egress run does
 """
 
 
-# What-ifs, measured without changing egress: flags "noclick" (sandbox.launcher.run called
+# What-ifs, measured without changing egress: flags "noclick" (egress.run.launcher.run called
 # directly, as a hand-parsed fast path for `run` would), "lean" (with noclick only: the stdlib
 # modules the launcher path imports for convenience are replaced, before it is imported, by the
 # cheap code it would use instead: a plain class for the RunOptions dataclass, os.urandom for
 # uuid4, os.mkdir for tempfile.mkdtemp, an os.scandir walk for shutil.rmtree; hashlib
-# (egress.state, used only for --upstream-ca) and typing (egress.session, annotations only)
+# (egress.proxy.ca, used only for --upstream-ca) and typing (egress.run.session, annotations only)
 # imported when first used. Anything else asked of them loads the real module.) Every variant
 # ends with os._exit(status), as egress run itself does. The earlier what-ifs "os._exit once the
 # launcher is done" and "default policy built only when the proxy starts" are in the code now.
@@ -241,8 +241,8 @@ if "lean" in flags:
     substitute("typing", Callable=object)
 if "noclick" in flags:  # `-- COMMAND...` only: no egress options
     from pathlib import Path
-    from egress.wiring import ProxyConfig
-    from sandbox.launcher import LaunchError, RunOptions, run
+    from egress.proxy.build import ProxyConfig
+    from egress.run.launcher import LaunchError, RunOptions, run
     state = os.environ.get("EGRESS_STATE_DIR")
     try:
         code = run(RunOptions(argv=argv[argv.index("--") + 1:],
@@ -779,9 +779,9 @@ def main() -> int:
         names = sorted({n for s in selfs_all for n in s}, key=lambda n: -med_of(selfs_all, n))
         print("    biggest self times (ms): " + ", ".join(f"{n} {med_of(selfs_all, n) / 1000:.1f}" for n in names[:12]))
         notable = ["__editable___egress_0_1_0_finder", "click", "click.core", "click.types", "inspect", "typing",
-                   "egress.policy", "tomllib", "difflib", "importlib.resources", "sandbox.launcher", "dataclasses",
-                   "tempfile", "shutil", "uuid", "sandbox.linux", "socket", "ctypes", "egress.state", "hashlib",
-                   "egress.session", "json"]
+                   "egress.policy", "tomllib", "difflib", "importlib.resources", "egress.run.launcher", "dataclasses",
+                   "tempfile", "shutil", "uuid", "sandbox.linux", "socket", "ctypes", "egress.proxy.ca", "hashlib",
+                   "egress.run.session", "json"]
         print("    selected (cumulative ms, nested included): " + ", ".join(
             f"{n} {med_of(cumuls, n) / 1000:.1f}" for n in notable if any(n in c for c in cumuls)))
         if notes:

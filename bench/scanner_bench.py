@@ -50,8 +50,8 @@ import urllib.parse
 
 sys.path.insert(0, os.environ.get("EGRESS_BENCH_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from egress import detect  # noqa: E402
-from egress.detect import Detector  # noqa: E402
+from egress.scan import detect  # noqa: E402
+from egress.scan.detect import Detector  # noqa: E402
 
 WORDS = ("the of and to in is you that it was for on are as with they at be this have from or one had by word but "
          "not what all were we when your can said there use an each which she do how their if will up other about "
@@ -263,7 +263,7 @@ def wedge_cases(one_byte: int) -> list[tuple[str, int, float, str]]:
     detector that is imported (this tree, or --wedge-base's revision in a subprocess)."""
     import gzip
 
-    from egress.detect import decode_content
+    from egress.scan.detect import decode_content
 
     det = Detector()
     rows = []
@@ -298,7 +298,7 @@ def guard_cases() -> list[tuple[str, int, float, str]]:
     """The same gzip bodies through the credential guard's one body scanner, with its budget."""
     import gzip
 
-    from egress.addons import credential_guard as cg
+    from egress.proxy.addons import credential_guard as cg
 
     rows = []
     for name, text, size in (("PEM headers", b"-----BEGIN RSA PRIVATE KEY-----\n", 30_000),
@@ -365,7 +365,7 @@ def wedge_main(args) -> None:
 
 
 def load_base(rev: str, tmp: str):
-    """egress/detect.py and decode.py (and multimatch.py, where it is) at ``rev``, imported as
+    """egress/scan/detect.py and decode.py (and multimatch.py, where it is) at ``rev``, imported as
     the package egress_base."""
     import importlib
     import subprocess
@@ -375,7 +375,7 @@ def load_base(rev: str, tmp: str):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     present = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", rev, "egress/"], capture_output=True,
                              text=True, check=True, timeout=60).stdout.split()
-    files = [f for f in ("egress/detect.py", "egress/decode.py", "egress/multimatch.py") if f in present]
+    files = [f for f in ("egress/scan/detect.py", "egress/scan/decode.py", "egress/scan/multimatch.py") if f in present]
     blob = subprocess.run(["git", "-C", repo, "archive", rev, *files], capture_output=True, check=True,
                           timeout=60).stdout
     target = os.path.join(tmp, "egress_base")
@@ -401,12 +401,12 @@ def side_by_side(args, sets, repeat: int, secrets) -> None:
     import inspect
     import tempfile
 
-    from egress.addons.credential_guard import SCAN_BATCH
+    from egress.proxy.addons.credential_guard import SCAN_BATCH
 
     with tempfile.TemporaryDirectory(prefix="scanner-base-") as tmp:
         base, commit = load_base(args.base, tmp)
         batched = "batch" in inspect.signature(base.Detector.stream).parameters
-        print(f"\n# side by side, CPU seconds, best of {repeat}: base = egress/detect.py at {args.base} ({commit}), "
+        print(f"\n# side by side, CPU seconds, best of {repeat}: base = egress/scan/detect.py at {args.base} ({commit}), "
               f"this = the working tree; body = 64 KiB chunks, batch {SCAN_BATCH // 1024} KiB"
               f"{'' if batched else ' (base: no batch, its stream)'}")
         head = ("data set", "base scan MB/s", "scan MB/s", "x", "base stream", "stream", "x", "base body", "body",
@@ -443,7 +443,7 @@ def parts_main(args) -> None:
     per MiB, best of N): the compiled pass with and without the run triggers, each layer's
     segment finding and decoding, and the whole scan. What an upload through the proxy pays
     per MiB is about the whole scan (bench/README.md, "Uploads: where the gap is")."""
-    from egress import decode
+    from egress.scan import decode
     size = int((1 if args.quick else args.size) * 2**20)
     repeat = 2 if args.quick else args.repeat
     data = build(size, clean_piece, 1)
@@ -480,7 +480,7 @@ def main() -> None:
     ap.add_argument("--wedge-base", metavar="REV", help="with --wedge: also measure egress at this git revision")
     ap.add_argument("--one-byte", type=int, default=34_000, help="with --wedge: bytes fed one at a time")
     ap.add_argument("--wedge-json", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--base", metavar="REV", help="also scan with egress/detect.py at this git revision, side by side")
+    ap.add_argument("--base", metavar="REV", help="also scan with egress/scan/detect.py at this git revision, side by side")
     ap.add_argument("--parts", action="store_true", help="where a clean scan's time goes, step by step, in ms per MiB")
     args = ap.parse_args()
     if args.wedge:

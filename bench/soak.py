@@ -28,7 +28,7 @@ egress's RSS is sampled every second. Before it, a 2 s warm-up with the same loa
 
 ``--front on,off`` runs all of it once per setting, one after the other, each in a serve of its
 own (``off``: ``EGRESS_PASSTHROUGH_FRONT=off``, every connection on mitmproxy's path as before
-egress/front.py), and prints each one's figures and then the front's against mitmproxy's.
+egress/proxy/fastpath.py), and prints each one's figures and then the front's against mitmproxy's.
 
 Errors anywhere (a tunnel that did not open or echo, a non-2xx, a socket error, a connection
 egress limited, egress leaving the gauge above 0) make the exit status 1.

@@ -1,6 +1,6 @@
 """The `egress` command line.
 
-Exit statuses and network modes are egress.contract's (documented in the README).
+Exit statuses and network modes are egress.core.contract's (documented in the README).
 """
 
 from __future__ import annotations
@@ -14,10 +14,18 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .contract import (EXIT_OK, EXIT_POLICY, EXIT_REFUSED, EXIT_STATE, EXIT_USAGE, NETWORK_MODES, PROXY_MODE_ENV,
-                       PROXY_MODES)
-from .wiring import DEFAULT_LIMITS  # the limits addon's options and their defaults
+from egress import __version__
+from egress.core.contract import (
+    EXIT_OK,
+    EXIT_POLICY,
+    EXIT_REFUSED,
+    EXIT_STATE,
+    EXIT_USAGE,
+    NETWORK_MODES,
+    PROXY_MODE_ENV,
+    PROXY_MODES,
+)
+from egress.proxy.build import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
 
@@ -36,10 +44,10 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    """The policy, its credential settings checked beside it (egress.settings); for commands
+    """The policy, its credential settings checked beside it (egress.policy.settings); for commands
     that read no secret (check)."""
-    from . import settings
-    from .policy import PolicyError
+    from egress.policy import settings
+    from egress.policy.loader import PolicyError
 
     try:
         return settings.load(list(sources) or [DEFAULT_POLICY]).policy
@@ -49,9 +57,9 @@ def _load_policy(sources: tuple[str, ...]):
 
 def _load_for_proxy(sources: tuple[str, ...]):
     """(policy, credentials) with every check `serve` makes before it starts (the one load path
-    of serve, redact and `policy validate`: egress.settings.load_for_proxy)."""
-    from . import settings
-    from .policy import PolicyError
+    of serve, redact and `policy validate`: egress.policy.settings.load_for_proxy)."""
+    from egress.policy import settings
+    from egress.policy.loader import PolicyError
 
     try:
         return settings.load_for_proxy(list(sources) or [DEFAULT_POLICY], dict(os.environ))
@@ -70,7 +78,7 @@ def _parse_address(text: str, option: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
-    from .hosts import InvalidHost, parse_port
+    from egress.core.hosts import InvalidHost, parse_port
 
     host = host.strip("[]") or "127.0.0.1"
     try:
@@ -132,8 +140,8 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
         policy = _load_policy(policies)
     except Fatal as e:
         _fail(e)
-    from .addresses import known_addresses
-    from .policy import Decision
+    from egress.core.addresses import known_addresses
+    from egress.policy.matcher import Decision
 
     refused = False
     for target, host, target_port in parsed:
@@ -159,7 +167,7 @@ def check(policies: tuple[str, ...], as_json: bool, port: int | None, targets: t
 def _parse_target(target: str):
     """``host``, ``host:port``, ``[v6]:port`` or a URL -> (Host, port or None). Raises ValueError
     (InvalidHost is one) saying what is wrong."""
-    from .hosts import parse_host, split_host_port
+    from egress.core.hosts import parse_host, split_host_port
 
     if "://" in target:
         try:
@@ -196,8 +204,8 @@ def validate(files: tuple[str, ...]) -> None:
     they name. Warnings (file:line: warning: ...) name what loads but may open more
     than meant.
     """
-    from . import settings
-    from .policy import PolicyError
+    from egress.policy import settings
+    from egress.policy.loader import PolicyError
 
     failed = False
     for file in files:
@@ -227,7 +235,7 @@ def ca() -> None:
               help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
 def ca_path(state_dir: Path | None) -> None:
     """Print the CA certificate's path (creating the CA if needed)."""
-    from .state import StateError, ensure_ca
+    from egress.proxy.ca import StateError, ensure_ca
 
     try:
         click.echo(str(ensure_ca(state_dir)))
@@ -242,7 +250,7 @@ def ca_path(state_dir: Path | None) -> None:
 
 def proxy_options(*, metrics: str, audit_log: str):
     """The options that shape a proxy, shared by `serve` and `run`: same names, same meaning, one
-    egress.wiring.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
+    egress.proxy.build.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
     command's stdout is its own, and one run rarely wants an endpoint of its own."""
     options = [
         click.option("--metrics", default=metrics, show_default=True, metavar="HOST:PORT|off",
@@ -258,7 +266,7 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-timeout", default=60.0, show_default=True, type=click.FloatRange(0),
                      help="Seconds to wait for an upstream's response head before answering 504 "
                           "(0: wait forever)."),
-        # Checked by egress.trust when the proxy is built (one line, status 5 / 125), not by click (2).
+        # Checked by egress.proxy.trust when the proxy is built (one line, status 5 / 125), not by click (2).
         click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
                      help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
                           "(e.g. the CA of a proxy that re-signs TLS on your network)."),
@@ -309,7 +317,7 @@ def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str 
                  dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
                  state_dir: Path | None = None, listen: tuple[str, int] | None = None, limits=None):
     """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
-    from .wiring import ProxyConfig
+    from egress.proxy.build import ProxyConfig
 
     return ProxyConfig(
         listen=listen,
@@ -325,7 +333,7 @@ def _parse_dns_server(text: str) -> tuple[str, int]:
     """``ADDR``, ``ADDR:PORT`` or ``[V6]:PORT``; the port defaults to 53."""
     import ipaddress
 
-    from .hosts import InvalidHost, split_host_port
+    from egress.core.hosts import InvalidHost, split_host_port
 
     try:
         host, port = split_host_port(text, 53)
@@ -341,7 +349,7 @@ def _parse_dns_server(text: str) -> tuple[str, int]:
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict:
-    from .hosts import parse_override
+    from egress.core.hosts import parse_override
 
     result: dict = {}
     for value in values:
@@ -369,10 +377,10 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
 def serve(policies, listen, auth, workers, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
-    from .workers import default_count
+    from egress.serve.workers import default_count
 
     config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
-    # Passthrough CONNECTs answered before mitmproxy (egress.front); EGRESS_PASSTHROUGH_FRONT=off
+    # Passthrough CONNECTs answered before mitmproxy (egress.proxy.fastpath); EGRESS_PASSTHROUGH_FRONT=off
     # leaves every connection to mitmproxy, as before. Not with --auth: every client is mitmproxy's.
     config = config._replace(front=config.auth is None and os.environ.get("EGRESS_PASSTHROUGH_FRONT") != "off")
     count = workers or default_count()
@@ -391,7 +399,7 @@ def serve(policies, listen, auth, workers, proxy) -> None:
 def _parse_auth(text: str | None) -> tuple[str, str] | None:
     if text is None:
         return None
-    from .proxyauth import parse
+    from egress.proxy.auth import parse
 
     try:
         return parse(text)
@@ -404,10 +412,10 @@ def _serve(policies, config) -> None:
     import asyncio
     import signal
 
-    from .live import policy_marks
-    from .proxy import configure_logging
-    from .terminal import EventLines
-    from .wiring import BuildError, ProxyBuilder
+    from egress.host.live import policy_marks
+    from egress.proxy.master import configure_logging
+    from egress.observe.terminal import EventLines
+    from egress.proxy.build import BuildError, ProxyBuilder
 
     configure_logging()
     loaded, credentials = _load_for_proxy(policies)
@@ -456,10 +464,10 @@ def _serve(policies, config) -> None:
 
 
 def _serve_workers(policies, config, count: int) -> None:
-    """`--workers N`, N > 1: a supervisor and N worker processes (egress.workers)."""
+    """`--workers N`, N > 1: a supervisor and N worker processes (egress.serve.workers)."""
     import shutil
 
-    from . import workers
+    from egress.serve import workers
 
     directory = workers.private_dir()  # before anything imports prometheus_client
     try:
@@ -472,7 +480,7 @@ def _serve_workers(policies, config, count: int) -> None:
 
 
 def _supervise(policies, config, count: int, directory: str) -> int:
-    from .workers import Supervisor
+    from egress.serve.workers import Supervisor
 
     supervisor = Supervisor(policies, config, count, directory)
     supervisor.catch_signals()  # first: a SIGTERM from now on still removes the folder
@@ -480,10 +488,10 @@ def _supervise(policies, config, count: int, directory: str) -> int:
         import json
         import signal
 
-        from .events import Event
-        from .metrics import collected
-        from .terminal import EventLines
-        from .wiring import BuildError
+        from egress.observe.events import Event
+        from egress.observe.metrics import collected
+        from egress.observe.terminal import EventLines
+        from egress.proxy.build import BuildError
 
         loaded, _ = _load_for_proxy(policies)  # checked here (3); each worker loads its own
         for warning in loaded.warnings:
@@ -492,7 +500,7 @@ def _supervise(policies, config, count: int, directory: str) -> int:
         # kept it (~190 MB for 1M entries) beside every worker's own for the proxy's life.
         from types import SimpleNamespace
 
-        from .live import trim_heap
+        from egress.host.live import trim_heap
 
         loaded = SimpleNamespace(files=loaded.files, size=loaded.size)
         trim_heap()
@@ -531,8 +539,8 @@ def _supervise(policies, config, count: int, directory: str) -> int:
 def _watch_policy(engine, policies, since, report):
     """The policy watcher of a serving proxy, started: the files as given (the built-in set without
     any), reloaded when they change or on reload_now()."""
-    from . import settings
-    from .live import PolicyWatcher
+    from egress.policy import settings
+    from egress.host.live import PolicyWatcher
 
     watcher = PolicyWatcher(engine, load=lambda: settings.reloadable(list(policies) or [DEFAULT_POLICY]),
                             report=report, paths=list(policies), since=since)
@@ -542,7 +550,7 @@ def _watch_policy(engine, policies, since, report):
 
 def _serve_control_state(policies, metrics_url: str | None):
     """What serve's control socket shows: ``serve-<pid>``, no grants (and the road instead)."""
-    from .control import RunState
+    from egress.host.control import RunState
 
     run_id = f"serve-{os.getpid()}"
     road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
@@ -558,7 +566,7 @@ def _serve_control_state(policies, metrics_url: str | None):
 
 
 def _control_server(state, state_dir):
-    from .control import ControlServer
+    from egress.host.control import ControlServer
 
     try:
         return ControlServer(state, state_dir)
@@ -569,8 +577,8 @@ def _control_server(state, state_dir):
 
 def _say_serving(bound, builder, loaded, config) -> None:
     """serve's start-up lines, once it serves."""
-    from .state import ca_cert_path
-    from .wiring import format_address
+    from egress.proxy.ca import ca_cert_path
+    from egress.proxy.build import format_address
 
     for host, port in bound:
         click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
@@ -592,7 +600,7 @@ state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), 
 
 
 def _run_socket(run: str | None, state_dir: Path | None) -> Path:
-    from .control import list_runs, runs_dir
+    from egress.host.control import list_runs, runs_dir
 
     if run is None:
         live = list_runs(state_dir)
@@ -611,7 +619,7 @@ def _run_socket(run: str | None, state_dir: Path | None) -> Path:
 @state_dir_option
 def runs(as_json: bool, state_dir: Path | None) -> None:
     """List the egress runs in progress, with their grants."""
-    from .control import list_runs
+    from egress.host.control import list_runs
 
     for info in list_runs(state_dir):
         if as_json:
@@ -631,7 +639,7 @@ def allow(host: str, run: str | None, state_dir: Path | None) -> None:
     Only an `egress run` takes grants; an `egress serve` refuses them (exit 1): edit
     its policy file instead, which it reloads live.
     """
-    from .control import request
+    from egress.host.control import request
 
     for answer in request(_run_socket(run, state_dir), {"op": "allow", "host": host}):
         if "error" in answer:
@@ -645,7 +653,7 @@ def allow(host: str, run: str | None, state_dir: Path | None) -> None:
 @state_dir_option
 def policy_reload(run: str | None, state_dir: Path | None) -> None:
     """Make a running proxy re-read its policy files now (they are also watched)."""
-    from .control import request
+    from egress.host.control import request
 
     for answer in request(_run_socket(run, state_dir), {"op": "reload"}):
         if "error" in answer:
@@ -661,7 +669,7 @@ def policy_reload(run: str | None, state_dir: Path | None) -> None:
 @state_dir_option
 def events(follow: bool, run: str | None, as_json: bool, state_dir: Path | None) -> None:
     """Stream a run's decisions as they happen."""
-    from .control import request
+    from egress.host.control import request
 
     try:
         for event in request(_run_socket(run, state_dir), {"op": "events"}):
@@ -692,7 +700,7 @@ def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
     Exit status 0 when `egress run` can be honoured here, 1 when it cannot.
     Set EGRESS_DOCTOR_SIMULATE=no-userns,no-landlock,not-linux to rehearse failures.
     """
-    from sandbox.doctor import run_checks
+    from egress.run.doctor import run_checks
 
     checks, honoured = run_checks(list(policies), state_dir, fs_confinement=not no_fs_confinement)
     for check in checks:
@@ -722,7 +730,7 @@ def redact(policies: tuple[str, ...], guard_write: Path | None) -> None:
     written back must not replace its secrets with their placeholders.
     """
     if guard_write is not None:
-        from .write_guard import WriteRefused, guarded_write
+        from egress.agent.write_guard import WriteRefused, guarded_write
 
         try:
             guarded_write(str(guard_write), sys.stdin.buffer.read())
@@ -734,7 +742,7 @@ def redact(policies: tuple[str, ...], guard_write: Path | None) -> None:
             click.echo(f"egress: {guard_write}: {e.strerror or e}", err=True)
             sys.exit(EXIT_STATE)
         return
-    from .detect import Detector, StreamRedactor
+    from egress.scan.detect import Detector, StreamRedactor
 
     try:
         _, credentials = _load_for_proxy(policies)
@@ -765,9 +773,9 @@ def fence(source: str | None, fields: tuple[str, ...], score_only: bool) -> None
     A fresh 128-bit nonce per call, so the text cannot close the fence; fence tags in
     the text are escaped; characters hidden from a reader (bidirectional controls,
     zero-width and tag characters) are stripped. --score reports prompt-injection
-    signals and a score from 0 to 1 (egress.fence.SIGNALS lists them).
+    signals and a score from 0 to 1 (egress.agent.fence.SIGNALS lists them).
     """
-    from . import fence as fencing
+    from egress.agent import fence as fencing
 
     pairs = []
     for field in fields:
@@ -790,14 +798,14 @@ def fence(source: str | None, fields: tuple[str, ...], score_only: bool) -> None
 
 
 class ByteSize(click.ParamType):
-    """A byte count: 262144, 256K, 1M (egress.output_cap.parse_size; egress.entry takes the same)."""
+    """A byte count: 262144, 256K, 1M (egress.agent.output_cap.parse_size; egress.entry takes the same)."""
 
     name = "bytes"
 
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from .output_cap import parse_size
+        from egress.agent.output_cap import parse_size
 
         try:
             return parse_size(value)
@@ -869,7 +877,7 @@ def run(network, policies, allow, deny, project, add_dirs, read, allow_hooks, ti
     `EGRESS_BLOCKED <host> (<reason>)`, every upstream failure (DNS, connect, TLS, timeout) as
     `EGRESS_UPSTREAM_ERROR <host> (<reason>)`. The proxy options mean what they mean for serve.
     """
-    from sandbox.launcher import main as launch  # the platform's sandbox, or status 125 where there is none
+    from egress.run.launcher import main as launch  # the platform's sandbox, or status 125 where there is none
 
     launch(run_options(network, policies, allow, deny, project, add_dirs, timeout, no_fs_confinement, redact, ask,
                        headless, proxy_mode, proxy, command, agent, max_output, guard_commands, provider, image,
@@ -880,7 +888,7 @@ def run_options(network, policies, allow, deny, project, add_dirs, timeout, no_f
                 headless, proxy_mode, proxy, command, agent=False, max_output=None, guard_commands=False,
                 provider=None, image=None, mounts=(), persist=(), read=(), allow_hooks=False):
     """`egress run`'s parameters as the launcher takes them (egress.entry makes the same without click)."""
-    from sandbox.launcher import RunOptions
+    from egress.run.launcher import RunOptions
 
     return RunOptions(argv=list(command), network=network, policies=list(policies), allow=list(allow),
                       deny=list(deny), project=project, add_dirs=list(add_dirs), timeout=timeout,

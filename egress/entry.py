@@ -16,7 +16,7 @@ import math
 import os
 import sys
 
-from .contract import NETWORK_MODES, PROXY_MODE_ENV, PROXY_MODES
+from egress.core.contract import NETWORK_MODES, PROXY_MODE_ENV, PROXY_MODES
 
 # option -> (kind, what it takes): kind "flag" (no value), "one" (the last one wins), "many"
 OPTIONS = {
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         except Unparsed:
             options = None
         if options is not None:
-            from sandbox.launcher import main as launch
+            from egress.run.launcher import main as launch
 
             launch(options)  # never returns
-    from .cli import main as click_main
+    from egress.cli import main as click_main
 
     click_main(args)
 
@@ -107,9 +107,9 @@ def parse_run(args: list[str], environ) -> object:
 
 
 def _options(given: dict[str, list[str]], command: list[str]):
-    from sandbox.launcher import RunOptions
+    from egress.run.launcher import RunOptions
 
-    from .wiring import DEFAULT_LIMITS, ProxyConfig
+    from egress.proxy.build import DEFAULT_LIMITS, ProxyConfig
 
     values = {name: [_convert(name, value) for value in found] for name, found in given.items()}
 
@@ -149,14 +149,14 @@ def _convert(name: str, value: str):
             raise Unparsed(value)
         return seconds
     if takes == "bytes":  # cli.ByteSize
-        from .output_cap import parse_size
+        from egress.agent.output_cap import parse_size
 
         try:
             return parse_size(value)
         except ValueError:
             raise Unparsed(value) from None
     if takes == "override":
-        from .hosts import parse_override
+        from egress.core.hosts import parse_override
 
         try:
             return parse_override(value)

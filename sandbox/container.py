@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 
-from egress.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
+from egress.core.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
 from sandbox.spec import SandboxError, SandboxSpec
 
 WORKDIR = "/work"

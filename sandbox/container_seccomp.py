@@ -71,7 +71,7 @@ import functools
 import json
 import os
 
-from egress.contract import EXIT_LAUNCHER
+from egress.core.contract import EXIT_LAUNCHER
 from sandbox.spec import SandboxError
 
 DEFAULT_PROFILES = ("/etc/containers/seccomp.json", "/usr/share/containers/seccomp.json")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-# Paths are str (os.PathLike taken): `egress run` never imports pathlib (egress.state says why).
+# Paths are str (os.PathLike taken): `egress run` never imports pathlib (egress.proxy.ca says why).
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy",
                    "npm_config_proxy", "npm_config_https_proxy", "CARGO_HTTP_PROXY", "PIP_PROXY",
@@ -56,7 +56,7 @@ RUNTIME_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "~/.nvm/current/bin", "~/
                 "~/.cargo/bin", "~/go/bin", "~/.bun/bin", "~/.deno/bin", "~/.local/bin")
 
 def trust_bundle(roots: list[str], egress_ca: str | os.PathLike, target: str | os.PathLike) -> str | os.PathLike:
-    """Write one bundle: the roots egress trusts upstream (egress.trust: the system's CAs and
+    """Write one bundle: the roots egress trusts upstream (egress.proxy.trust: the system's CAs and
     --upstream-ca; passthrough hosts are verified by the command itself) and egress's CA."""
     parts = [_read(path, errors="replace") for path in roots]
     parts.append(_read(egress_ca))

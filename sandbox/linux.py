@@ -90,8 +90,8 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from egress.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from egress.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
+from egress.core.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
+from egress.core.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
 from sandbox import _libc, capture, grants, landlock, mounts, namespaces, netcount, protected, seccomp
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 

@@ -4,7 +4,7 @@
     box = start(SandboxSpec(argv=["curl", "https://x"], env=env, cwd=project,
                             writable=[project, run_tmp], proxy_port=listener.port,
                             socket_dirs=[run_tmp]), listener, "/usr/bin/sandbox-exec")
-    serve_proxy_on(box.listen_socket)      # asks for the secret (egress.proxyauth)
+    serve_proxy_on(box.listen_socket)      # asks for the secret (egress.proxy.auth)
     status = box.wait()
 
 What runs: ``/usr/bin/sandbox-exec -p PROFILE PROGRAM ARGS...``, where PROFILE is
@@ -34,7 +34,7 @@ import select
 import signal
 import subprocess
 
-from egress.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
+from egress.core.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
 from sandbox import protected, seatbelt
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 

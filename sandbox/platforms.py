@@ -1,6 +1,6 @@
 """Which sandbox `egress run` uses: one interface, a Linux and a macOS implementation behind it.
 
-The launcher (sandbox/launcher.py) and the CLI know no platform; they ask :func:`current` (or
+The launcher (egress/run/launcher.py) and the CLI know no platform; they ask :func:`current` (or
 are handed one: tests choose ``MacOS(sandbox_exec=...)`` explicitly) and use only this:
 
     platform.refusal()            None, or why egress run cannot confine a command here (status 125)
@@ -23,7 +23,7 @@ are handed one: tests choose ``MacOS(sandbox_exec=...)`` explicitly) and use onl
 Linux: the listening socket is made inside the command's own network namespace, where nobody
 else can reach it, on a fixed port (sandbox/linux.py). macOS: no network namespaces, so the
 launcher listens on 127.0.0.1 on a port picked for the run, the Seatbelt profile lets the command
-reach that port only, and the proxy asks for a secret made for the run (egress.proxyauth), since
+reach that port only, and the proxy asks for a secret made for the run (egress.proxy.auth), since
 any program on the machine can find the port (sandbox/macos.py). Elsewhere (Windows, the BSDs)
 no OS sandbox is used, so egress run refuses: a proxy the command could go around is no allowlist.
 """
@@ -46,23 +46,23 @@ class Listener:
                  guards: list[socket.socket] = ()):
         self.port = port
         self.socket = sock  # made here (macOS); None: the sandbox makes it (Linux)
-        self.secret = secret  # the proxy asks for it (egress.proxyauth); None: nobody else can reach it
+        self.secret = secret  # the proxy asks for it (egress.proxy.auth); None: nobody else can reach it
         self.guards = list(guards)  # sockets that only hold the port elsewhere on loopback (macOS)
 
     @property
     def url(self) -> str:
         if self.secret is None:
             return f"http://127.0.0.1:{self.port}"
-        from egress.proxyauth import USER
+        from egress.proxy.auth import USER
 
         return f"http://{USER}:{self.secret}@127.0.0.1:{self.port}"
 
     @property
     def auth(self) -> tuple[str, str] | None:
-        """(user, password) the run's proxy must ask for (egress.wiring.ProxyConfig.auth)."""
+        """(user, password) the run's proxy must ask for (egress.proxy.build.ProxyConfig.auth)."""
         if self.secret is None:
             return None
-        from egress.proxyauth import USER
+        from egress.proxy.auth import USER
 
         return USER, self.secret
 
@@ -121,7 +121,7 @@ class MacOS:
         return None
 
     def listener(self, networked: bool) -> Listener:
-        from egress.proxyauth import new_secret
+        from egress.proxy.auth import new_secret
 
         if not networked:
             return Listener(0)

@@ -177,7 +177,7 @@ def supported() -> bool:
 
 def native_numbers() -> dict[str, int]:
     """This machine's own numbers of the calls refused outright, for a probe that tries them
-    (sandbox/doctor.py): keyctl, add_key, request_key, socket, socketpair, clone3."""
+    (egress/run/doctor.py): keyctl, add_key, request_key, socket, socketpair, clone3."""
     table = _TABLES[os.uname().machine][0]
     return {"keyctl": table.keyctl, "add_key": table.add_key, "request_key": table.request_key,
             "socket": table.socket, "socketpair": table.socketpair, "clone3": CLONE3}

@@ -30,7 +30,7 @@ TEST_NAMES = ["allowed.test", "api.allowed.test", "denied.allowed.test", "other.
               "blocked.test", "private.test", "passthrough.test"]
 
 
-# A warm proxy server (egress.warmserver) a test started and did not stop exits on its own after this.
+# A warm proxy server (egress.run.warm.server) a test started and did not stop exits on its own after this.
 WARM_IDLE_FOR_TESTS = "30"
 
 
@@ -46,7 +46,7 @@ def clean_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def warm_server_pids(root: Path) -> list[int]:
-    """The warm proxy servers (egress.warmserver) running for a state folder under ``root``, by
+    """The warm proxy servers (egress.run.warm.server) running for a state folder under ``root``, by
     their command line: a server a run just started is found even before it has written its
     record."""
     found = []
@@ -58,7 +58,7 @@ def warm_server_pids(root: Path) -> list[int]:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"egress.warmserver" not in args or b"--state-dir" not in args:
+        if b"egress.run.warm.server" not in args or b"--state-dir" not in args:
             continue
         state = args[args.index(b"--state-dir") + 1].decode(errors="replace") + "/"
         if state.startswith(prefix):

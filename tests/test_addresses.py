@@ -10,8 +10,8 @@ import ipaddress
 
 import pytest
 
-from egress.addresses import _SPECIAL, KINDS, address_class, classify, is_localhost, known_addresses
-from egress.hosts import parse_host
+from egress.core.addresses import _SPECIAL, KINDS, address_class, classify, is_localhost, known_addresses
+from egress.core.hosts import parse_host
 
 PUBLIC = None
 
@@ -145,7 +145,7 @@ def test_obfuscated_spellings_are_classified(raw, kind):
 
 
 # The class a person reads in a refusal ("resolves to 203.0.113.80, reserved for documentation"):
-# one case per range, the same table as classify's (egress/addresses.py _SPECIAL).
+# one case per range, the same table as classify's (egress/core/addresses.py _SPECIAL).
 CLASSES = [
     ("8.8.8.8", None),
     ("2606:4700:4700::1111", None),

@@ -279,7 +279,7 @@ def test_a_header_the_value_comes_back_in_is_cut_off(tmp_path, keeping, test_ca_
 
 
 def test_where_a_secret_goes_is_read_from_its_table():
-    from egress.credentials import load_credentials, parse_settings
+    from egress.scan.credentials import load_credentials, parse_settings
 
     tables = [("p.toml", {"secret": [{"env": "A_TOKEN", "hosts": ["a.test"]},
                                      {"env": "B_TOKEN", "hosts": ["b.test"], "header": "X-Api-Key",

@@ -1,4 +1,4 @@
-"""Exit statuses and network modes: one list each (egress.contract), used everywhere."""
+"""Exit statuses and network modes: one list each (egress.core.contract), used everywhere."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from egress import contract
+from egress.core import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("egress", "sandbox") for p in (ROOT / folder).rglob("*.py"))
@@ -46,7 +46,7 @@ def _status_literals(tree: ast.AST):
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_exit_status_or_network_mode_is_written_out_twice(path):
     found = list(_status_literals(ast.parse(path.read_text(), str(path))))
-    assert found == [], f"{path.relative_to(ROOT)}: use egress.contract: {found}"
+    assert found == [], f"{path.relative_to(ROOT)}: use egress.core.contract: {found}"
 
 
 def test_every_exit_status_is_documented_in_the_readme():
@@ -60,9 +60,9 @@ def test_every_exit_status_is_documented_in_the_readme():
 
 def test_network_modes_are_offered_and_explained_in_one_order(tmp_path):
     from egress.cli import run
-    from egress.policy import PolicyError, load_policy
-    from sandbox.launcher import LaunchError, RunOptions
-    from sandbox.launcher import run as launch
+    from egress.policy.loader import PolicyError, load_policy
+    from egress.run.launcher import LaunchError, RunOptions
+    from egress.run.launcher import run as launch
 
     [network] = [p for p in run.params if p.name == "network"]
     assert tuple(network.type.choices) == contract.NETWORK_MODES
@@ -78,8 +78,8 @@ def test_network_modes_are_offered_and_explained_in_one_order(tmp_path):
 
 
 def test_every_reason_code_and_metric_is_documented_in_the_readme():
-    from egress import reasons
-    from egress.metrics import Metrics
+    from egress.core import reasons
+    from egress.observe.metrics import Metrics
 
     readme = (ROOT / "README.md").read_text()
     tables = set(re.findall(r"^\| `([a-z_-]+)` \|", readme, re.M))

@@ -19,7 +19,15 @@ import sys
 
 import pytest
 
-from egress.control import REFUSED, ControlServer, RunState, peer_pidfd, peercred_pidfd, pidfd_user_namespace, request
+from egress.host.control import (
+    REFUSED,
+    ControlServer,
+    RunState,
+    peer_pidfd,
+    peercred_pidfd,
+    pidfd_user_namespace,
+    request,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="peers are identified through Linux pidfds and /proc")
 
@@ -91,7 +99,7 @@ def test_a_client_in_another_user_namespace_is_refused_before_its_request_is_rea
 
 
 def test_egress_own_client_reports_the_refusal(server, unshare):
-    code = ("import json, sys; from pathlib import Path; from egress.control import request; "
+    code = ("import json, sys; from pathlib import Path; from egress.host.control import request; "
             "print(json.dumps(list(request(Path(sys.argv[1]), {'op': 'allow', 'host': 'evil.test'}))))")
     result = subprocess.run([*NEW_USER_NAMESPACE, sys.executable, "-c", code, str(server.path)],
                             capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})

@@ -773,7 +773,7 @@ def test_an_unknown_kind_is_a_load_error(tmp_path):
 
 def test_credentials_survive_the_trip_to_the_warm_proxy():
     # egress run hands brokered secrets (value and placeholder) to its warm proxy as JSON.
-    from egress.credentials import Credentials, StoredSecret
+    from egress.scan.credentials import Credentials, StoredSecret
 
     credentials = Credentials("mask", [StoredSecret("GITHUB_TOKEN", GITHUB, ("github.com",), "ghp_" + "x" * 36,
                                                     env="GITHUB_TOKEN", headers=("X-Key", "Authorization"),

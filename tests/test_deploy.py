@@ -165,7 +165,7 @@ TARGET_LABELS = {"job", "instance", "pod", "namespace", "le"}
 
 
 def test_every_metric_in_the_rules_and_the_dashboard_is_one_egress_serve_exports(proxy, http_upstream):
-    from egress.reasons import REFUSALS, UPSTREAM_ERRORS
+    from egress.core.reasons import REFUSALS, UPSTREAM_ERRORS
 
     session = proxied_session(proxy)
     assert session.get(http_upstream.url("allowed.test"), timeout=20).status_code == 200
@@ -438,7 +438,7 @@ def test_the_gateway_deployment_is_hardened_probed_and_scaled():
 
 
 def test_the_shipped_policies_load(tmp_path):
-    from egress import settings
+    from egress.policy import settings
 
     configmap, = of_kind("ConfigMap")
     for name, text in configmap["data"].items():

@@ -1,4 +1,4 @@
-"""The credential detector (egress.detect): every format in several placements, the close
+"""The credential detector (egress.scan.detect): every format in several placements, the close
 misses that must pass untouched, stored secrets, streams, and content decoding.
 
 All token values are made up here from a seeded random source: right prefix, length and
@@ -22,10 +22,19 @@ import pytest
 
 import zstandard
 
-from egress import detect
-from egress.decode import ContentDecoder, WindowTooLarge
-from egress.detect import (KINDS, MIN_SECRET_LENGTH, RULES, Detector, Finding, StreamRedactor, UndecodableBody,
-                           decode_content, is_secret_name)
+from egress.scan import detect
+from egress.scan.decode import ContentDecoder, WindowTooLarge
+from egress.scan.detect import (
+    KINDS,
+    MIN_SECRET_LENGTH,
+    RULES,
+    Detector,
+    Finding,
+    StreamRedactor,
+    UndecodableBody,
+    decode_content,
+    is_secret_name,
+)
 
 R = random.Random(20260101)
 B62 = string.ascii_letters + string.digits
@@ -410,7 +419,7 @@ def test_clean_traffic_has_no_findings():
 
 
 def test_checksum_strengthens_but_is_not_required():
-    from egress.detect import _B62_DIGITS, _crc_ok
+    from egress.scan.detect import _B62_DIGITS, _crc_ok
     body = "aaaaaa" + rnd(24)  # a run of one character: implausible on its own
     crc = zlib.crc32(body.encode())
     digits = ""
@@ -615,7 +624,7 @@ def test_a_batched_stream_scanner_settles_at_most_a_batch_behind():
 def test_the_last_run_break_is_found_as_a_whole_translate_finds_it(seed):
     # _last_break looks back 4 KiB at a time; runs longer than that, breaks at either end
     # of a window and none at all must give what translating everything before gives.
-    from egress.decode import RUN_TABLE
+    from egress.scan.decode import RUN_TABLE
 
     r = random.Random(seed)
     pieces = [rnd(r.choice([1, 50, 4095, 4096, 4097, 9000]), B62 + "+/") + r.choice([" ", "\n", '"', ""])
@@ -705,7 +714,7 @@ def test_stream_scanner_keeps_base64_aligned_across_chunks():
 
 
 def test_ties_go_to_stored_secrets_then_specific_kinds():
-    from egress.detect import _merge
+    from egress.scan.detect import _merge
     det = Detector([("MY_TOKEN", "ghp_" + rnd(36))])
     for order in ([Finding("url-password", 5, 45), Finding("github-token", 5, 45)],
                   [Finding("github-token", 5, 45), Finding("url-password", 5, 45)]):
@@ -945,7 +954,7 @@ def test_mime_encoded_words_are_read():
 
 
 def test_a_quoted_printable_segment_maps_back_across_its_soft_breaks():
-    from egress.decode import qp_segments, span
+    from egress.scan.decode import qp_segments, span
     data = b"a: x=3Dy ghp=\r\n_ab=\ncd=41 tail"
     first, seg = qp_segments(data)
     assert first[0] == b"x=y" and span(first, 0, 3) == (3, 8)  # out to the spaces around it
@@ -1151,14 +1160,14 @@ def test_brotli_and_deflate_decoders_let_go_when_their_stream_ends_or_fails():
 
 # ------------------------------------------------- the compiled pass, differentially
 #
-# The detector finds its candidates in one Hyperscan pass (egress.multimatch): anchors,
+# The detector finds its candidates in one Hyperscan pass (egress.scan.multimatch): anchors,
 # stored secrets and the starts of the base64/hex runs worth decoding. It must find what
 # the pure-Python search it replaced found: every pass regex's finditer over the whole
 # buffer, and every run of B64_MIN_RUN+ run characters. ReferenceDetector is that search;
 # everything after it is the same code, so equal findings on varied inputs -- every format
 # raw and under each layer, at run and chunk edges -- say the compiled pass lost nothing.
 
-from egress.decode import qp_segments, run_segments  # noqa: E402
+from egress.scan.decode import qp_segments, run_segments  # noqa: E402
 
 
 class ReferenceDetector(Detector):
@@ -1173,7 +1182,7 @@ class ReferenceDetector(Detector):
 
 def _segments(segments: list) -> list:
     """Each segment as what it decodes to and the span it maps back to."""
-    from egress.decode import span
+    from egress.scan.decode import span
     return [(seg[0], span(seg, 0, len(seg[0]))) for seg in segments]
 
 
@@ -1368,7 +1377,7 @@ def test_the_run_triggers_at_the_edges_of_a_run(data):
 def test_an_error_inside_a_compiled_scan_raises():
     # Fail closed: a scan that cannot finish raises (the guard refuses), never returns
     # what it had so far. An exception in the match callback stops Hyperscan's scan.
-    from egress import multimatch
+    from egress.scan import multimatch
 
     class Full(list):
         def append(self, item):
@@ -1398,7 +1407,7 @@ def _reference_escape_segments(buf: bytes, evidence: bytes, left: bytes, right: 
 
 
 def _reference_layers(buf: bytes):
-    from egress.decode import _json_decode, _percent_decode
+    from egress.scan.decode import _json_decode, _percent_decode
     return (_reference_escape_segments(buf, rb"%[0-9A-Fa-f]{2}", b" \t\r\n\"'<>", rb"[ \t\r\n\"'<>]", _percent_decode),
             _reference_escape_segments(buf, rb"\\(?:u[0-9A-Fa-f]{4}|/)", b"{[,\r\n", rb'(?<!\\)"|[\r\n]', _json_decode))
 
@@ -1426,7 +1435,7 @@ ESCAPE_EDGES = [
                          + [bytes(random.Random(seed).choice(b'ab"\\\r\n/u%20{,[ <\x00') for _ in range(60))
                             for seed in range(200)], ids=lambda b: repr(b[:24]))
 def test_escape_segments_are_the_ones_a_search_per_segment_found(buf):
-    from egress.decode import json_segments, percent_segments, span
+    from egress.scan.decode import json_segments, percent_segments, span
     for segments, reference in zip((percent_segments(buf), json_segments(buf)), _reference_layers(buf)):
         # the whole of a segment maps back to the whole of its raw text (it starts with an escape)
         assert [(seg[0], *span(seg, 0, len(seg[0]))) for seg in segments] == reference
@@ -1446,7 +1455,7 @@ def test_decoded_text_is_what_utf8_decodes(data):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_json_segment_ends_where_its_pattern_says(seed):
-    from egress.decode import _json_right
+    from egress.scan.decode import _json_right
     r = random.Random(seed)
     pattern = re.compile(rb'(?<!\\)"|[\r\n]')
     for _ in range(300):
@@ -1626,7 +1635,7 @@ def test_a_stream_of_wrapped_base64_finds_what_the_whole_does(width):
 def test_a_wrapped_text_ends_where_its_line_break_changes():
     # Full lines are checked 64 at a time on a translated copy, where the "n" of a JSON
     # "\n" reads as any run character: a "\t" (or "\x") in its place ends the text there.
-    from egress.decode import _wrapped_span
+    from egress.scan.decode import _wrapped_span
     lines = ["".join(R.choice(B64) for _ in range(16)) for _ in range(150)]
     for other in ("\\t", "\\x", "\n", "\\n "):
         data = ("\\n".join(lines[:100]) + other + "\\n".join(lines[100:])).encode()

@@ -179,11 +179,11 @@ def test_silent_dns_answers_504_dns_timeout(proxy_factory, dns_server):
 
 
 def test_the_resolvers_cached_answer_is_what_resolve_returned(dns_server):
-    # egress.front decides only on Resolver.cached: it must give what resolve() would, or None.
+    # egress.proxy.fastpath decides only on Resolver.cached: it must give what resolve() would, or None.
     import asyncio
 
-    from egress.hosts import parse_host
-    from egress.resolver import ResolveError, Resolver
+    from egress.core.hosts import parse_host
+    from egress.proxy.resolver import ResolveError, Resolver
 
     dns_server.ttl = 60
     dns_server.answers["kept.test"] = ["127.0.0.7"]

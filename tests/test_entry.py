@@ -9,16 +9,16 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import sandbox.launcher
+import egress.run.launcher
 from conftest import clean_env
 from egress import cli
 from egress.entry import Unparsed, parse_run
-from egress.state import ensure_ca
+from egress.proxy.ca import ensure_ca
 
 
 def by_click(args: list[str], env: dict, monkeypatch):
     made = []
-    monkeypatch.setattr(sandbox.launcher, "main", made.append)
+    monkeypatch.setattr(egress.run.launcher, "main", made.append)
     result = CliRunner().invoke(cli.main, ["run", *args], env=env, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return made[0]
@@ -109,7 +109,7 @@ def test_the_egress_command_runs_without_click_and_still_reports_usage_errors_wi
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert fast.returncode == 7, fast.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in fast.stderr.splitlines() if line.startswith("import time:")}
-    assert "sandbox.launcher" in imported and "click" not in imported
+    assert "egress.run.launcher" in imported and "click" not in imported
     # each cost the launcher ~3-5 ms (bench/README.md, "Launch without pathlib and json")
     assert not imported & {"pathlib", "json", "re"}, imported & {"pathlib", "json", "re"}
     usage = subprocess.run([sys.executable, "-m", "egress", "run", "--bogus", "--", "true"], capture_output=True,

@@ -1,4 +1,4 @@
-"""egress.exfil: names that carry data out in their labels, and real names that must pass."""
+"""egress.core.exfil: names that carry data out in their labels, and real names that must pass."""
 
 import base64
 import hashlib
@@ -7,8 +7,8 @@ import pytest
 
 from conftest import run_curl
 
-from egress import exfil
-from egress.policy import Policy
+from egress.core import exfil
+from egress.policy.matcher import Policy
 
 # Encoder output as it would leave: each must be refused.
 _SECRET = b"AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG"

@@ -13,10 +13,10 @@ from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from mitmproxy import options
 from mitmproxy.test import tflow, tutils
 
-from egress.failclosed import CloseClient, fail_closed
-from egress.flowstate import flow_state
-from egress.policy import Decision
-from egress.refusal import ANSWER, KILL, refuse
+from egress.proxy.failclosed import CloseClient, fail_closed
+from egress.proxy.flowstate import flow_state
+from egress.policy.matcher import Decision
+from egress.proxy.refusal import ANSWER, KILL, refuse
 
 from addons.helpers import events, make_engine, request_flow
 

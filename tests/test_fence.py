@@ -1,5 +1,5 @@
-"""Untrusted content (`egress fence`, egress.fence) and the redaction write guard
-(`egress redact --guard-write`, egress.write_guard): real egress processes, tables of real texts."""
+"""Untrusted content (`egress fence`, egress.agent.fence) and the redaction write guard
+(`egress redact --guard-write`, egress.agent.write_guard): real egress processes, tables of real texts."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import DEFAULT_POLICY, clean_env, egress_command
-from egress.fence import fence, score, strip_hidden
-from egress.write_guard import WriteRefused, clobbers, guarded_write
+from egress.agent.fence import fence, score, strip_hidden
+from egress.agent.write_guard import WriteRefused, clobbers, guarded_write
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""serve's front (egress.front) against mitmproxy's own path, case by case.
+"""serve's front (egress.proxy.fastpath) against mitmproxy's own path, case by case.
 
 Every case runs through two real `egress serve` processes with the same policy and the same
 upstreams on 127.0.0.1: one with the front (the default), one with EGRESS_PASSTHROUGH_FRONT=off,

@@ -17,9 +17,9 @@ import time
 import pytest
 
 from conftest import clean_env, egress_command
-from egress.ask import TerminalAsker
-from egress.control import RunState
-from egress.terminal import RESET
+from egress.run.ask import TerminalAsker
+from egress.host.control import RunState
+from egress.observe.terminal import RESET
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 

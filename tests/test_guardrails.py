@@ -1,6 +1,6 @@
 """Guardrails for agent commands under `egress run`: the command deny list, output caps, --agent.
 
-Tables of real cases for the deny list (pure: egress.command_guard), then real `egress run`
+Tables of real cases for the deny list (pure: egress.agent.commands), then real `egress run`
 processes (both front ends: click's `egress.cli` and the click-free `egress` entry) running
 real shells and real commands that print large outputs.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env
-from egress.command_guard import builtin_rules, check, commands, compile_rule
-from egress.detect import Detector, StreamRedactor
-from egress.output_cap import CappedStream, parse_size
+from egress.agent.commands import builtin_rules, check, commands, compile_rule
+from egress.scan.detect import Detector, StreamRedactor
+from egress.agent.output_cap import CappedStream, parse_size
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 
@@ -148,7 +148,7 @@ def test_scripts_nested_too_deep_are_refused_not_skipped():
 def test_policy_rules_match_at_command_position_to_a_word_end():
     deny, warning = compile_rule("git push (--force|-f)")
     assert warning is None
-    from egress.command_guard import Rule
+    from egress.agent.commands import Rule
 
     rules = [Rule("deny", "git push (--force|-f)", "p.toml:3", deny)]
     assert check(["git", "push", "--force", "origin", "main"], rules) is not None

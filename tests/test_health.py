@@ -19,8 +19,8 @@ import urllib.request
 import pytest
 
 from conftest import DEFAULT_POLICY, proxied_session
-from egress import settings
-from egress.wiring import ProxyBuilder, ProxyConfig
+from egress.policy import settings
+from egress.proxy.build import ProxyBuilder, ProxyConfig
 from test_workers import children, wait_for
 
 linux_only = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="--workers needs Linux (SO_REUSEPORT)")

@@ -1,4 +1,4 @@
-"""egress.host_secrets: a credential in a host name, however it is cut, glued or cased, is found
+"""egress.scan.host_secrets: a credential in a host name, however it is cut, glued or cased, is found
 before any DNS query; real names have none.
 
 The unit tests read names with HostSecrets over the detector; the proxy tests send the red
@@ -21,9 +21,9 @@ from conftest import run_curl
 from test_dns import DnsServer
 from test_exfil import REAL
 
-from egress import host_secrets
-from egress.detect import KINDS, Detector
-from egress.host_secrets import RULES, HostSecrets
+from egress.scan import host_secrets
+from egress.scan.detect import KINDS, Detector
+from egress.scan.host_secrets import RULES, HostSecrets
 
 _RANDOM = random.Random(26)
 _B62 = string.ascii_uppercase + string.ascii_lowercase + string.digits

@@ -10,8 +10,16 @@ import ipaddress
 
 import pytest
 
-from egress.hosts import (MAX_HOST_TEXT, Host, InvalidHost, parent_domains, parse_authority, parse_host,
-                          parse_port, split_host_port)
+from egress.core.hosts import (
+    MAX_HOST_TEXT,
+    Host,
+    InvalidHost,
+    parent_domains,
+    parse_authority,
+    parse_host,
+    parse_port,
+    split_host_port,
+)
 
 # ------------------------------------------------------------------ names
 

@@ -1,5 +1,5 @@
 """Issue 9, end to end: a strict request head, mitmproxy's own refusals reported, and the limits
-that keep one client from taking the proxy down (egress/addons/limits.py).
+that keep one client from taking the proxy down (egress/proxy/addons/limits.py).
 
 A real `egress serve`, raw sockets on 127.0.0.1, the test upstreams of conftest.
 """
@@ -227,7 +227,7 @@ def test_the_memory_of_closed_tunnels_is_given_back(proxy_factory):
     # Each connection leaves objects in reference cycles; held long enough they reach the oldest
     # generation, which CPython then collected only after a quarter as many new long-lived
     # objects: after 10,000 tunnels closed, each worker kept its RSS of 10,000 held (bench/soak.py).
-    # mitmproxy's tunnels: serve's front (egress.front) holds ~4 KiB a passthrough tunnel, not ~25.
+    # mitmproxy's tunnels: serve's front (egress.proxy.fastpath) holds ~4 KiB a passthrough tunnel, not ~25.
     proxy = proxy_factory(DEFAULT_POLICY, "--max-client-connections", "0", "--workers", "1",
                           env={"EGRESS_PASSTHROUGH_FRONT": "off"})
     pid = proxy.process.pid
@@ -651,7 +651,7 @@ def _ok_when_released(upstream, conn):
 def test_memory_that_closed_connections_left_in_reference_cycles_is_given_back(proxy):
     # Flows live in reference cycles; held a while (here: waiting for a slow upstream) they reach
     # the collector's oldest generation. Before: collected only after 1000 closed connections
-    # (egress.reclaim) or CPython's own rule for objects, not bytes: 100 buffered uploads of
+    # (egress.proxy.reclaim) or CPython's own rule for objects, not bytes: 100 buffered uploads of
     # 900 KiB kept +150 MiB after they had all closed, as long as the proxy ran (P9: 6 zstd
     # uploads, 360 MiB).
     upstream = HostileUpstream(_ok_when_released)

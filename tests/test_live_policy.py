@@ -124,12 +124,12 @@ def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path
 def test_the_watcher_reloads_for_live_files_and_reports_frozen_ones_once(tmp_path):
     import asyncio
 
-    from egress.engine import Engine
-    from egress.events import Recorder
-    from egress.live import PolicyWatcher
-    from egress.metrics import Metrics
-    from egress.policy import load_policy
-    from egress.resolver import Resolver
+    from egress.proxy.engine import Engine
+    from egress.observe.events import Recorder
+    from egress.host.live import PolicyWatcher
+    from egress.observe.metrics import Metrics
+    from egress.policy.loader import load_policy
+    from egress.proxy.resolver import Resolver
 
     frozen, live = tmp_path / "frozen.toml", tmp_path / "live.toml"
     frozen.write_text('allow = ["frozen.example.com"]\n')
@@ -201,9 +201,9 @@ def test_after_a_reload_the_first_policy_is_freed_though_start_up_objects_are_fr
     import gc
     import weakref
 
-    from egress import settings
-    from egress.live import PolicyWatcher
-    from egress.wiring import ProxyBuilder, ProxyConfig
+    from egress.policy import settings
+    from egress.host.live import PolicyWatcher
+    from egress.proxy.build import ProxyBuilder, ProxyConfig
 
     path = tmp_path / "policy.toml"
     path.write_text('allow = ["allowed.test"]\n')
@@ -237,12 +237,12 @@ def test_an_old_policy_still_held_elsewhere_is_left_whole(tmp_path):
     # can reach it: one still held must go on answering as it did.
     import asyncio
 
-    from egress.engine import Engine
-    from egress.events import Recorder
-    from egress.live import PolicyWatcher
-    from egress.metrics import Metrics
-    from egress.policy import load_policy
-    from egress.resolver import Resolver
+    from egress.proxy.engine import Engine
+    from egress.observe.events import Recorder
+    from egress.host.live import PolicyWatcher
+    from egress.observe.metrics import Metrics
+    from egress.policy.loader import load_policy
+    from egress.proxy.resolver import Resolver
 
     path = tmp_path / "policy.toml"
     path.write_text('allow = ["kept.example.com"]\ndeny = ["bad.kept.example.com"]\n')
@@ -266,7 +266,7 @@ def test_a_reload_asked_for_is_never_lost(monkeypatch):
     import threading
     import time
 
-    from egress import live
+    from egress.host import live
 
     monkeypatch.setattr(live, "POLL_SECONDS", 0.001)
     forced = []
@@ -309,13 +309,13 @@ def test_an_edit_made_while_the_proxy_starts_is_not_lost(tmp_path):
     # in between used to become the watcher's starting point, and never applied.
     import asyncio
 
-    from egress.engine import Engine
-    from egress.events import Recorder
-    from egress.hosts import parse_host
-    from egress.live import PolicyWatcher, policy_marks
-    from egress.metrics import Metrics
-    from egress.policy import load_policy
-    from egress.resolver import Resolver
+    from egress.proxy.engine import Engine
+    from egress.observe.events import Recorder
+    from egress.core.hosts import parse_host
+    from egress.host.live import PolicyWatcher, policy_marks
+    from egress.observe.metrics import Metrics
+    from egress.policy.loader import load_policy
+    from egress.proxy.resolver import Resolver
 
     path = tmp_path / "policy.toml"
     path.write_text('allow = ["one.example.com"]\n')
@@ -415,7 +415,7 @@ def test_after_a_reload_a_request_in_an_open_tls_tunnel_is_decided_again(proxy_f
             sock.sendall(request)
             assert read_response(sock).startswith(b"HTTP/1.1 200")
             reload_to(proxy, text)
-            try:  # the reload closes the tunnel (egress.addons.tunnels); a request that wins the race is refused
+            try:  # the reload closes the tunnel (egress.proxy.addons.tunnels); a request that wins the race is refused
                 sock.sendall(request)
                 answer = read_response(sock)
             except (ConnectionError, ssl.SSLError):

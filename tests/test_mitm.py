@@ -1,6 +1,6 @@
-"""egress.mitm against the installed mitmproxy: each reach into its internals, pinned.
+"""egress.proxy.mitm against the installed mitmproxy: each reach into its internals, pinned.
 
-egress/mitm.py is the only module that uses mitmproxy beyond its documented addon
+egress/proxy/mitm.py is the only module that uses mitmproxy beyond its documented addon
 API. Each test here drives one of its functions on a real master, in this process,
 with real sockets on 127.0.0.1, so a mitmproxy release that renames or reshapes the
 internal it relies on fails here, by name.
@@ -26,8 +26,8 @@ from mitmproxy.proxy.context import Context
 from mitmproxy.proxy.layers import DNSLayer, HttpLayer, TCPLayer, UDPLayer
 from mitmproxy.proxy.layers.http import HTTPMode
 
-from egress import mitm
-from egress.state import ca_dir, ensure_ca
+from egress.proxy import mitm
+from egress.proxy.ca import ca_dir, ensure_ca
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ class AnswerAtTheHead:
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_an_answer_set_at_the_head_of_a_streamed_body_is_sent_at_once(confdir, framing):
     # mitmproxy alone raised "Can't set a response and enable streaming" once per chunk and never
-    # answered (egress.mitm._answer_before_body). Its own HttpStream, as new_master patches it:
+    # answered (egress.proxy.mitm._answer_before_body). Its own HttpStream, as new_master patches it:
     # a mitmproxy upgrade that renames or reshapes start_request_stream fails here first.
     from mitmproxy.proxy.layers.http import HttpStream
 
@@ -171,7 +171,7 @@ def test_a_handed_over_socket_is_served_by_a_master_that_listens_nowhere(confdir
 
 
 def test_the_ca_is_loaded_once_per_file_version(tmp_path):
-    # TlsConfig loads the CA on configure and again on running; egress.mitm makes both (and every
+    # TlsConfig loads the CA on configure and again on running; egress.proxy.mitm makes both (and every
     # later master's) the same store, until the CA file changes.
     state = tmp_path / "state"
     ensure_ca(state)

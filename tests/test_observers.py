@@ -13,10 +13,10 @@ import threading
 
 import pytest
 
-from egress import events
-from egress.control import RunState
-from egress.events import Event, Recorder
-from egress.metrics import Metrics
+from egress.observe import events
+from egress.host.control import RunState
+from egress.observe.events import Event, Recorder
+from egress.observe.metrics import Metrics
 
 
 def event(i: int) -> Event:

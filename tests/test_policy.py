@@ -14,19 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from egress import reasons
-from egress.addresses import classify
-from egress.hosts import parse_host
-from egress.policy import (
-    Decision,
-    Policy,
-    PolicyError,
-    Problem,
-    builtin_path,
-    is_public_suffix,
-    load_policy,
-    registrable_domain,
-)
+from egress.core import reasons
+from egress.core.addresses import classify
+from egress.core.hosts import parse_host
+from egress.policy.matcher import Decision, Policy
+from egress.policy.loader import PolicyError, Problem, builtin_path, load_policy
+from egress.core.public_suffix import is_public_suffix, registrable_domain
 
 
 def write(directory: Path, name: str, text: str) -> Path:
@@ -331,7 +324,7 @@ FAST_PATH_ENTRIES = [
 
 @pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
 def test_fast_path_agrees_with_the_general_path(key):
-    from egress.policy_loader import EntryError, parse_entry
+    from egress.policy.loader import EntryError, parse_entry
 
     def parse(text):
         try:
@@ -346,7 +339,7 @@ def test_fast_path_agrees_with_the_general_path(key):
 def _batch_agrees_with_the_general_path(texts, key):
     # A batch's answer for an entry is the general path's (for an entry with nothing to say
     # about it), or None: the general path reads it alone.
-    from egress.policy_loader import EntryError, _other_parts, plain_parts
+    from egress.policy.loader import EntryError, _other_parts, plain_parts
 
     answers = plain_parts(texts, key)
     assert len(answers) == len(texts)
@@ -367,7 +360,7 @@ def _batch_agrees_with_the_general_path(texts, key):
 
 @pytest.mark.parametrize("key", ["allow", "deny", "passthrough", "allow_private"])
 def test_a_batch_reads_entries_as_the_general_path(key):
-    from egress.policy_loader import plain_parts
+    from egress.policy.loader import plain_parts
 
     tricky = FAST_PATH_ENTRIES + [
         "", ":443", "*.:443", "x.com:00443", "x.com:00000", "x.com:99999", "x.com:443 ", "X.com", "x.com.",
@@ -767,7 +760,7 @@ def test_the_read_hook_supplies_every_text_and_says_what_exists(tmp_path):
 
 def test_a_refused_read_is_a_problem_naming_the_file(tmp_path):
     tmp_path = tmp_path.resolve()  # the loader names files by their real path
-    from egress.policy import ReadRefused
+    from egress.policy.loader import ReadRefused
 
     main = write(tmp_path, "main.toml", 'include = ["other.toml"]\n')
     write(tmp_path, "other.toml", 'allow = ["other.example.com"]\n')
@@ -1253,7 +1246,7 @@ def _decisions(path: Path) -> list[tuple]:
 def test_keys_that_all_collide_decide_as_keys_that_do_not(tmp_path, monkeypatch, text):
     # Every key hashed alike: one probe run holds them all, and only the key kept in the blob
     # tells them apart. A hash match alone must never make a host match another's rule.
-    from egress import policy_matcher
+    from egress.policy import matcher as policy_matcher
 
     path = write(tmp_path, "p.toml", text)
     spread = _decisions(path)

@@ -2,7 +2,7 @@
 
 The proxy names the deciding rule's file:line in every event; it used to search the file
 for it on the rule's first use, on its event loop (up to 70 ms per rule at 1M entries).
-The line is now noted while the file is read (egress.policy_text.read_toml). These tables
+The line is now noted while the file is read (egress.policy.text.read_toml). These tables
 pin that the line noted is the line a person finds the entry on, the line the old search
 (policy_loader.find_line) gave wherever that search was right, and that read_toml reads
 exactly what tomllib reads (values and errors).
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from egress.policy import load_policy
-from egress.policy_loader import find_line, read_file
-from egress.policy_text import read_toml
+from egress.policy.loader import load_policy
+from egress.policy.loader import find_line, read_file
+from egress.policy.text import read_toml
 
 # (id, file text, {list key: line of each entry, in order})
 LAYOUTS = [
@@ -264,7 +264,7 @@ def test_a_duplicate_entry_decides_at_its_first_line(tmp_path):
 
 
 def test_a_mapping_has_no_lines(tmp_path):
-    from egress.policy import policy_from_mapping
+    from egress.policy.loader import policy_from_mapping
 
     rule = policy_from_mapping({"allow": ["a.example"]}, "<command line>").decide("a.example").rule
     assert (rule.line, rule.location()) == (None, "<command line>")
@@ -291,7 +291,7 @@ def test_a_large_file_that_is_not_utf8_is_refused_as_read_text_refuses_it(tmp_pa
 
 # --- read_toml against tomllib: a second reader of the policy must never read it another way ---
 #
-# read_toml reads plain lists itself (egress/policy_text.py says which shapes and why that is
+# read_toml reads plain lists itself (egress/policy/text.py says which shapes and why that is
 # exact); anything else goes to tomllib. These cases pin, for each tricky shape, who reads it
 # and that the values (or the error) are tomllib's. "scanner": at least one list read by
 # read_toml itself; "tomllib": the whole file read by tomllib; "error": tomllib refuses it.
@@ -368,7 +368,7 @@ TRICKY = [
 
 def read_noting_who(text: str) -> tuple[tuple[dict, dict], str]:
     """read_toml's answer and who read it: "scanner" (some list read by read_toml) or "tomllib"."""
-    from egress import policy_text
+    from egress.policy import text as policy_text
 
     took, alone = [], []
     read_array, tomllib_alone = policy_text._read_array, policy_text._tomllib_alone
@@ -490,7 +490,7 @@ def test_random_policies_read_as_tomllib_reads_them(monkeypatch, chunk):
     import os
     import random
 
-    from egress import policy_text
+    from egress.policy import text as policy_text
 
     monkeypatch.setattr(policy_text, "CHUNK", chunk)
     rng = random.Random(11_06 + chunk)

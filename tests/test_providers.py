@@ -863,7 +863,7 @@ def test_a_writable_mount_counts_as_the_project_for_secrets_and_policies(tmp_pat
     """What `--mount SRC:DST:rw` holds the container can change, as it can /work: a secret file
     there stops the run (it could leave a decoy for the next), and a policy file there keeps the
     text it started with (the command's edit is not reloaded)."""
-    from egress.live import POLL_SECONDS
+    from egress.host.live import POLL_SECONDS
 
     data = tmp_path / "data"
     data.mkdir()

@@ -286,7 +286,7 @@ class _RawServer:
 
 
 def test_passthrough_relays_bulk_both_ways_and_counts_the_bytes(proxy):
-    # A passthrough tunnel is relayed socket to socket once it runs (egress.mitm.splice):
+    # A passthrough tunnel is relayed socket to socket once it runs (egress.proxy.mitm.splice):
     # every byte still arrives, in order, the server's close still reaches the client, and
     # the bytes are counted both ways.
     sent, reply = os.urandom(6 * 2**20), os.urandom(3 * 2**20 + 17)

@@ -1,4 +1,4 @@
-"""Proxy authentication (egress.proxyauth): `egress serve --auth`, and egress run's per-run secret
+"""Proxy authentication (egress.proxy.auth): `egress serve --auth`, and egress run's per-run secret
 on macOS, on a real proxy with real clients. Without the secret a client gets 407 and nothing
 else: no policy answer, no event, no upstream connection."""
 
@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from conftest import DEFAULT_POLICY, run_curl
-from egress.proxyauth import accepts, parse
+from egress.proxy.auth import accepts, parse
 
 SECRET = "s3cret-Only_the-run-knows"
 

@@ -1,4 +1,4 @@
-"""egress.public_suffix: the bundled list read fast, checked against tldextract's public API."""
+"""egress.core.public_suffix: the bundled list read fast, checked against tldextract's public API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import idna
 import pytest
 
-from egress import public_suffix
+from egress.core import public_suffix
 
 CASES = [
     # (name, is a public suffix) -- from the list's ICANN and private sections, wildcards, exceptions
@@ -81,7 +81,7 @@ def test_checking_entries_imports_neither_tldextract_nor_requests(tmp_path):
     # What each `egress run --policy/--allow` pays before its command starts: no requests, no trie.
     code = ("import sys; from egress import settings; "
             "settings.from_mapping({'include': ['dev'], 'allow': ['example.org'], 'passthrough': ['x.example.org:443']}); "
-            "print(sorted(m for m in ('tldextract', 'requests', 'egress.credentials') if m in sys.modules))")
+            "print(sorted(m for m in ('tldextract', 'requests', 'egress.scan.credentials') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert result.returncode == 0, result.stderr

@@ -117,7 +117,7 @@ def test_each_refusal_line_comes_whole_and_before_the_commands_own_error(tmp_pat
 
 @pytest.mark.parametrize("mode", ["warm", "lazy"])
 def test_a_captured_connection_is_named_before_it_is_closed(tmp_path, mode):
-    # Transparent capture (egress.transparent): a raw TCP connection that is not HTTP is named,
+    # Transparent capture (egress.proxy.capture): a raw TCP connection that is not HTTP is named,
     # then closed; the command that sees the close and says so writes after egress's line.
     script = textwrap.dedent("""
         import socket, sys
@@ -436,7 +436,7 @@ STATUS = 'curl -s -o /dev/null -w "%{http_code}\\n"'
 
 
 def test_the_command_rewriting_the_project_policy_does_not_reload_it(tmp_path, http_upstream, curl_path):
-    from egress.live import POLL_SECONDS
+    from egress.host.live import POLL_SECONDS
 
     project = tmp_path / "project"
     project.mkdir()

@@ -1,4 +1,4 @@
-"""`egress run`'s transparent capture (sandbox/capture.py, egress/transparent.py): clients that
+"""`egress run`'s transparent capture (sandbox/capture.py, egress/proxy/capture.py): clients that
 ignore the proxy variables still reach egress, are held to the same policy, or are named.
 
 Real namespaces and real clients; every upstream is a loopback server of the test, reached

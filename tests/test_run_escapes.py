@@ -460,7 +460,7 @@ CONCEALING = ("\x1b]10;#000000\x07\x1b]11;#000000\x07\x1b[8m\x1b]8;;https://evil
 
 
 def test_egress_lines_on_a_terminal_are_drawn_after_the_commands_colours_are_undone(tmp_path, http_upstream):
-    from egress.terminal import RESET
+    from egress.observe.terminal import RESET
 
     master, slave = pty.openpty()
     project = tmp_path / "project"
@@ -495,7 +495,7 @@ def test_egress_lines_on_a_terminal_are_drawn_after_the_commands_colours_are_und
 def test_a_policy_file_hard_linked_into_the_project_is_read_once(tmp_path, http_upstream, curl_path):
     # Red team N11: `--policy /outside/p.toml` with `ln /outside/p.toml project/p.toml`: the command
     # rewrote it through the link, egress reloaded it and other.test went 403 -> 200.
-    from egress.live import POLL_SECONDS
+    from egress.host.live import POLL_SECONDS
 
     project = tmp_path / "project"
     project.mkdir()

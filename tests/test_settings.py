@@ -1,4 +1,4 @@
-"""Credentials are parsed beside the policy (egress.settings), not inside the policy loader."""
+"""Credentials are parsed beside the policy (egress.policy.settings), not inside the policy loader."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from egress import policy_loader, settings
-from egress.policy import PolicyError
+from egress.policy import loader as policy_loader, settings
+from egress.policy.loader import PolicyError
 
 BROKEN = 'allow = ["example.org"]\n\n[credentials]\naction = "warn"\n'
 
@@ -53,19 +53,19 @@ def test_good_settings_come_with_the_policy(tmp_path):
 def test_loading_a_policy_does_not_import_credentials(tmp_path):
     path = tmp_path / "p.toml"
     path.write_text(BROKEN)
-    code = (f"import sys; from egress.policy_loader import load_policy; load_policy([{str(path)!r}]); "
-            f"print('egress.credentials' in sys.modules)")
+    code = (f"import sys; from egress.policy.loader import load_policy; load_policy([{str(path)!r}]); "
+            f"print('egress.scan.credentials' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert result.stdout.strip() == "False", result.stderr
 
 
 def test_a_live_reload_never_takes_a_policy_whose_credentials_are_wrong(tmp_path):
-    from egress.engine import Engine
-    from egress.events import Recorder
-    from egress.live import PolicyWatcher
-    from egress.metrics import Metrics
-    from egress.resolver import Resolver
+    from egress.proxy.engine import Engine
+    from egress.observe.events import Recorder
+    from egress.host.live import PolicyWatcher
+    from egress.observe.metrics import Metrics
+    from egress.proxy.resolver import Resolver
 
     path = tmp_path / "p.toml"
     path.write_text('allow = ["example.org"]\n')

@@ -1,4 +1,4 @@
-"""egress.snapshot.PolicySnapshot: files the command can write are read once, at the start."""
+"""egress.run.snapshot.PolicySnapshot: files the command can write are read once, at the start."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from egress.policy import Policy, PolicyError, load_policy
-from egress.snapshot import PolicySnapshot
+from egress.policy.matcher import Policy
+from egress.policy.loader import PolicyError, load_policy
+from egress.run.snapshot import PolicySnapshot
 from sandbox.paths import command_writable
 
 

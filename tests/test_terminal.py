@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from egress.terminal import CONSOLE_RESET, DUMB_RESET, RESET, RESET_PARTS, say
+from egress.observe.terminal import CONSOLE_RESET, DUMB_RESET, RESET, RESET_PARTS, say
 
 LINE = "EGRESS_BLOCKED evil.test (not on the allow list)"
 

@@ -2,7 +2,7 @@
 
 Real ClientHellos come from Python's own TLS stack (a MemoryBIO handshake that never leaves the
 process); hostile ones are those bytes with the SNI rewritten. Whatever the bytes, the name is a
-canonical host or None: never text that could add a line to the CONNECT (egress.transparent).
+canonical host or None: never text that could add a line to the CONNECT (egress.proxy.capture).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from egress.transparent import claimed_name
+from egress.proxy.capture import claimed_name
 
 
 def client_hello(server_name: str) -> bytes:

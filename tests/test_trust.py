@@ -1,4 +1,4 @@
-"""egress.trust: which CAs upstream certificates are verified against, and the checks of a CA
+"""egress.proxy.trust: which CAs upstream certificates are verified against, and the checks of a CA
 file a person names. Files are real (in tmp_path); the environment is passed in, never the
 machine's."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from egress.addons.upstream_errors import UPSTREAM_CA_HINT, classify_tls_failure
-from egress.trust import SYSTEM_BUNDLES, TrustError, proxy_locations, upstream_trust
+from egress.proxy.addons.upstream_errors import UPSTREAM_CA_HINT, classify_tls_failure
+from egress.proxy.trust import SYSTEM_BUNDLES, TrustError, proxy_locations, upstream_trust
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import (DEFAULT_POLICY, TEST_NAMES, RawServer, _start_upstream, clean_env, egress_command,
                       proxied_session, run_curl)
-from egress.contract import EXIT_LAUNCHER, EXIT_STATE
+from egress.core.contract import EXIT_LAUNCHER, EXIT_STATE
 from test_dns import DnsServer
 from test_run import egress_run
 

@@ -1,6 +1,6 @@
 """The warm proxy: `egress run` hands its sandbox's socket to a per-user process that is already warm.
 
-Real runs through the real launcher, a real warm server (egress.warmserver) and its real
+Real runs through the real launcher, a real warm server (egress.run.warm.server) and its real
 children, real namespaces; upstreams on 127.0.0.1 reached through --resolve. Each test's
 state folder is its own, so each starts its own server; the autouse fixture in conftest.py
 stops it (by pid) when the test ends.
@@ -283,7 +283,7 @@ def test_a_run_whose_server_found_another_starting_waits_for_that_one(tmp_path):
     Its run must wait for the server that holds the lock, not give up on the warm proxy."""
     import fcntl
 
-    from egress import warm
+    from egress.run.warm import client as warm
 
     paths = warm.Paths(tmp_path / "state", "0badc0de")
     paths.make_folder()
@@ -313,7 +313,7 @@ for path in glob.glob(sys.argv[1] + "/warm/*.sock"):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
             sock.connect(path)
-            body = marshal.dumps({"op": "run"})  # a frame as egress.warm sends one
+            body = marshal.dumps({"op": "run"})  # a frame as egress.run.warm.client sends one
             try:
                 sock.sendall(len(body).to_bytes(4, "big") + body)
             except (BrokenPipeError, ConnectionResetError):
@@ -380,7 +380,7 @@ class Last:
             missing.add(name)
 sys.meta_path.append(Last)
 from pathlib import Path
-from egress.warmserver import warm_up
+from egress.run.warm.server import warm_up
 warm_up(Path(sys.argv[2]))
 print(json.dumps(sorted(missing)))
 """

@@ -1,4 +1,4 @@
-"""egress.wiring: one ProxyConfig and one ProxyBuilder for `egress serve` and `egress run`.
+"""egress.proxy.build: one ProxyConfig and one ProxyBuilder for `egress serve` and `egress run`.
 
 The builder runs in this process: a real mitmproxy, a real DNS server and real upstreams
 on 127.0.0.1, clients in a thread. The CLI tests check that both commands make the same
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from egress import settings
-from egress.contract import EXIT_LISTEN, EXIT_STATE
-from egress.wiring import BuildError, ProxyBuilder, ProxyConfig
+from egress.policy import settings
+from egress.core.contract import EXIT_LISTEN, EXIT_STATE
+from egress.proxy.build import BuildError, ProxyBuilder, ProxyConfig
 from test_dns import DnsServer
 
 POLICY = {"allow": ["named.test", "silent.test", "override.test"], "allow_private": ["127.0.0.1/32"]}
@@ -183,12 +183,12 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
     from click.testing import CliRunner
 
     import egress.cli as cli
-    import sandbox.launcher
+    import egress.run.launcher
 
     made = []
     monkeypatch.setattr(cli, "_serve", lambda policies, config: made.append(config))
     monkeypatch.setattr(cli, "_serve_workers", lambda policies, config, count: made.append(config))
-    monkeypatch.setattr(sandbox.launcher, "run", lambda options: made.append(options.proxy) or 0)
+    monkeypatch.setattr(egress.run.launcher, "run", lambda options: made.append(options.proxy) or 0)
     monkeypatch.setattr(cli.os, "_exit", lambda status: None)
     args = ["--metrics", "127.0.0.1:0", "--audit-log", str(tmp_path / "a.jsonl"), "--resolve", "a.test:127.0.0.1",
             "--dns-server", "127.0.0.1:5353", "--dns-timeout", "2", "--upstream-timeout", "3",
@@ -200,7 +200,7 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
                                 overrides=("a.test:127.0.0.1",), dns_server="127.0.0.1:5353", dns_timeout=2,
                                 upstream_timeout=3, state_dir=str(tmp_path / "state"))
     listen = ("127.0.0.1", 8080) if command == "serve" else None
-    # serve's front (egress.front) answers passthrough CONNECTs; run's proxy has none
+    # serve's front (egress.proxy.fastpath) answers passthrough CONNECTs; run's proxy has none
     assert config == expected._replace(listen=listen, front=command == "serve")
 
 
@@ -208,7 +208,7 @@ def test_importing_the_wiring_imports_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, egress.wiring, egress.cli; "
+    code = ("import sys, egress.proxy.build, egress.cli; "
             "print(sorted(m for m in ('mitmproxy', 'prometheus_client', 'dns', 'tldextract') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stderr

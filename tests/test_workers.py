@@ -67,7 +67,7 @@ def audit_when(proxy, count: int, predicate=lambda e: True) -> list[dict]:
 
 
 def rules(proxy) -> int:
-    from egress.policy import load_policy
+    from egress.policy.loader import load_policy
 
     return load_policy([str(proxy.audit_path.parent / "policy.toml")]).rule_count
 
@@ -383,7 +383,7 @@ def test_a_second_serve_on_the_same_port_is_refused(two, tmp_path):
 
 def test_a_worker_that_cannot_start_stops_serve_with_its_status(tmp_path):
     # The supervisor checks the policy first (3); here a worker meets what only it does: an
-    # unloadable module. Simulated with a PYTHONPATH whose egress.workers fails to import.
+    # unloadable module. Simulated with a PYTHONPATH whose egress.serve.workers fails to import.
     site = tmp_path / "site"
     repo = Path(__file__).resolve().parents[1]
     import shutil
@@ -409,7 +409,7 @@ def test_a_worker_that_cannot_start_stops_serve_with_its_status(tmp_path):
     ([None, "", "a.test"], ["other", "other", "a.test"]),
 ])
 def test_the_first_names_keep_their_label_then_other(tmp_path, names, labels):
-    from egress.metrics import DomainLabels
+    from egress.observe.metrics import DomainLabels
 
     for path in (None, str(tmp_path / "domains")):  # one process, or a table shared by workers
         label = DomainLabels(path, limit=2).label
@@ -418,7 +418,7 @@ def test_the_first_names_keep_their_label_then_other(tmp_path, names, labels):
 
 LABELLER = """
 import json, sys
-from egress.metrics import DomainLabels
+from egress.observe.metrics import DomainLabels
 label = DomainLabels(sys.argv[1], limit=50).label
 names = [f"d{i}.test" for i in range(120)]
 print(json.dumps({name: label(name) for name in (names if sys.argv[2] == "up" else names[::-1])}))
@@ -454,7 +454,7 @@ def test_reloads_while_a_worker_restarts_do_not_end_it(two, http_upstream):
 @pytest.mark.parametrize("broken", [False, True], ids=["policy-good", "policy-broken"])
 def test_a_worker_that_keeps_dying_stops_serve_loudly(two, broken):
     # with the files broken, each replacement runs the last good policy: the rule is the same
-    from egress.workers import RESTARTS
+    from egress.serve.workers import RESTARTS
 
     proxy = two()
     if broken:
@@ -549,10 +549,10 @@ def test_a_worker_restarted_while_the_policy_is_broken_runs_the_last_good_policy
 
 
 def test_the_last_good_policy_is_its_files_as_read_then_and_nothing_before_the_first(tmp_path):
-    # A worker's own load (egress.workers.load_for_worker), in this process, on real files: the
+    # A worker's own load (egress.serve.workers.load_for_worker), in this process, on real files: the
     # texts of the newest policy that loaded, includes too, each led where it led then.
     from egress.cli import Fatal
-    from egress.workers import LastGood, load_for_worker
+    from egress.serve.workers import LastGood, load_for_worker
 
     shared, said = tmp_path / "shared", []
     shared.mkdir()
@@ -582,7 +582,7 @@ def test_the_last_good_policy_is_its_files_as_read_then_and_nothing_before_the_f
 
 def test_a_load_that_began_earlier_never_replaces_a_later_ones_texts(tmp_path):
     # Two workers reloading two quick edits: the one that read the older text may finish last.
-    from egress.workers import LastGood, TextRecorder
+    from egress.serve.workers import LastGood, TextRecorder
 
     policy = tmp_path / "policy.toml"
     policy.write_text('allow = ["old.test"]\n')
@@ -612,6 +612,6 @@ def test_a_reload_frees_the_policy_each_worker_started_with(two):
     before = {pid: _rss_mib(pid) for pid in proxy.workers}
     policy.write_text('allow = ["allowed.test"]\n')
     wait_for(lambda: reloads(proxy) == {"1": 1, "2": 1}, "both workers' reload")
-    # freed a piece at a time after the reload is said (egress.live._let_go), then trimmed
+    # freed a piece at a time after the reload is said (egress.host.live._let_go), then trimmed
     wait_for(lambda: all(_rss_mib(pid) < before[pid] - 8 for pid in proxy.workers),
              f"both workers to give back their first policy (RSS before: {before})")

@@ -15,11 +15,11 @@ import json
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
-from egress.engine import Engine
-from egress.events import Recorder
-from egress.metrics import Metrics
-from egress.policy import Policy
-from egress.resolver import Resolver
+from egress.proxy.engine import Engine
+from egress.observe.events import Recorder
+from egress.observe.metrics import Metrics
+from egress.policy.matcher import Policy
+from egress.proxy.resolver import Resolver
 
 POLICY = {
     "allow": ["allowed.test", "public.test", "private.test", "siit.test"],

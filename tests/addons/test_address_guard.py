@@ -8,9 +8,9 @@ from mitmproxy.addons import proxyserver
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from mitmproxy.test import tflow
 
-from egress.addons.address_guard import AddressGuard
-from egress.addons.policy_guard import PolicyGuard
-from egress.flowstate import flow_state
+from egress.proxy.addons.address_guard import AddressGuard
+from egress.proxy.addons.policy_guard import PolicyGuard
+from egress.proxy.flowstate import flow_state
 
 from .helpers import context, events, make_engine, request_flow, run
 
@@ -91,8 +91,8 @@ def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_aga
     # The tunnel's address was pinned at the CONNECT; mitmproxy reuses its server connection for
     # every request inside. Before: requests in a tunnel were never checked by the address guard,
     # so a reload that withdrew allow_private left the tunnel reaching 127.0.0.1. (serve's reload
-    # also closes such a tunnel at once: egress.addons.tunnels; this is the request's own check.)
-    from egress.policy import Policy
+    # also closes such a tunnel at once: egress.proxy.addons.tunnels; this is the request's own check.)
+    from egress.policy.matcher import Policy
 
     from .helpers import POLICY, connect_flow
 

@@ -32,15 +32,15 @@ from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 from mitmproxy.websocket import WebSocketData
 
-from egress.addons import credential_guard
-from egress.addons.credential_guard import CredentialGuard
-from egress.credentials import Credentials, StoredSecret
-from egress.engine import Engine
-from egress.flowstate import flow_state
-from egress.hosts import parse_host
-from egress.metrics import Metrics
-from egress.policy import Policy
-from egress.resolver import Resolver
+from egress.proxy.addons import credential_guard
+from egress.proxy.addons.credential_guard import CredentialGuard
+from egress.scan.credentials import Credentials, StoredSecret
+from egress.proxy.engine import Engine
+from egress.proxy.flowstate import flow_state
+from egress.core.hosts import parse_host
+from egress.observe.metrics import Metrics
+from egress.policy.matcher import Policy
+from egress.proxy.resolver import Resolver
 
 from test_body_forms import brotli_with_metadata, gzip_with, zstd_with_skippable
 

@@ -11,7 +11,7 @@ from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import RequestHeaders
 from mitmproxy.test import tflow
 
-from egress.addons.limits import Limits, StrictHttp1Server
+from egress.proxy.addons.limits import Limits, StrictHttp1Server
 
 from .helpers import context, events as audit_events, make_engine, run
 
@@ -120,7 +120,7 @@ def test_every_upstream_response_is_read_by_the_strict_client():
     # and for a server that speaks first (HttpLayer): the name is where egress puts its subclass.
     from mitmproxy.proxy.layers import http as http_layers
 
-    from egress.addons.limits import StrictHttp1Client
+    from egress.proxy.addons.limits import StrictHttp1Client
 
     Limits(make_engine())
     assert http_layers.Http1Client is StrictHttp1Client
@@ -132,7 +132,7 @@ def test_every_upstream_response_is_read_by_the_strict_client():
 def test_memory_that_still_lives_costs_one_collection_not_one_a_look():
     # The reclaim by size collects when the resident size has grown by half again (64 MiB at least);
     # what is still alive afterwards is the new floor, so live memory is not collected for again.
-    from egress.reclaim import GROWTH, GROWTH_SHARE, Reclaimer, resident_bytes
+    from egress.proxy.reclaim import GROWTH, GROWTH_SHARE, Reclaimer, resident_bytes
 
     start = resident_bytes()
     if start is None:

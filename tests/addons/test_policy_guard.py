@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from mitmproxy import flow as mflow
 
-from egress.addons.policy_guard import PolicyGuard
-from egress.flowstate import flow_state
+from egress.proxy.addons.policy_guard import PolicyGuard
+from egress.proxy.flowstate import flow_state
 
 from .helpers import connect_flow, context, events, make_engine, request_flow, run
 
@@ -57,7 +57,7 @@ def tunnelled(url: str, host_header: str | None = "allowed.test", sni: str | Non
         flow.client_conn.sni = sni
         engine.conn(flow.client_conn).tunnel = (make.host, 443)
         return flow
-    from egress.hosts import parse_host
+    from egress.core.hosts import parse_host
 
     make.host = parse_host("allowed.test")
     return make
@@ -123,8 +123,8 @@ def test_a_guard_that_raises_refuses_instead_of_passing(monkeypatch):
 def test_ip_literals_and_localhost_names_are_never_offered_for_a_grant():
     # Loopback by definition (RFC 6761) like an IP literal: asking would offer what the address
     # guard refuses anyway. NeverAsk says its notice the first time it is asked anything.
-    from egress.ask import NeverAsk
-    from egress.control import RunState
+    from egress.run.ask import NeverAsk
+    from egress.host.control import RunState
 
     said: list[str] = []
     engine = make_engine()

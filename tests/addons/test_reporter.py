@@ -5,9 +5,9 @@ from __future__ import annotations
 from mitmproxy import flow as mflow
 from mitmproxy.test import tutils
 
-from egress.addons.policy_guard import PolicyGuard
-from egress.addons.reporter import Reporter
-from egress.flowstate import flow_state
+from egress.proxy.addons.policy_guard import PolicyGuard
+from egress.proxy.addons.reporter import Reporter
+from egress.proxy.flowstate import flow_state
 
 from .helpers import context, events, make_engine, request_flow, run
 

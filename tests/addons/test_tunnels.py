@@ -16,13 +16,13 @@ from mitmproxy.proxy.layers.http import HttpErrorHook, HttpResponseHeadersHook
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 
-from egress.addons.reporter import Reporter
-from egress.addons.tunnels import ProtocolGuard
-from egress.mitm import websocket_layer
-from egress.engine import Engine
-from egress.metrics import Metrics
-from egress.policy import Policy
-from egress.resolver import Resolver
+from egress.proxy.addons.reporter import Reporter
+from egress.proxy.addons.tunnels import ProtocolGuard
+from egress.proxy.mitm import websocket_layer
+from egress.proxy.engine import Engine
+from egress.observe.metrics import Metrics
+from egress.policy.matcher import Policy
+from egress.proxy.resolver import Resolver
 
 from .helpers import KeepingRecorder
 

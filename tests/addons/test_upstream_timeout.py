@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mitmproxy.test import tutils
 
-from egress.addons.upstream_timeout import UpstreamTimeout
+from egress.proxy.addons.upstream_timeout import UpstreamTimeout
 
 from .helpers import context, request_flow, run
 

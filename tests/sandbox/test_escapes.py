@@ -156,7 +156,7 @@ def runner(request):
     lib = Path(tempfile.mkdtemp(prefix="egress-escapes-lib-"))
     try:
         lib.chmod(0o755)
-        for package in ("sandbox", "egress"):  # sandbox reads egress.contract
+        for package in ("sandbox", "egress"):  # sandbox reads egress.core.contract
             shutil.copytree(REPO / package, lib / package, ignore=shutil.ignore_patterns("__pycache__"))
             for folder in (lib / package, *[p for p in (lib / package).rglob("*") if p.is_dir()]):
                 folder.chmod(0o755)

@@ -738,7 +738,7 @@ def test_works_for_an_unprivileged_user(tmp_path):
     base = Path(tempfile.mkdtemp(prefix="egress-sandbox-", dir="/tmp"))
     try:
         base.chmod(0o755)
-        for package in ("sandbox", "egress"):  # sandbox reads egress.contract
+        for package in ("sandbox", "egress"):  # sandbox reads egress.core.contract
             shutil.copytree(REPO / package, base / "lib" / package, ignore=shutil.ignore_patterns("__pycache__"))
         for d in (base / "lib", *[p for p in (base / "lib").rglob("*") if p.is_dir()]):
             d.chmod(0o755)

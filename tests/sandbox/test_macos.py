@@ -27,8 +27,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import TEST_NAMES, clean_env
-from egress.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from egress.proxyauth import USER
+from egress.core.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT
+from egress.proxy.auth import USER
 from sandbox.environment import CA_VARIABLES, PROXY_VARIABLES
 from sbpl import decide, filter_paths, read_sbpl, rules, writable_subpaths
 
@@ -40,9 +40,9 @@ POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'
 DRIVER = textwrap.dedent("""
     import os, sys
     from egress.entry import parse_run
-    from sandbox.launcher import LaunchError, run
+    from egress.run.launcher import LaunchError, run
     from sandbox.platforms import MacOS
-    from egress.terminal import say
+    from egress.observe.terminal import say
     try:
         status = run(parse_run(sys.argv[2:], os.environ), platform=MacOS(sandbox_exec=sys.argv[1]))
     except LaunchError as e:
@@ -218,7 +218,7 @@ def test_a_hostile_project_name_is_exactly_one_writable_path(mac, tmp_path, name
 
 def test_without_an_os_sandbox_egress_run_refuses_with_125(mac, tmp_path):
     from egress.entry import parse_run
-    from sandbox.launcher import LaunchError, run
+    from egress.run.launcher import LaunchError, run
     from sandbox.platforms import MacOS, for_platform
 
     options = parse_run(["--", "true"], {})
@@ -334,7 +334,7 @@ def _doctor(tmp_path, platform: str) -> tuple[dict, bool]:
     """run_checks for ``platform`` (a Python expression), in a fresh interpreter as `egress doctor` runs."""
     code = textwrap.dedent(f"""
         import json, sys
-        from sandbox.doctor import run_checks
+        from egress.run.doctor import run_checks
         from sandbox.platforms import MacOS, for_platform
         from pathlib import Path
         checks, honoured = run_checks([], Path(sys.argv[1]), platform={platform})

@@ -1,1 +1,0 @@
-"""mitmproxy addons, one concern each; assembled in egress.proxy."""

@@ -1,0 +1,1 @@
+"""Guardrails for agent harnesses: the command deny list, fences, output caps, the write guard."""

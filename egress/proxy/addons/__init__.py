@@ -1,0 +1,1 @@
+"""mitmproxy addons, one concern each; assembled in egress.proxy.master."""

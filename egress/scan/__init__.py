@@ -1,0 +1,1 @@
+"""Credential scanning: the detector, its decoders, and the install's stored secrets. No mitmproxy."""

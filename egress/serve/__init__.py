@@ -1,0 +1,1 @@
+"""`egress serve`: one proxy, or N workers on one port."""
