@@ -241,7 +241,7 @@ if "lean" in flags:
     substitute("typing", Callable=object)
 if "noclick" in flags:  # `-- COMMAND...` only: no egress options
     from pathlib import Path
-    from egress.proxy.build import ProxyConfig
+    from egress.proxy.config import ProxyConfig
     from egress.run.launcher import LaunchError, RunOptions, run
     state = os.environ.get("EGRESS_STATE_DIR")
     try:

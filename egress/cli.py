@@ -25,7 +25,7 @@ from egress.core.contract import (
     PROXY_MODE_ENV,
     PROXY_MODES,
 )
-from egress.proxy.build import DEFAULT_LIMITS  # the limits addon's options and their defaults
+from egress.proxy.config import DEFAULT_LIMITS  # the limits addon's options and their defaults
 
 DEFAULT_POLICY = "dev"
 
@@ -250,7 +250,7 @@ def ca_path(state_dir: Path | None) -> None:
 
 def proxy_options(*, metrics: str, audit_log: str):
     """The options that shape a proxy, shared by `serve` and `run`: same names, same meaning, one
-    egress.proxy.build.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
+    egress.proxy.config.ProxyConfig made of them (passed as ``proxy``). Only two defaults differ: a
     command's stdout is its own, and one run rarely wants an endpoint of its own."""
     options = [
         click.option("--metrics", default=metrics, show_default=True, metavar="HOST:PORT|off",
@@ -317,7 +317,7 @@ def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str 
                  dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
                  state_dir: Path | None = None, listen: tuple[str, int] | None = None, limits=None):
     """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
-    from egress.proxy.build import ProxyConfig
+    from egress.proxy.config import ProxyConfig
 
     return ProxyConfig(
         listen=listen,

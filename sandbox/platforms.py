@@ -33,6 +33,8 @@ from __future__ import annotations
 import os
 import socket
 
+from egress.core.contract import PROXY_USER
+
 LINUX_PROXY_PORT = 3128  # inside the command's own network namespace, where every port is free
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"  # the absolute path: never one found on a PATH the caller controls
 
@@ -53,18 +55,14 @@ class Listener:
     def url(self) -> str:
         if self.secret is None:
             return f"http://127.0.0.1:{self.port}"
-        from egress.proxy.auth import USER
-
-        return f"http://{USER}:{self.secret}@127.0.0.1:{self.port}"
+        return f"http://{PROXY_USER}:{self.secret}@127.0.0.1:{self.port}"
 
     @property
     def auth(self) -> tuple[str, str] | None:
-        """(user, password) the run's proxy must ask for (egress.proxy.build.ProxyConfig.auth)."""
+        """(user, password) the run's proxy must ask for (egress.proxy.config.ProxyConfig.auth)."""
         if self.secret is None:
             return None
-        from egress.proxy.auth import USER
-
-        return USER, self.secret
+        return PROXY_USER, self.secret
 
     def close(self) -> None:
         for sock in (self.socket, *self.guards):
@@ -121,7 +119,7 @@ class MacOS:
         return None
 
     def listener(self, networked: bool) -> Listener:
-        from egress.proxy.auth import new_secret
+        import secrets
 
         if not networked:
             return Listener(0)
@@ -139,7 +137,8 @@ class MacOS:
                 sock.close()
                 error = e
                 continue
-            return Listener(port, sock, new_secret(), guards)
+            # 32 random bytes as URL-safe text: nothing a proxy URL would need to escape
+            return Listener(port, sock, secrets.token_urlsafe(32), guards)
         raise error
 
     def environment(self, tmpdir) -> dict[str, str]:

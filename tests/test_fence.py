@@ -110,10 +110,10 @@ def test_injections_score_high_and_name_their_signals(text, signals):
 def ordinary_texts() -> list[tuple[str, str]]:
     """Documentation, code and build logs as they are: this project's, Python's, Debian's."""
     texts = []
-    for pattern in ("README.md", "docs/*.md", "bench/README.md", "egress/*.py", "sandbox/*.py"):
+    for pattern in ("README.md", "docs/*.md", "bench/README.md", "egress/**/*.py", "sandbox/*.py"):
         # the scorer's own source, and the README's section about it, quote what injections say
         texts += [(path, re.sub(r"### For agent harnesses.*?(?=\n### )", "", Path(path).read_text(), flags=re.S))
-                  for path in sorted(glob.glob(str(ROOT / pattern))) if not path.endswith("fence.py")]
+                  for path in sorted(glob.glob(str(ROOT / pattern), recursive=True)) if not path.endswith("fence.py")]
     for name in ("smtplib", "getpass", "argparse", "subprocess", "netrc", "ssl", "urllib/request"):
         path = Path(sys.base_prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / f"{name}.py"
         if path.exists():

@@ -20,7 +20,8 @@ import pytest
 
 from conftest import DEFAULT_POLICY, proxied_session
 from egress.policy import settings
-from egress.proxy.build import ProxyBuilder, ProxyConfig
+from egress.proxy.build import ProxyBuilder
+from egress.proxy.config import ProxyConfig
 from test_workers import children, wait_for
 
 linux_only = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="--workers needs Linux (SO_REUSEPORT)")

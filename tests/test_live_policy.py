@@ -203,7 +203,8 @@ def test_after_a_reload_the_first_policy_is_freed_though_start_up_objects_are_fr
 
     from egress.policy import settings
     from egress.host.live import PolicyWatcher
-    from egress.proxy.build import ProxyBuilder, ProxyConfig
+    from egress.proxy.build import ProxyBuilder
+    from egress.proxy.config import ProxyConfig
 
     path = tmp_path / "policy.toml"
     path.write_text('allow = ["allowed.test"]\n')

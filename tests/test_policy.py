@@ -18,6 +18,7 @@ from egress.core import reasons
 from egress.core.addresses import classify
 from egress.core.hosts import parse_host
 from egress.policy.matcher import Decision, Policy
+from egress.policy.loader import policy_from_mapping
 from egress.policy.loader import PolicyError, Problem, builtin_path, load_policy
 from egress.core.public_suffix import is_public_suffix, registrable_domain
 
@@ -754,7 +755,7 @@ def test_the_read_hook_supplies_every_text_and_says_what_exists(tmp_path):
     texts[tmp_path / "team.toml"] = 'allow = ["team.example.com"]\n'
     policy = load_policy([str(tmp_path / "main.toml")], read=read)
     assert policy.decide("team.example.com", 443).allowed and policy.decide("main.example.com", 443).allowed
-    from_mapping = Policy.from_mapping({"include": [str(tmp_path / "team.toml")]}, read=read)
+    from_mapping = policy_from_mapping({"include": [str(tmp_path / "team.toml")]}, read=read)
     assert from_mapping.decide("team.example.com", 443).allowed
 
 
@@ -960,7 +961,7 @@ CHOOSE_CASES = [
 @pytest.mark.parametrize(("host", "addresses", "private", "dialled", "detail"), [c[1:] for c in CHOOSE_CASES],
                          ids=[c[0] for c in CHOOSE_CASES])
 def test_choose_address(host, addresses, private, dialled, detail):
-    policy = Policy.from_mapping({"network": "all", "allow_private": private})
+    policy = policy_from_mapping({"network": "all", "allow_private": private})
     chosen = policy.choose_address(parse_host(host), 443, [ipaddress.ip_address(a) for a in addresses])
     if dialled is not None:
         assert chosen == ipaddress.ip_address(dialled)
@@ -1000,7 +1001,7 @@ DENIED_BY_ADDRESS = [  # (id, deny, host, addresses, allow_private, the entry ma
                          [c[1:] for c in DENIED_BY_ADDRESS], ids=[c[0] for c in DENIED_BY_ADDRESS])
 def test_a_deny_entry_that_is_an_address_refuses_every_name_resolving_into_it(
         deny, host, addresses, private, entry, detail):
-    policy = Policy.from_mapping({"network": "all", "deny": deny, "allow_private": private})
+    policy = policy_from_mapping({"network": "all", "deny": deny, "allow_private": private})
     parsed = parse_host(host)
     assert policy.decide(parsed, 443).allowed  # the name itself is not on the deny list
     chosen = policy.choose_address(parsed, 443, [ipaddress.ip_address(a) for a in addresses])
@@ -1012,7 +1013,7 @@ def test_a_deny_entry_that_is_an_address_refuses_every_name_resolving_into_it(
 
 
 def test_an_address_deny_entry_leaves_other_addresses_and_ports_alone():
-    policy = Policy.from_mapping({"network": "all", "deny": ["203.0.113.0/24", "198.51.100.7:443", "evil.test"]})
+    policy = policy_from_mapping({"network": "all", "deny": ["203.0.113.0/24", "198.51.100.7:443", "evil.test"]})
     host = parse_host("ok.test")
     assert policy.choose_address(host, 443, [ipaddress.ip_address("151.101.0.223")]) == ipaddress.ip_address(
         "151.101.0.223")
@@ -1035,7 +1036,7 @@ def test_the_suggested_allow_private_line_allows_exactly_that(tmp_path, address)
     ip = ipaddress.ip_address(address)
     hosts = [parse_host("pypi.org")] + ([parse_host(address)] if parse_host(address).ip == ip else [])
     for host in hosts:
-        refusal = Policy.from_mapping({"network": "all"}).choose_address(host, 443, [ip])
+        refusal = policy_from_mapping({"network": "all"}).choose_address(host, 443, [ip])
         line = refusal.detail.rpartition(": ")[2]
         assert line.startswith("allow_private = [")
         path = write(tmp_path, "fixed.toml", f'network = "all"\n{line}\n')
@@ -1117,13 +1118,13 @@ def test_decisions_are_pure(tmp_path):
 def test_from_mapping(tmp_path, monkeypatch):
     write(tmp_path, "inc.toml", 'allow = ["inc.example.com"]\n')
     monkeypatch.chdir(tmp_path)  # a mapping's includes are relative to the cwd
-    policy = Policy.from_mapping({"allow": ["example.com"], "deny": ["x.example.com"],
+    policy = policy_from_mapping({"allow": ["example.com"], "deny": ["x.example.com"],
                                   "include": ["inc.toml"]}, "cli")
     assert policy.decide("www.example.com").rule.path == "cli"
     assert policy.decide("x.example.com").reason == "denied"
     assert policy.decide("inc.example.com").allowed
     with pytest.raises(PolicyError) as info:
-        Policy.from_mapping({"allow": ["com"], "alow": []})
+        policy_from_mapping({"allow": ["com"], "alow": []})
     assert [(p.path, p.line) for p in info.value.problems] == [("<policy>", None)] * 2
 
 
@@ -1137,7 +1138,7 @@ def test_loading_restores_the_garbage_collector(tmp_path, enabled):
         load_policy([str(path)])
         with pytest.raises(PolicyError):
             load_policy([str(bad)])
-        Policy.from_mapping({"allow": ["example.com"]})
+        policy_from_mapping({"allow": ["example.com"]})
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()

@@ -79,7 +79,7 @@ def test_without_the_snapshot_file_the_public_api_answers(monkeypatch):
 
 def test_checking_entries_imports_neither_tldextract_nor_requests(tmp_path):
     # What each `egress run --policy/--allow` pays before its command starts: no requests, no trie.
-    code = ("import sys; from egress import settings; "
+    code = ("import sys; from egress.policy import settings; "
             "settings.from_mapping({'include': ['dev'], 'allow': ['example.org'], 'passthrough': ['x.example.org:443']}); "
             "print(sorted(m for m in ('tldextract', 'requests', 'egress.scan.credentials') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -151,7 +151,7 @@ def refuse(*args, **kwargs):
     raise AssertionError("a network call")
 socket.socket.connect = socket.socket.connect_ex = refuse
 socket.create_connection = socket.getaddrinfo = refuse
-from egress import public_suffix as p
+from egress.core import public_suffix as p
 print(p.is_public_suffix("httpbin.org"), p.is_icann_suffix("httpbin.org"),
       p.public_api_is_public_suffix("httpbin.org"), p.public_api_is_icann_suffix("co.uk"),
       p.registrable_domain("www.example.co.uk"))

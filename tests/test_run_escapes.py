@@ -335,7 +335,7 @@ def test_egress_code_inside_the_project_stays_out_of_the_commands_reach(tmp_path
     lib.mkdir(parents=True)
     for part in ("egress", "sandbox", "policies"):
         shutil.copytree(os.path.join(os.getcwd(), part), lib / part, ignore=shutil.ignore_patterns("__pycache__"))
-    guard = lib / "egress" / "addons" / "policy_guard.py"
+    guard = lib / "egress" / "proxy" / "addons" / "policy_guard.py"
     before = guard.read_text()
     (project / "policy.toml").write_text('allow_private = ["allowed.test"]\nallow = ["allowed.test"]\n')
     script = (f'mv lib lib-moved 2>/dev/null || echo kept; echo "raise SystemExit" >> {guard} || echo refused; '

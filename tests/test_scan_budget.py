@@ -25,7 +25,8 @@ from conftest import RawServer
 from egress.policy import settings
 from egress.proxy.addons import credential_guard
 from egress.scan.credentials import Credentials
-from egress.proxy.build import ProxyBuilder, ProxyConfig
+from egress.proxy.build import ProxyBuilder
+from egress.proxy.config import ProxyConfig
 from test_credentials import GITHUB, read_all
 
 POLICY = {"allow": ["allowed.test"], "allow_private": ["allowed.test"]}

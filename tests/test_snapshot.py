@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from egress.policy.matcher import Policy
+from egress.policy.loader import policy_from_mapping
 from egress.policy.loader import PolicyError, load_policy
 from egress.run.snapshot import PolicySnapshot
 from sandbox.paths import command_writable
@@ -59,11 +59,11 @@ def test_a_new_include_into_the_project_is_refused_unread(dirs):
     policy.write_text('allow = ["one.example.com"]\n')
     (project / "evil.toml").write_text('allow = ["evil.example.com"]\n')
     reader = PolicySnapshot()
-    Policy.from_mapping({"include": [str(policy)]}, read=reader)
+    policy_from_mapping({"include": [str(policy)]}, read=reader)
     sealed(reader, project)
     policy.write_text(f'include = ["{project}/evil.toml"]\n')  # a live edit of the outside file
     with pytest.raises(PolicyError) as info:
-        Policy.from_mapping({"include": [str(policy)]}, read=reader)
+        policy_from_mapping({"include": [str(policy)]}, read=reader)
     assert [str(p) for p in info.value.problems] == [
         f"{project}/evil.toml: inside a folder the command can write; "
         f"only files read when the run started are used"]

@@ -546,7 +546,7 @@ def test_a_launcher_sends_nothing_to_a_listener_that_is_not_its_warm_server(tmp_
     home = tmp_path / "h"
     home.mkdir()
     state = home / "s" / "e"  # short: a control socket's path must fit sockaddr_un
-    name = subprocess.run([sys.executable, "-c", "from egress import warm; import os, sys; "
+    name = subprocess.run([sys.executable, "-c", "from egress.run.warm import client as warm; import os, sys; "
                            "print(os.path.basename(warm.Paths.for_state(sys.argv[1]).socket))", str(state)],
                           capture_output=True, text=True, check=True, env=env_for(tmp_path),
                           timeout=60).stdout.strip()  # as the launchers name it

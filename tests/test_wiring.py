@@ -20,7 +20,8 @@ import requests
 
 from egress.policy import settings
 from egress.core.contract import EXIT_LISTEN, EXIT_STATE
-from egress.proxy.build import BuildError, ProxyBuilder, ProxyConfig
+from egress.proxy.build import BuildError, ProxyBuilder
+from egress.proxy.config import ProxyConfig
 from test_dns import DnsServer
 
 POLICY = {"allow": ["named.test", "silent.test", "override.test"], "allow_private": ["127.0.0.1/32"]}

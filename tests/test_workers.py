@@ -390,7 +390,7 @@ def test_a_worker_that_cannot_start_stops_serve_with_its_status(tmp_path):
 
     shutil.copytree(repo / "egress", site / "egress", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(repo / "policies", site / "egress" / "policies", ignore=shutil.ignore_patterns("__pycache__"))
-    (site / "egress" / "proxy.py").write_text("raise ImportError('this egress is broken')\n")
+    (site / "egress" / "proxy" / "master.py").write_text("raise ImportError('this egress is broken')\n")
     result = subprocess.run([*egress_command(), "serve", "--listen", "127.0.0.1:0", "--metrics", "off",
                              "--state-dir", str(tmp_path / "state"), "--workers", "2"],
                             capture_output=True, text=True, timeout=120,

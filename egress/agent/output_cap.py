@@ -3,7 +3,7 @@
 ``egress run --max-output BYTES`` (and ``[limits] max_output``, ``--agent``'s 256 KiB) gives
 each of the command's streams, stdout and stderr, its own budget; where egress's stdout and
 stderr go to one place (a terminal, 2>&1), the command's two streams are one (one pipe, in the
-order written: egress/run/launcher.py's _Relay) with one budget. Below it a stream passes
+order written: egress/run/relay.py's Relay) with one budget. Below it a stream passes
 byte for byte. Above it the head passes as it comes, the tail is kept in a bounded buffer
 until the stream ends, and the middle becomes one line::
 

@@ -35,3 +35,7 @@ DEFAULT_NETWORK = "allowlist"
 # ~2 ms before the sandbox could start.
 PROXY_MODES = ("warm", "lazy")
 PROXY_MODE_ENV = "EGRESS_PROXY"
+
+# The user name in the proxy URL `egress run` gives a command whose proxy asks for a secret
+# (macOS, `serve --auth`): http://egress:SECRET@127.0.0.1:PORT (egress.proxy.auth).
+PROXY_USER = "egress"

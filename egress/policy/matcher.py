@@ -510,15 +510,6 @@ class Policy:
             return Decision(host.name, port, False, "private-address", detail="no address to check")
         return Decision(host.name, port, False, "private-address", detail=private_detail(host, refused))
 
-    # -- loading
-
-    @classmethod
-    def from_mapping(cls, data: dict, path: str = "<policy>", read=None) -> "Policy":
-        """Kept for callers: egress.policy.loader.policy_from_mapping."""
-        from egress.policy.loader import policy_from_mapping
-
-        return policy_from_mapping(data, path, read)
-
 
 # ---------------------------------------------------------- private addresses
 

@@ -3,7 +3,7 @@ know its secret (``http://USER:SECRET@127.0.0.1:PORT``: Basic credentials in Pro
 
 `egress run` on macOS has no network namespace to hide its proxy in: it listens on 127.0.0.1 on a
 port picked for the run, which any program of the machine can find, so each run makes a secret
-(:func:`new_secret`) and its command's proxy variables carry it. `egress serve --auth` does the
+(sandbox.platforms makes it) and its command's proxy variables carry it. `egress serve --auth` does the
 same for a proxy shared on a host. A connection whose first request head lacks the credentials
 gets 407 and is closed (egress.proxy.addons.limits.StrictHttp1Server asks :func:`accepts` before any
 hook runs: no policy decision, no DNS, no event, no grant question for a stranger); one whose
@@ -17,14 +17,7 @@ import base64
 import binascii
 import hmac
 
-USER = "egress"  # the user name egress run puts in its proxy URL
-
-
-def new_secret() -> str:
-    """32 random bytes as URL-safe text: nothing a proxy URL would need to escape."""
-    import secrets
-
-    return secrets.token_urlsafe(32)
+from egress.core.contract import PROXY_USER as USER  # noqa: F401  the user name in a run's proxy URL
 
 
 def parse(text: str) -> tuple[str, str]:

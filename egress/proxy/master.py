@@ -37,7 +37,7 @@ from egress.proxy.addons.upstream_timeout import UpstreamTimeout
 from egress.proxy.engine import Engine
 from egress.proxy.ca import ca_dir, ensure_ca, state_dir
 from egress.proxy.trust import UpstreamTrust, proxy_locations, upstream_trust
-from egress.proxy.build import ProxyConfig
+from egress.proxy.config import ProxyConfig
 
 STREAM_LARGE_BODIES = "1m"
 DRAIN_SECONDS = 2.0  # at stop, how long client connections may take to end once told to

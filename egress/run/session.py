@@ -346,7 +346,7 @@ class ProxySession:
             self.served_warm = True
             # Our stdout and stderr, which it waits for before it accepts (egress.run.warm.child): its lines
             # and (--audit-log -) audit records are the run's output from its first connection on.
-            from egress.run.launcher import stdio_fds
+            from egress.run.relay import stdio_fds
 
             fds = {name: fd for name, fd in stdio_fds().items() if name not in self.warm.request["fds"]}
             self.warm.send_quietly({"op": "stdio", "fds": list(fds)}, list(fds.values()))

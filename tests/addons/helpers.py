@@ -18,7 +18,7 @@ from mitmproxy.test import taddons, tflow, tutils
 from egress.proxy.engine import Engine
 from egress.observe.events import Recorder
 from egress.observe.metrics import Metrics
-from egress.policy.matcher import Policy
+from egress.policy.loader import policy_from_mapping
 from egress.proxy.resolver import Resolver
 
 POLICY = {
@@ -32,7 +32,7 @@ ADDRESSES = {"allowed.test": "127.0.0.1", "public.test": "8.8.8.8", "private.tes
 
 def make_engine(policy: dict | None = None) -> Engine:
     overrides = {name: [ipaddress.ip_address(a)] for name, a in ADDRESSES.items()}
-    engine = Engine(Policy.from_mapping(policy or POLICY), Resolver(overrides), Recorder(Metrics(), io.StringIO()))
+    engine = Engine(policy_from_mapping(policy or POLICY), Resolver(overrides), Recorder(Metrics(), io.StringIO()))
     return engine
 
 

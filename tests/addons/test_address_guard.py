@@ -92,7 +92,7 @@ def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_aga
     # every request inside. Before: requests in a tunnel were never checked by the address guard,
     # so a reload that withdrew allow_private left the tunnel reaching 127.0.0.1. (serve's reload
     # also closes such a tunnel at once: egress.proxy.addons.tunnels; this is the request's own check.)
-    from egress.policy.matcher import Policy
+    from egress.policy.loader import policy_from_mapping
 
     from .helpers import POLICY, connect_flow
 
@@ -109,7 +109,7 @@ def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_aga
             await policy.requestheaders(inside)
             await address.requestheaders(inside)
             assert inside.response is None  # the same policy: the pin stands, nothing looked up
-            engine.replace_policy(Policy.from_mapping({**POLICY, "allow_private": []}))
+            engine.replace_policy(policy_from_mapping({**POLICY, "allow_private": []}))
             again = request_flow("https://allowed.test/", client_conn=connect.client_conn)
             await policy.requestheaders(again)
             await address.requestheaders(again)

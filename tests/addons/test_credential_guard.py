@@ -39,7 +39,7 @@ from egress.proxy.engine import Engine
 from egress.proxy.flowstate import flow_state
 from egress.core.hosts import parse_host
 from egress.observe.metrics import Metrics
-from egress.policy.matcher import Policy
+from egress.policy.loader import policy_from_mapping
 from egress.proxy.resolver import Resolver
 
 from test_body_forms import brotli_with_metadata, gzip_with, zstd_with_skippable
@@ -68,7 +68,7 @@ class Setup:
     """A guard on an engine whose events are kept, inside a taddons context."""
 
     def __init__(self, action: str = "block", **budget):
-        self.engine = Engine(Policy.from_mapping({"allow": ["example.test", "bound.test"]}), Resolver(),
+        self.engine = Engine(policy_from_mapping({"allow": ["example.test", "bound.test"]}), Resolver(),
                              KeepingRecorder(Metrics()))
         self.events = self.engine.recorder.kept
         secrets = [StoredSecret("MY_SERVICE_TOKEN", STORED),

@@ -21,14 +21,14 @@ from egress.proxy.addons.tunnels import ProtocolGuard
 from egress.proxy.mitm import websocket_layer
 from egress.proxy.engine import Engine
 from egress.observe.metrics import Metrics
-from egress.policy.matcher import Policy
+from egress.policy.loader import policy_from_mapping
 from egress.proxy.resolver import Resolver
 
 from .helpers import KeepingRecorder
 
 
 def engine_and_events():
-    engine = Engine(Policy.from_mapping({"allow": ["example.test"]}), Resolver(), KeepingRecorder(Metrics()))
+    engine = Engine(policy_from_mapping({"allow": ["example.test"]}), Resolver(), KeepingRecorder(Metrics()))
     return engine, engine.recorder.kept
 
 

@@ -28,7 +28,7 @@ import pytest
 
 from conftest import TEST_NAMES, clean_env
 from egress.core.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from egress.proxy.auth import USER
+from egress.core.contract import PROXY_USER as USER
 from sandbox.environment import CA_VARIABLES, PROXY_VARIABLES
 from sbpl import decide, filter_paths, read_sbpl, rules, writable_subpaths
 

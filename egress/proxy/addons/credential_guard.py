@@ -70,7 +70,8 @@ from egress.proxy.engine import Engine
 from egress.proxy.failclosed import fail_closed
 from egress.proxy.flowstate import flow_state
 from egress.scan.host_secrets import HostSecrets
-from egress.policy.matcher import Decision, Policy
+from egress.policy.matcher import Decision
+from egress.policy.loader import policy_from_mapping
 from egress.proxy.mitm import websocket_layer
 
 ECHO_METHODS = {"TRACE", "TRACK"}
@@ -155,7 +156,7 @@ class CredentialGuard:
         self._cleaned: dict[str, str] = {}
         self.host_secrets = HostSecrets(self.detector, self.ignore_kinds)
         # For each bound secret, the hosts it may reach, with the policy's own matching rules.
-        self._bindings = [(s, Policy.from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
+        self._bindings = [(s, policy_from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
                           for s in credentials.secrets if s.hosts]
 
     # ------------------------------------------------------------------ hooks

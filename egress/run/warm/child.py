@@ -81,7 +81,8 @@ def rehearse(state_dir: Path) -> None:
     a run only to a spare that has finished."""
     from egress.run.launcher import RunOptions, build_policy, load_credentials
 
-    from egress.proxy.build import DEFAULT_LIMITS, ProxyBuilder, ProxyConfig
+    from egress.proxy.build import ProxyBuilder
+    from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig
 
     async def once() -> None:
         policy = build_policy(RunOptions(argv=["true"]), "allowlist")
@@ -208,7 +209,8 @@ class ChildRun:
         from egress.scan.credentials import Credentials
         from egress.run.session import ProxySession
         from egress.run.snapshot import PolicySnapshot
-        from egress.proxy.build import ProxyBuilder, ProxyConfig
+        from egress.proxy.build import ProxyBuilder
+        from egress.proxy.config import ProxyConfig
 
         r = self.request
         options = RunOptions(argv=r["argv"], network=r["network"], policies=r["policies"], allow=r["allow"],
