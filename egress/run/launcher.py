@@ -30,6 +30,7 @@ from egress.core.contract import (
     PROXY_MODES,
 )
 from egress.observe.terminal import EventLines, say
+from egress.policy.source import PolicySource
 from egress.proxy.config import ProxyConfig
 from egress.run.relay import (
     forward_signals,
@@ -140,14 +141,26 @@ class RunOptions:
         return "RunOptions(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__) + ")"
 
 
+def policy_source(options: RunOptions, mode: str | None = None, read=None) -> PolicySource:
+    """The run's policy source (egress.policy.source): its files, --allow/--deny and network mode,
+    read through ``read`` (the run's PolicySnapshot)."""
+    return PolicySource(options.policies, options.allow, options.deny, mode, command_line=True, read=read)
+
+
 def user_policy(options: RunOptions, read=None):
     """The user's own policy files and flags, loaded (so checked) before anything runs; None if none.
 
     ``read``: the run's PolicySnapshot, so that the files read now are the ones used later.
     """
-    if not (options.policies or options.allow or options.deny):
-        return None
-    return _load(list(options.policies), options.allow, options.deny, read)
+    source = policy_source(options, read=read)
+    if not source.given:
+        return None  # the loader is not even imported
+    from egress.policy.loader import PolicyError
+
+    try:
+        return source.own()
+    except PolicyError as e:
+        raise _policy_failure(e) from None
 
 
 def policy_reader():
@@ -257,7 +270,7 @@ def build_policy(options: RunOptions, mode: str, read=None):
     from egress.policy.loader import PolicyError
 
     try:
-        return fresh_policy(options, mode, read)
+        return policy_source(options, mode, read).load()
     except PolicyError as e:
         raise _policy_failure(e) from None
 
@@ -277,27 +290,7 @@ def load_credentials(policy, environ: dict[str, str]):
 
 def fresh_policy(options: RunOptions, mode: str, read=None):
     """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
-    include = (["dev"] if mode == "allowlist" else []) + list(options.policies)
-    policy = _from_command_line(include, options.allow, options.deny, read)
-    policy.allow_all = mode == "all"
-    return policy
-
-
-def _load(include: list[str], allow: list[str], deny: list[str], read=None):
-    from egress.policy.loader import PolicyError
-
-    try:
-        return _from_command_line(include, allow, deny, read)
-    except PolicyError as e:
-        raise _policy_failure(e) from None
-
-
-def _from_command_line(include: list[str], allow: list[str], deny: list[str], read=None):
-    """The policy the flags describe, its credential settings checked beside it. Raises PolicyError."""
-    from egress.policy import settings
-
-    return settings.from_mapping({"include": include, "allow": allow, "deny": deny}, path="<command line>",
-                                 read=read).policy
+    return policy_source(options, mode, read).reload()
 
 
 def guard_command(options: RunOptions, user=None) -> None:
