@@ -16,6 +16,11 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+from egress.core.contract import PROXY_MODE_ENV
+from egress.policy.source import PolicySource
+from egress.proxy.ca import ca_cert_path
+from sandbox.spec import SandboxError, SandboxSpec
+
 SIMULATE = "EGRESS_DOCTOR_SIMULATE"
 
 
@@ -279,8 +284,6 @@ def _run_own_profile(platform) -> str | None:
     import shutil
     import tempfile
 
-    from sandbox.spec import SandboxError, SandboxSpec
-
     work = tempfile.mkdtemp(prefix="egress-doctor-")
     listener = None
     try:
@@ -428,9 +431,7 @@ def _docker(name: str, path: str) -> Check:
 
 
 def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check]:
-    from egress.policy import settings
     from egress.policy.loader import PolicyError
-    from egress.proxy.ca import ca_cert_path
 
     checks = []
     ca = ca_cert_path(state_dir)
@@ -451,7 +452,7 @@ def check_proxy(policies: list[str], state_dir, warm: bool = True) -> list[Check
         "warm proxy", "not-applicable", "Linux only: here each egress run starts its own proxy when its command "
                                         "first connects (~0.6 s)"))
     try:
-        policy = settings.load(policies or ["dev"]).policy
+        policy = PolicySource(policies).load()  # as serve loads them: the built-in set without any
     except PolicyError as e:
         checks.append(Check("policy", "unavailable", f"cannot be loaded: {e.problems[0]}",
                             "egress policy validate FILE lists every problem"))
@@ -466,7 +467,6 @@ def check_warm_proxy(state_dir) -> Check:
     import time
 
     from egress.run.warm import client as warm
-    from egress.core.contract import PROXY_MODE_ENV
 
     name = "warm proxy"
     if os.environ.get(PROXY_MODE_ENV) == "lazy":
