@@ -62,7 +62,13 @@ import tempfile
 import time
 
 from egress.core.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
+from sandbox.box import BaseBox
+from sandbox.platforms import LINUX_PROXY_PORT, BasePlatform, Listener
 from sandbox.spec import SandboxError, SandboxSpec
+
+TYPE_CHECKING = False  # mypy reads this name as True
+if TYPE_CHECKING:
+    from sandbox import api
 
 WORKDIR = "/work"
 CA_PATH = "/etc/egress/ca-bundle.pem"
@@ -332,8 +338,8 @@ def engine_start(engine: str, argv: list[str], **kwargs) -> subprocess.Popen:
         raise SandboxError(EXIT_LAUNCHER, f"cannot start {engine}: {e.strerror or e}", "exec") from None
 
 
-class Container:
-    """The platform interface (sandbox/platforms.py) for podman and docker."""
+class Container(BasePlatform):
+    """The platform interface (sandbox/api.py) for podman and docker."""
 
     warm = True  # the proxy is served from the namespace's socket, as for the namespace provider
     capture = True
@@ -354,19 +360,14 @@ class Container:
         refused = EngineNamespace.refusal() if self.engine == "docker" else rootless_refusal(self.engine)
         return refused or container_seccomp.refusal(self.engine)
 
-    def listener(self, networked: bool):
-        from sandbox.platforms import LINUX_PROXY_PORT, Listener
-
+    def listener(self, networked: bool) -> Listener:
         return Listener(LINUX_PROXY_PORT)
-
-    def environment(self, tmpdir) -> dict[str, str]:
-        return {}
 
     def writable_elsewhere(self) -> list[str]:
         """The sources of `--mount SRC:DST:rw`: the container writes them as it writes /work."""
         return [source for source, _, writable in self.chosen.mounts if writable]
 
-    def start(self, spec: SandboxSpec, listener) -> ContainerBox:
+    def start(self, spec: SandboxSpec, listener: api.Listener) -> ContainerBox:
         from sandbox import idmap
 
         way = EngineNamespace if self.engine == "docker" else OwnNamespace
@@ -758,7 +759,7 @@ def _sweep() -> None:
             _take_away(path)
 
 
-class ContainerBox:
+class ContainerBox(BaseBox):
     """A started container: the engine's client process, and the way in (the namespace's holder)."""
 
     def __init__(self, engine: str, name: str, process: subprocess.Popen, network, view: HostView | None = None):
@@ -769,10 +770,6 @@ class ContainerBox:
         self.listen_socket = network.listen_socket
         self.capture = network.capture
         self.capture_error = network.capture_error
-        self.returncode: int | None = None
-
-    def ready(self) -> None:
-        """The engine's client is started when the box is made (sandbox/platforms.py's interface)."""
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
@@ -786,29 +783,22 @@ class ContainerBox:
         self.returncode = 128 - code if code < 0 else code
         return self.returncode
 
-    def signal(self, sig: int) -> None:
-        """To the engine's client, which passes it to the container's command (--sig-proxy)."""
-        if self.returncode is None and self.process.poll() is None:
-            try:
-                self.process.send_signal(sig)
-            except ProcessLookupError:
-                pass
-
     def direct_attempts(self) -> int | None:
         return self.network.direct_attempts()
 
-    def close(self) -> None:
-        if self.returncode is None:
-            self._kill()
-            self.returncode = EXIT_LAUNCHER
+    def _running(self) -> bool:
+        return self.process.poll() is None
+
+    def _send(self, sig: int) -> None:
+        self.process.send_signal(sig)  # to the engine's client, which passes it on (--sig-proxy)
+
+    def _end(self) -> int:
+        self._kill()
+        return EXIT_LAUNCHER
+
+    def _release(self) -> None:
         self.network.close()  # the namespace, its socket and the capture's go with it
         self.view.close()
-
-    def __enter__(self) -> ContainerBox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _kill(self) -> None:
         # The engine kills the container (its processes are not our children); then its client.

@@ -93,6 +93,7 @@ from collections.abc import Mapping, Sequence
 from egress.core.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from egress.core.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
 from sandbox import _libc, capture, grants, landlock, mounts, namespaces, netcount, protected, seccomp
+from sandbox.box import BaseBox
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 
 __all__ = ["Network", "Sandbox", "SandboxError", "SandboxSpec", "begin", "enter_network", "start"]
@@ -108,7 +109,7 @@ _SUPERVISOR_IGNORES = (
 _ALL_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
-class Sandbox:
+class Sandbox(BaseBox):
     """A started sandbox. Use as a context manager, or call close() when done."""
 
     def __init__(self, helper_pid: int, helper_fd: int) -> None:
@@ -162,14 +163,6 @@ class Sandbox:
         self.returncode = self._reap()
         return self.returncode
 
-    def signal(self, sig: int) -> None:
-        """Send `sig` to the command (not to what it started). No-op once it has ended."""
-        if self.returncode is None and self._command_fd >= 0:
-            try:
-                signal.pidfd_send_signal(self._command_fd, sig)
-            except ProcessLookupError:
-                pass
-
     def direct_attempts(self) -> int | None:
         """Packets the command tried to send out of its namespace other than through the
         handed-over socket (sandbox/netcount.py); None without the counters (network=False)."""
@@ -180,9 +173,21 @@ class Sandbox:
         if self._chan is not None:  # closed before ready(): the sandbox goes unfinished
             self._chan.close()
             self._chan = None
-        if self.returncode is None and self._helper_pid:
-            self._kill()
-            self.returncode = self._reap()
+        super().close()
+
+    def _running(self) -> bool:
+        return self._command_fd >= 0
+
+    def _send(self, sig: int) -> None:
+        signal.pidfd_send_signal(self._command_fd, sig)
+
+    def _end(self) -> int:
+        if not self._helper_pid:  # reaped already
+            return EXIT_SANDBOX
+        self._kill()
+        return self._reap()
+
+    def _release(self) -> None:
         if self.listen_socket is not None:
             self.listen_socket.close()
         for _, sock in self.capture:
@@ -190,12 +195,6 @@ class Sandbox:
         for fd in self._netcount:
             os.close(fd)
         self._netcount = []
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _kill(self) -> None:
         # PID 1 dying makes the kernel kill the rest of its namespace; the helper then exits.

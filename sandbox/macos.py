@@ -36,6 +36,7 @@ import subprocess
 
 from egress.core.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
 from sandbox import protected, seatbelt
+from sandbox.box import BaseBox
 from sandbox.spec import SandboxError, SandboxSpec, find_program
 
 
@@ -106,7 +107,7 @@ def code_trees(env: dict[str, str], readable: list[str], canonical=seatbelt.cano
     return [tree for tree in dict.fromkeys(trees) if tree.count("/") >= 2 and tree != home]
 
 
-class Sandbox:
+class Sandbox(BaseBox):
     """A started command. Use as a context manager, or call close() when done."""
 
     def __init__(self, process: subprocess.Popen, listener, launch: Launch):
@@ -117,13 +118,8 @@ class Sandbox:
         # No transparent capture here (Linux's sandbox/capture.py): the profile refuses every
         # other road out, and a refused connect fails at once with EPERM.
         self.capture: list = []
-        self.capture_error: str | None = None
         self.launch = launch
-        self.returncode: int | None = None
         self._exit = _ExitWatch(process.pid)
-
-    def ready(self) -> None:
-        """The command is started when the box is made (sandbox/platforms.py's interface)."""
 
     def wait(self, timeout: float | None = None) -> int:
         """The command's exit status (128+N if killed by signal N); on timeout its whole process
@@ -137,35 +133,25 @@ class Sandbox:
         self.returncode = self._end()
         return self.returncode
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the command (not to what it started). No-op once it has ended."""
-        if self.returncode is None and self.process.returncode is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
-
     def direct_attempts(self) -> int | None:
         return None  # Seatbelt refuses them without counting where egress can read
 
-    def close(self) -> None:
-        """Kill whatever of the command's group still runs and release the socket. Idempotent."""
-        if self.returncode is None:
-            self.returncode = self._end()
+    def _running(self) -> bool:
+        return self.process.returncode is None
+
+    def _send(self, sig: int) -> None:
+        os.kill(self.process.pid, sig)
+
+    def _release(self) -> None:
         if self.listener is not None:
-            self.listener.close()
+            self.listener.close()  # the socket, and the port's guards
         self._exit.close()
 
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _end(self) -> int:
-        # Killed before the leader is reaped: its zombie keeps the group's id from being reused.
+        # The whole group, killed before the leader is reaped: its zombie keeps the group's id
+        # from being reused.
         try:
-            os.killpg(self.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         code = self.process.wait()

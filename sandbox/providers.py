@@ -1,5 +1,5 @@
 """`egress run --provider NAME`: which sandbox holds the command (the launcher's interface is
-sandbox/platforms.py's; each provider here is one more implementation of it).
+sandbox/api.py's; each provider here is one more implementation of it).
 
     namespace  Linux's own launcher (sandbox/linux.py), the default on Linux
     seatbelt   macOS's (sandbox/macos.py), the default on macOS
@@ -20,6 +20,13 @@ import sys
 
 from sandbox import platforms
 
+TYPE_CHECKING = False  # typing's own costs 3 ms on egress run's path; mypy reads this name as True
+if TYPE_CHECKING:
+    from sandbox import api
+    from sandbox.api import Box
+    from sandbox.container import ContainerSpec
+    from sandbox.spec import SandboxSpec
+
 PROVIDERS = ("namespace", "seatbelt", "podman", "docker", "local")
 CONTAINER_ENGINES = ("podman", "docker")
 
@@ -29,13 +36,9 @@ LOCAL_WARNING = ("egress: --provider local is NOT a sandbox: the command runs as
                  "write wherever you can")
 
 
-def default_name(platform_name: str | None = None) -> str:
-    name = sys.platform if platform_name is None else platform_name
-    return "seatbelt" if name == "darwin" else "namespace"
-
-
-def select(name: str | None, container=None, platform_name: str | None = None):
-    """The platform object (sandbox/platforms.py's interface) for provider ``name``; None: this
+def select(name: str | None, container: ContainerSpec | None = None,
+           platform_name: str | None = None) -> platforms.BasePlatform:
+    """The platform (sandbox/api.py's interface) for provider ``name``; None: this
     system's default. ``container``: a sandbox.container.ContainerSpec for podman and docker.
     Raises ValueError with a sentence for a person."""
     system = sys.platform if platform_name is None else platform_name
@@ -61,26 +64,19 @@ def select(name: str | None, container=None, platform_name: str | None = None):
     return Container(name, container)
 
 
-class Local:
+class Local(platforms.BasePlatform):
     """No sandbox: the command runs as the caller, with the proxy variables pointing at a proxy on
     127.0.0.1 (a port and a secret made for the run, as on macOS). A client that ignores the
     variables goes around it; nothing confines writes. For trusted commands and for trying a policy."""
 
     name = "local"
     warm = False  # the warm proxy takes sockets from sandboxes whose peers it can check
-    capture = False
-    warning = LOCAL_WARNING
+    warning: str | None = LOCAL_WARNING
 
-    def refusal(self) -> str | None:
-        return None
+    def listener(self, networked: bool) -> platforms.Listener:
+        return platforms.loopback_listener(networked)
 
-    def listener(self, networked: bool):
-        return platforms.MacOS.listener(self, networked)
-
-    def environment(self, tmpdir) -> dict[str, str]:
-        return {}
-
-    def start(self, spec, listener):
+    def start(self, spec: SandboxSpec, listener: api.Listener) -> Box:
         from sandbox import macos
         from sandbox.spec import find_program
 

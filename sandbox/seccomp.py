@@ -171,10 +171,6 @@ _RETURNS = {"allow": _RET_ALLOW, "eperm": _RET_ERRNO | errno.EPERM, "enosys": _R
             "eafnosupport": _RET_ERRNO | errno.EAFNOSUPPORT}
 
 
-def supported() -> bool:
-    return os.uname().machine in _TABLES
-
-
 def native_numbers() -> dict[str, int]:
     """This machine's own numbers of the calls refused outright, for a probe that tries them
     (egress/run/doctor.py): keyctl, add_key, request_key, socket, socketpair, clone3."""
