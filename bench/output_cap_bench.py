@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess

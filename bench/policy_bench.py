@@ -226,8 +226,9 @@ class Version:
 
 
 def versions(base: str | None, tmp: Path) -> list[Version]:
-    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
-                                    timeout=60).stdout.strip()
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=60).stdout.strip()
+
     dirty = [ln for ln in git("status", "--porcelain", "--", "egress", "policies").splitlines() if ln]
     tree = Version("tree", dict(os.environ), f"working tree at {git('rev-parse', '--short', 'HEAD')}"
                    + (f" + {len(dirty)} uncommitted changes" if dirty else ""))
@@ -476,7 +477,9 @@ def reload_round(args, procs: Procs, tmp: Path, v: Version, policy: Path, upstre
     during, quiet = [], []
     for s0, s1, fig in slicer.slices[1:]:  # the first slice warms up the connections
         (during if any(s0 < w1 and w0 < s1 for w0, w1 in windows) else quiet).append(fig)
-    rate = lambda f: f["requests"] / (f["duration_us"] / 1e6)
+    def rate(f):
+        return f["requests"] / (f["duration_us"] / 1e6)
+
     row.update({
         "quiet_rps": statistics.median(map(rate, quiet)) if quiet else 0,
         "quiet_p50_ms": percentile(quiet, 50), "quiet_p99_ms": percentile(quiet, 99),

@@ -238,7 +238,7 @@ class Meter:
     def __init__(self, proxy_pid: int | None, nginx_pid: int):
         self.proxy_pid, self.nginx_pid = proxy_pid, nginx_pid
 
-    def __enter__(self) -> "Meter":
+    def __enter__(self) -> Meter:
         self.t0 = time.monotonic()
         self.p0, self.n0, self.c0 = cpu_seconds(self.proxy_pid), cpu_seconds(self.nginx_pid), children_cpu()
         self.m0 = machine_busy()
@@ -505,8 +505,10 @@ http {{
         EGRESS_DIR (for the profile) is the main egress's."""
         global EGRESS_DIR
         repo = Path(__file__).resolve().parent.parent
-        git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True,
-                                        timeout=30).stdout.strip()
+        def git(*a: str) -> str:
+            return subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+
         env = dict(os.environ)
         if src == "tree":
             _egress_dir()
@@ -677,7 +679,7 @@ shutdown_lifetime 0 seconds
                 out, err = proc.communicate(timeout=duration + 20)
             except subprocess.TimeoutExpired:
                 self.procs.stop(proc, signal.SIGKILL)
-                raise BenchError(f"wrk against {t.name} did not finish in time")
+                raise BenchError(f"wrk against {t.name} did not finish in time") from None
             self.procs.forget(proc)
         m = re.search(r"^BENCH (\{.*\})$", out.decode(), re.M)
         if not m:
@@ -1008,7 +1010,9 @@ def summarize_pyspy(text: str, title: str, top: int) -> list[str]:
             egress_self[frames[-1]] += n
     if not total:
         return [f"py-spy, {title}: no samples"]
-    pct = lambda n: f"{100 * n / total:5.1f}%"
+    def pct(n):
+        return f"{100 * n / total:5.1f}%"
+
     lines = [f"py-spy on egress, {title}: {total} samples of busy threads (idle waits excluded)",
              f"  share of samples inside egress/ code called from the event loop (hooks, stream functions): "
              f"{100 * in_egress / total:.1f}%",
@@ -1074,7 +1078,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
     a, R = b.args, b.results
     out = []
     w = out.append
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cpu = _cpu_model()
     w(f"egress proxy benchmark, {now}; machine: {os.cpu_count()} vCPU ({cpu}), "
       f"Linux {platform.release()}, Python {platform.python_version()}")
@@ -1221,7 +1225,7 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
                        r_ >= TARGET_SMALL_VS_MITM))
         eu, mu = med(s.get("egress"), "proxy_us_per_req"), med(s.get("mitmdump"), "proxy_us_per_req")
         if eu and mu:
-            checks.append((f"  same, by CPU per request (mitmdump µs / egress µs)", f"{mu / eu:.2f}×",
+            checks.append(("  same, by CPU per request (mitmdump µs / egress µs)", f"{mu / eu:.2f}×",
                            mu / eu >= TARGET_SMALL_VS_MITM))
         for n in b.workers:  # the same requests, N worker processes against one
             r_ = (med(s.get(f"egress-w{n}"), "rps") or 0) / (med(s.get("egress"), "rps") or float("inf"))
@@ -1298,9 +1302,12 @@ def report(b: Bench, profile_lines: list[str], started: float) -> str:
 
 
 def _table(hdr, rows) -> list[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
-    line = lambda cells: "   " + "  ".join(str(c).rjust(wd) if i else str(c).ljust(wd)
-                                          for i, (c, wd) in enumerate(zip(cells, widths)))
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows, strict=False)]
+
+    def line(cells):
+        return "   " + "  ".join(str(c).rjust(wd) if i else str(c).ljust(wd)
+                                 for i, (c, wd) in enumerate(zip(cells, widths, strict=False)))
+
     return [line(hdr)] + [line(r) for r in rows]
 
 

@@ -753,7 +753,7 @@ def main() -> int:
                 rows.append((f"import {name}", [r["imports"][name] for r in phase_runs]))
             main_all = [r["phases"]["click main (all)"] for r in phase_runs]
             run_all = [r["phases"].get("launcher.run (all)", 0.0) for r in phase_runs]
-            rows.append(("click parsing/dispatch (main - launcher.run)", [a - b for a, b in zip(main_all, run_all)]))
+            rows.append(("click parsing/dispatch (main - launcher.run)", [a - b for a, b in zip(main_all, run_all, strict=True)]))
             rows.append(("launcher.run, all of it:", run_all))
             labels = [k for k in phase_runs[0]["phases"] if k not in ("click main (all)", "launcher.run (all)")]
             inner = []

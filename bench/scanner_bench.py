@@ -47,6 +47,7 @@ import string
 import sys
 import time
 import urllib.parse
+from functools import partial
 
 sys.path.insert(0, os.environ.get("EGRESS_BENCH_SRC") or os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -64,18 +65,18 @@ HEX = "0123456789abcdef"
 
 
 def _uuid(r: random.Random) -> str:
-    h = "%032x" % r.getrandbits(128)
+    h = f"{r.getrandbits(128):032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def clean_piece(r: random.Random) -> str:
     k = r.random()
     if k < 0.45:
-        obj = {"id": _uuid(r), "sha": "%040x" % r.getrandbits(160), "digest": "sha256:%064x" % r.getrandbits(256),
+        obj = {"id": _uuid(r), "sha": f"{r.getrandbits(160):040x}", "digest": f"sha256:{r.getrandbits(256):064x}",
                "url": f"https://api.example.com/v1/items/{r.randrange(10**6)}?page={r.randrange(9)}&per_page=50",
                "name": " ".join(r.choice(WORDS) for _ in range(5)), "count": r.randrange(10**9),
-               "created_at": "2026-01-%02dT10:%02d:00Z" % (r.randrange(1, 29), r.randrange(60)),
-               "etag": 'W/"%032x"' % r.getrandbits(128), "enabled": r.random() < .5,
+               "created_at": f"2026-01-{r.randrange(1, 29):02d}T10:{r.randrange(60):02d}:00Z",
+               "etag": f'W/"{r.getrandbits(128):032x}"', "enabled": r.random() < .5,
                "description": " ".join(r.choice(WORDS) for _ in range(25))}
         s = json.dumps(obj)
         return (s.replace("/", "\\/") if r.random() < 0.3 else s) + "\n"
@@ -140,8 +141,8 @@ TOKEN_MAKERS = [
     lambda r: "ghp_" + "".join(r.choice(B62) for _ in range(36)),
     lambda r: "AKIA" + "".join(r.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") for _ in range(16)),
     lambda r: "sk-ant-api03-" + "".join(r.choice(B64U) for _ in range(93)) + "AA",
-    lambda r: "xoxb-%d-%d-%s" % (r.randrange(10**11, 10**12), r.randrange(10**12, 10**13),
-                                 "".join(r.choice(B62) for _ in range(24))),
+    lambda r: (f"xoxb-{r.randrange(10**11, 10**12)}-{r.randrange(10**12, 10**13)}-"
+               + "".join(r.choice(B62) for _ in range(24))),
     lambda r: "glpat-" + "".join(r.choice(B64U) for _ in range(20)),
     lambda r: "npm_" + "".join(r.choice(B62) for _ in range(36)),
     lambda r: "sk_live_" + "".join(r.choice(B62) for _ in range(99)),
@@ -170,7 +171,7 @@ def tokens_data(size: int, seed: int) -> tuple[bytes, int]:
 def naive_scan(data: bytes) -> int:
     """Every rule's full regex over the whole buffer, one rule after another."""
     found = 0
-    for kind, _anchors, pattern, _offsets, group, check, *rest in detect._TABLE:
+    for _kind, _anchors, pattern, _offsets, _group, check, *_rest in detect._TABLE:
         if pattern is None:  # PEM / PuTTY: their header patterns
             for m in detect._PEM_HEADER.finditer(data):
                 found += detect._pem_match(data, m.start()) is not None
@@ -186,7 +187,7 @@ def per_prefix_scan(data: bytes) -> int:
     the same rule checks at each hit; no layers."""
     det = Detector()
     found: list = []
-    for anchor, actions in zip(detect._STATIC_ANCHORS, detect._STATIC_ACTIONS):
+    for anchor, actions in zip(detect._STATIC_ANCHORS, detect._STATIC_ACTIONS, strict=True):
         (regex, _, before, _), = detect._compile_passes([anchor])
         for m in regex.finditer(data):
             for action in actions:
@@ -282,7 +283,7 @@ def wedge_cases(one_byte: int) -> list[tuple[str, int, float, str]]:
         body = gzip.compress(text * (64 * 2**20 // len(text)), 9)[:size]  # what fits in `size` bytes of gzip
         body = gzip.compress(decode_content_prefix(body), 9)
         plain = decode_content(body, "gzip")
-        t, found = _cpu(lambda: det.scan(plain))
+        t, found = _cpu(partial(det.scan, plain))
         rows.append((f"{len(body) // 1000} KB gzip of {name} ({len(plain) / 2**20:.0f} MiB decoded), Detector.scan",
                      len(body), t, f"{len(found)} found"))
     return rows
@@ -306,16 +307,17 @@ def guard_cases() -> list[tuple[str, int, float, str]]:
         body = gzip.compress(decode_content_prefix(gzip.compress(text * (64 * 2**20 // len(text)), 9)[:size]), 9)
         budget = cg._Budget(cg.SCAN_BURST, cg.SCAN_PER_BYTE, float("inf"))
         scan = cg._BodyScan(Detector(), "gzip", frozenset(), frozenset(), budget)
-
-        def run():
-            try:
-                return f"{len(scan.run_sync(body))} found"
-            except cg._OverBudget as e:
-                return f"refused: {e}"
-        t, outcome = _cpu(run)
+        t, outcome = _cpu(partial(_guard_run, cg, scan, body))
         rows.append((f"{len(body) // 1000} KB gzip of {name}, guard (budget {cg.SCAN_BURST} s + "
                      f"{cg.SCAN_PER_BYTE * 1e6:g} us/byte)", len(body), t, outcome))
     return rows
+
+
+def _guard_run(cg, scan, body: bytes) -> str:
+    try:
+        return f"{len(scan.run_sync(body))} found"
+    except cg._OverBudget as e:
+        return f"refused: {e}"
 
 
 def budget_rates() -> list[tuple[str, float]]:
@@ -325,7 +327,7 @@ def budget_rates() -> list[tuple[str, float]]:
                        ("near-miss mix", build(4 * 2**20, near_miss_piece, 2)),
                        ("near-miss lines", NEAR_MISS_LINE * (4 * 2**20 // len(NEAR_MISS_LINE))),
                        ("PEM headers", b"-----BEGIN RSA PRIVATE KEY-----\n" * (4 * 2**20 // 32))):
-        t, _ = best_of(3, lambda: Detector().scan(data))
+        t, _ = best_of(3, partial(Detector().scan, data))
         out.append((name, t / len(data) * 1e6))
     return out
 
@@ -368,9 +370,9 @@ def load_base(rev: str, tmp: str):
     """egress/scan/detect.py and decode.py (and multimatch.py, where it is) at ``rev``, imported as
     the package egress_base."""
     import importlib
+    import io
     import subprocess
     import tarfile
-    import io
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     present = subprocess.run(["git", "-C", repo, "ls-tree", "--name-only", rev, "egress/"], capture_output=True,
@@ -391,6 +393,14 @@ def load_base(rev: str, tmp: str):
     commit = subprocess.run(["git", "-C", repo, "rev-parse", "--short", rev], capture_output=True, text=True,
                             timeout=30).stdout.strip()
     return importlib.import_module("egress_base.detect"), commit
+
+
+def _side_work(work: str, det, data: bytes, batch: int | None):
+    if work == "scan":
+        return det.scan(data)
+    if work == "stream":
+        return stream_scan(det, data)
+    return stream_scan(det, data, batch=batch)
 
 
 def side_by_side(args, sets, repeat: int, secrets) -> None:
@@ -421,17 +431,11 @@ def side_by_side(args, sets, repeat: int, secrets) -> None:
             n = len(data) / 2**20
             cells, same = [], True
             for work in ("scan", "stream", "body"):
-                def run(det, mod_batched):
-                    if work == "scan":
-                        return det.scan(data)
-                    if work == "stream":
-                        return stream_scan(det, data)
-                    return stream_scan(det, data, batch=SCAN_BATCH if mod_batched else None)
                 t_old = t_new = float("inf")
                 for _ in range(repeat):  # interleaved, so both see the same machine
-                    t, f_old = best_of(1, lambda: run(old, batched))
+                    t, f_old = best_of(1, partial(_side_work, work, old, data, SCAN_BATCH if batched else None))
                     t_old = min(t_old, t)
-                    t, f_new = best_of(1, lambda: run(new, True))
+                    t, f_new = best_of(1, partial(_side_work, work, new, data, SCAN_BATCH))
                     t_new = min(t_new, t)
                 same = same and [tuple(f) for f in f_old] == [tuple(f) for f in f_new]
                 cells += [f"{n / t_old:.1f}", f"{n / t_new:.1f}", f"{t_old / t_new:.2f}x"]
@@ -509,16 +513,16 @@ def main() -> None:
     for name, data, planted in sets:
         det = Detector(secrets) if "stored" in name else Detector()
         print(f"{name}: scan...", file=sys.stderr)
-        t_scan, found = best_of(repeat, lambda: det.scan(data))
-        t_stream, sfound = best_of(repeat, lambda: stream_scan(det, data))
-        t_raw, rfound = best_of(repeat, lambda: det._scan(data, detect._MAX_DEPTH))
+        t_scan, found = best_of(repeat, partial(det.scan, data))
+        t_stream, sfound = best_of(repeat, partial(stream_scan, det, data))
+        t_raw, rfound = best_of(repeat, partial(det._scan, data, detect._MAX_DEPTH))
         if "stored" in name:  # the baselines know no stored secrets: same as the clean row
             t_alt, t_prefix, t_naive = (rows[0][1] / rows[0][5], rows[0][1] / rows[0][6], rows[0][1] / rows[0][7])
         else:
-            t_alt, _ = best_of(max(1, repeat // 2), lambda: alternation_scan(data))
-            t_prefix, _ = best_of(max(1, repeat // 2), lambda: per_prefix_scan(data))
+            t_alt, _ = best_of(max(1, repeat // 2), partial(alternation_scan, data))
+            t_prefix, _ = best_of(max(1, repeat // 2), partial(per_prefix_scan, data))
             print(f"{name}: naive...", file=sys.stderr)
-            t_naive, nfound = best_of(1, lambda: naive_scan(data))
+            t_naive, nfound = best_of(1, partial(naive_scan, data))
         n = len(data) / mb
         rows.append((name, n, n / t_scan, n / t_stream, n / t_raw, n / t_alt, n / t_prefix, n / t_naive,
                      t_naive / t_raw, t_naive / t_scan, len(found), len(sfound), planted))

@@ -301,7 +301,7 @@ http {{
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(
                     "127.0.0.1", self.egress_port, local_addr=(source, 0)), 60)
-            except (OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, OSError) as e:
                 errors[f"connect: {type(e).__name__} {getattr(e, 'strerror', '') or ''}".strip()] += 1
                 return None
             try:
@@ -316,7 +316,7 @@ http {{
                 if not await self.round_trip(i, reader, writer, errors, "first"):
                     writer.close()
                     return None
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as e:
                 errors[f"CONNECT: {type(e).__name__}"] += 1
                 writer.close()
                 return None
@@ -328,7 +328,7 @@ http {{
         try:
             writer.write(payload)
             echoed = await asyncio.wait_for(reader.readexactly(len(payload)), 60)
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as e:
             errors[f"{which} round trip: {type(e).__name__}"] += 1
             return False
         if echoed != payload:
@@ -531,7 +531,7 @@ def compare(by_front: dict) -> list[str]:
     if not on or not off:
         return []
     lines = ["tunnels, front on against off (RSS as x its own rest):"]
-    for c, (a, b) in enumerate(zip(on["cycles"], off["cycles"]), 1):
+    for c, (a, b) in enumerate(zip(on["cycles"], off["cycles"], strict=False), 1):
         def ratios(t, row):
             rest = t["rest"]["rss_mb"]
             peak = max(row["held"]["rss_mb"], row["held_after_round_trips"]["rss_mb"])

@@ -297,7 +297,7 @@ def main() -> int:
         cpu_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                          if line.startswith("model name")), platform.processor())
         print("egress warm proxy benchmark (bench/warm_bench.py)")
-        print(f"machine: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; Linux {platform.release()}; "
+        print(f"machine: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; Linux {platform.release()}; "
               f"{os.cpu_count()} CPU ({cpu_name}); Python {platform.python_version()}")
         print(f"egress: {'git archive ' + args.ref if args.ref else 'working tree'} of {REPO}, "
               f"{'editable (dev venv)' if args.editable else 'regular install (a venv with a plain .pth)'}")

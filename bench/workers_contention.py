@@ -52,7 +52,7 @@ def main() -> int:
             bench.wait_quiet()
             alone = bench.run_wrk(bench.targets["egress"], 16, 2, a.seconds)
             pair: dict[str, dict] = {}
-            threads = [threading.Thread(target=lambda n=n, t=t: pair.__setitem__(n, bench.run_wrk(t, 8, 1, a.seconds)))
+            threads = [threading.Thread(target=lambda n=n, t=t, pair=pair: pair.__setitem__(n, bench.run_wrk(t, 8, 1, a.seconds)))
                        for n, t in (("a", bench.targets["egress"]), ("b", second))]
             bench.wait_quiet()
             for thread in threads:

@@ -17,18 +17,17 @@ import itertools
 import os
 import re
 import tomllib
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from contextvars import ContextVar
-from typing import Callable
 
 from egress.core.contract import NETWORK_MODES
-from egress.core.hosts import InvalidHost, parse_host, split_host_port
-from egress.core.hosts import _ASCII_NAME, _NUMERIC_LABEL  # the fast path of parse_entry must agree with parse_host
+from egress.core.hosts import _ASCII_NAME, _NUMERIC_LABEL, InvalidHost, parse_host, split_host_port
+from egress.core.public_suffix import is_icann_suffix, is_public_suffix, none_public
 from egress.policy.matcher import LIST_KEYS, Entry, Policy
 from egress.policy.text import Lines, Strings, read_toml
-from egress.core.public_suffix import is_icann_suffix, is_public_suffix, none_public
 
 # "container": egress run --provider podman|docker's image and mounts (egress/run/launcher.py reads it)
 KNOWN_KEYS = ("include", "network", "credentials", "profile", "limits", "guardrails", "container") + LIST_KEYS

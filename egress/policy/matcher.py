@@ -32,10 +32,11 @@ from __future__ import annotations
 import ipaddress
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, count
 from operator import add as add_, or_
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from egress.core import reasons
 from egress.core.addresses import address_class, classify, embedded_ipv4
@@ -196,7 +197,7 @@ class _Keys:
             return
         tags, slots, mask = array("i", [0]) * size, array("I", [0]) * size, size - 1
         for start in range(0, len(self.tags), 1024):
-            for tag, record in zip(self.tags[start:start + 1024], self.slots[start:start + 1024]):
+            for tag, record in zip(self.tags[start:start + 1024], self.slots[start:start + 1024], strict=True):
                 if tag:
                     i = _hash(self.key(record)) & mask
                     while tags[i]:
@@ -358,7 +359,7 @@ class Policy:
             # Each key's place in the blob: a name is found as is in its text (every plain entry),
             # one call for the batch; a name written otherwise (=, upper case, IDN) and a network
             # are appended.
-            kinds, keys, ports = zip(*entries)
+            kinds, keys, ports = zip(*entries, strict=True)
             keys = list(keys)
             nets = [n for n, kind in enumerate(kinds) if kind == "net"] if "net" in kinds else ()
             for n in nets:
@@ -369,7 +370,7 @@ class Policy:
                 keys[n], found[n] = _net_key(net.version, net.prefixlen, int(net.network_address)), -1
                 rules.add_prefix(net.version, net.prefixlen)
             if not ascii:  # character and byte offsets differ, but in an ASCII text
-                found = [where if text.isascii() else -1 for where, text in zip(found, written)]
+                found = [where if text.isascii() else -1 for where, text in zip(found, written, strict=True)]
             places = list(map(add_, found, starts))
             if -1 in found:
                 for n in [n for n, where in enumerate(found) if where < 0]:

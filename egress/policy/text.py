@@ -45,9 +45,8 @@ import os
 import re
 import tomllib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, chain, compress, islice
-from typing import Callable
 
 CHUNK = 1 << 16  # characters per regular-expression call: ~1,700 lines, well under a millisecond
 
@@ -91,7 +90,7 @@ class Strings(Sequence):
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
             ends, text = self._ends[start:max(start, stop)], self._text
-            return [text[a:b] for a, b in zip(chain((self._ends[start - 1] if start else 0,), ends), ends)]
+            return [text[a:b] for a, b in zip(chain((self._ends[start - 1] if start else 0,), ends), ends, strict=False)]
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):

@@ -79,8 +79,9 @@ import re
 import zlib
 from bisect import bisect_right
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from itertools import accumulate, compress
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 from egress.scan import multimatch
 from egress.scan.decode import (
@@ -605,52 +606,54 @@ def _compile_passes(anchors: list[_Anchor]) -> list[_Pass]:
     groups: dict[bytes, list[int]] = defaultdict(list)
     for i, a in enumerate(anchors):
         groups[a.lead].append(i)
-    passes = []
-    for lead, members in groups.items():
-        lead_re = re.escape(lead)
-        # Longest anchors first: at one position the first alternative that fits wins
-        # ("sk-ant-" before "sk-").
-        members.sort(key=lambda i: -(anchors[i].before_len + len(anchors[i].after)))
-        order: list[int] = []
+    return [_compile_pass(anchors, lead, members) for lead, members in groups.items()]
 
-        def leaf(i: int) -> bytes:
-            a = anchors[i]
-            alt = b""
-            if a.before:
-                alt += b"(?<=" + a.before + lead_re + b")"
-            if a.start_boundary:
-                alt += b"(?<![" + a.start_boundary + b"]" + b"." * a.before_len + lead_re + b")"
-            if a.after:
-                alt += b"(?=" + a.after + b")"
-            order.append(i)
-            return b"(" + alt + b")"
 
-        by_prev: dict[bytes, list[int]] = defaultdict(list)
-        by_next: dict[tuple[bytes, bytes], list[int]] = defaultdict(list)
-        ungated = []
-        for i in members:
-            a = anchors[i]
-            if a.prev is not None:
-                by_prev[a.prev].append(i)
-            elif a.next is not None:
-                by_next[(a.start_boundary if a.before_len == 0 else b"", a.next)].append(i)
-            else:
-                ungated.append(i)
-        parts = []
-        if by_prev:
-            sub = [b"(?<=" + _class([c]) + lead_re + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
-                   for c, ids in by_prev.items()]
-            parts.append(b"(?<=" + _class(by_prev) + lead_re + b")(?:" + b"|".join(sub) + b")")
-        for boundary in dict.fromkeys(b for b, _ in by_next):
-            nexts = {c: ids for (b, c), ids in by_next.items() if b == boundary}
-            sub = [b"(?=" + _class([c]) + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
-                   for c, ids in nexts.items()]
-            gate = (b"(?<![" + boundary + b"]" + lead_re + b")") if boundary else b""
-            parts.append(gate + b"(?=" + _class(nexts) + b")(?:" + b"|".join(sub) + b")")
-        parts += [leaf(i) for i in ungated]
-        regex = re.compile(lead_re + b"(?:" + b"|".join(parts) + b")", re.DOTALL)
-        passes.append(_Pass(regex, tuple(order), tuple(anchors[i].before_len for i in order), lead))
-    return passes
+def _compile_pass(anchors: list[_Anchor], lead: bytes, members: list[int]) -> _Pass:
+    """The pass of one lead character: ``members`` are the indexes of its anchors."""
+    lead_re = re.escape(lead)
+    # Longest anchors first: at one position the first alternative that fits wins
+    # ("sk-ant-" before "sk-").
+    members.sort(key=lambda i: -(anchors[i].before_len + len(anchors[i].after)))
+    order: list[int] = []
+
+    def leaf(i: int) -> bytes:
+        a = anchors[i]
+        alt = b""
+        if a.before:
+            alt += b"(?<=" + a.before + lead_re + b")"
+        if a.start_boundary:
+            alt += b"(?<![" + a.start_boundary + b"]" + b"." * a.before_len + lead_re + b")"
+        if a.after:
+            alt += b"(?=" + a.after + b")"
+        order.append(i)
+        return b"(" + alt + b")"
+
+    by_prev: dict[bytes, list[int]] = defaultdict(list)
+    by_next: dict[tuple[bytes, bytes], list[int]] = defaultdict(list)
+    ungated = []
+    for i in members:
+        a = anchors[i]
+        if a.prev is not None:
+            by_prev[a.prev].append(i)
+        elif a.next is not None:
+            by_next[(a.start_boundary if a.before_len == 0 else b"", a.next)].append(i)
+        else:
+            ungated.append(i)
+    parts = []
+    if by_prev:
+        sub = [b"(?<=" + _class([c]) + lead_re + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
+               for c, ids in by_prev.items()]
+        parts.append(b"(?<=" + _class(by_prev) + lead_re + b")(?:" + b"|".join(sub) + b")")
+    for boundary in dict.fromkeys(b for b, _ in by_next):
+        nexts = {c: ids for (b, c), ids in by_next.items() if b == boundary}
+        sub = [b"(?=" + _class([c]) + b")(?:" + b"|".join(leaf(i) for i in ids) + b")"
+               for c, ids in nexts.items()]
+        gate = (b"(?<![" + boundary + b"]" + lead_re + b")") if boundary else b""
+        parts.append(gate + b"(?=" + _class(nexts) + b")(?:" + b"|".join(sub) + b")")
+    parts += [leaf(i) for i in ungated]
+    regex = re.compile(lead_re + b"(?:" + b"|".join(parts) + b")", re.DOTALL)
+    return _Pass(regex, tuple(order), tuple(anchors[i].before_len for i in order), lead)
 
 
 _STATIC_PASSES = _compile_passes(_STATIC_ANCHORS)
@@ -742,7 +745,7 @@ class Detector:
         if formats:
             anchors, actions = list(_STATIC_ANCHORS), list(_STATIC_ACTIONS)
         else:  # "Basic " only: it is how short credentials get decoded
-            anchors = [a for a, act in zip(_STATIC_ANCHORS, _STATIC_ACTIONS) if act == ["basic"]]
+            anchors = [a for a, act in zip(_STATIC_ANCHORS, _STATIC_ACTIONS, strict=True) if act == ["basic"]]
             actions = [["basic"]] * len(anchors)
         leads = _LEADS
         self._labels: set[str] = set()
@@ -821,7 +824,7 @@ class Detector:
         """``data`` with each finding replaced by ``[redacted:<kind>]``."""
         return _redact(data, self.scan(data), 0)
 
-    def stream(self, batch: int = 0) -> "StreamScanner":
+    def stream(self, batch: int = 0) -> StreamScanner:
         """A scanner for data that arrives in chunks (``batch``: see StreamScanner)."""
         return StreamScanner(self, batch)
 
@@ -852,7 +855,7 @@ class Detector:
             found.runs.append(0)  # (and run_segments looks for the hex in it)
         if self._secret_db.size:
             backs = self._secret_backs
-            for i, start, end in self._secret_db.scan(data, []):
+            for i, _start, end in self._secret_db.scan(data, []):
                 leads.append(end - backs[i])
         return leads, found
 

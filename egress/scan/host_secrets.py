@@ -42,8 +42,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from egress.scan.detect import Detector, Finding
 from egress.core.public_suffix import is_public_suffix
+from egress.scan.detect import Detector, Finding
 
 CACHE = 4096  # host names repeat; the cache is cleared when it grows past this
 
