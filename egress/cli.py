@@ -108,6 +108,11 @@ policy_option = click.option(
     "--policy", "policies", multiple=True, metavar="FILE",
     help="Policy file (TOML) or built-in set name; repeatable. Default: the built-in set 'dev'.")
 
+# A str, as egress.entry makes it for `egress run` (which never imports pathlib).
+state_dir_option = click.option(
+    "--state-dir", type=click.Path(), envvar="EGRESS_STATE_DIR",
+    help="Where egress keeps its CA, control sockets and warm proxy (default: $XDG_STATE_HOME/egress).")
+
 
 # ----------------------------------------------------------------------- check
 
@@ -231,9 +236,8 @@ def ca() -> None:
 
 
 @ca.command("path")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
-              help="Where egress keeps its CA (default: $XDG_STATE_HOME/egress).")
-def ca_path(state_dir: Path | None) -> None:
+@state_dir_option
+def ca_path(state_dir: str | None) -> None:
     """Print the CA certificate's path (creating the CA if needed)."""
     from egress.proxy.ca import StateError, ensure_ca
 
@@ -270,9 +274,7 @@ def proxy_options(*, metrics: str, audit_log: str):
         click.option("--upstream-ca", type=click.Path(path_type=Path), metavar="FILE",
                      help="Also trust this CA (PEM) for upstream servers, beside the system's CAs "
                           "(e.g. the CA of a proxy that re-signs TLS on your network)."),
-        # a str, as egress.entry makes it for `egress run` (which never imports pathlib)
-        click.option("--state-dir", type=click.Path(), envvar="EGRESS_STATE_DIR",
-                     help="Where egress keeps its CA and control sockets (default: $XDG_STATE_HOME/egress)."),
+        state_dir_option,
         click.option("--max-client-connections", default=DEFAULT_LIMITS["egress_max_client_connections"],
                      show_default=True, type=click.IntRange(0),
                      help="Open connections allowed per client address (0: no limit)."),
@@ -315,7 +317,7 @@ def proxy_options(*, metrics: str, audit_log: str):
 
 def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str | None = None,
                  dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
-                 state_dir: Path | None = None, listen: tuple[str, int] | None = None, limits=None):
+                 state_dir: str | None = None, listen: tuple[str, int] | None = None, limits=None):
     """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
     from egress.proxy.config import ProxyConfig
 
@@ -595,12 +597,8 @@ def _say_serving(bound, builder, loaded, config) -> None:
 # ------------------------------------------------------- runs, allow, events
 
 
-state_dir_option = click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
-                                help="Where egress keeps its CA and control sockets.")
-
-
-def _run_socket(run: str | None, state_dir: Path | None) -> Path:
-    from egress.host.control import list_runs, runs_dir
+def _run_socket(run: str | None, state_dir: str | None) -> Path:
+    from egress.host.control import list_runs, run_socket
 
     if run is None:
         live = list_runs(state_dir)
@@ -608,7 +606,7 @@ def _run_socket(run: str | None, state_dir: Path | None) -> Path:
             names = ", ".join(r["run"] for r in live) or "none"
             raise click.UsageError(f"name the run with --run ID (running: {names})")
         run = live[0]["run"]
-    path = Path(runs_dir(state_dir)) / f"{run}.sock"
+    path = Path(run_socket(state_dir, run))
     if not path.exists():
         raise click.UsageError(f"no run {run!r} is running (see `egress runs`)")
     return path
@@ -617,7 +615,7 @@ def _run_socket(run: str | None, state_dir: Path | None) -> Path:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
 @state_dir_option
-def runs(as_json: bool, state_dir: Path | None) -> None:
+def runs(as_json: bool, state_dir: str | None) -> None:
     """List the egress runs in progress, with their grants."""
     from egress.host.control import list_runs
 
@@ -633,7 +631,7 @@ def runs(as_json: bool, state_dir: Path | None) -> None:
 @click.argument("host")
 @click.option("--run", "run", metavar="ID", help="The run to grant (see `egress runs`); optional if only one runs.")
 @state_dir_option
-def allow(host: str, run: str | None, state_dir: Path | None) -> None:
+def allow(host: str, run: str | None, state_dir: str | None) -> None:
     """Allow HOST (that exact name) for one run, answering its pending question too.
 
     Only an `egress run` takes grants; an `egress serve` refuses them (exit 1): edit
@@ -651,7 +649,7 @@ def allow(host: str, run: str | None, state_dir: Path | None) -> None:
 @policy.command("reload")
 @click.option("--run", "run", metavar="ID", help="The run or serve (see `egress runs`); optional if only one.")
 @state_dir_option
-def policy_reload(run: str | None, state_dir: Path | None) -> None:
+def policy_reload(run: str | None, state_dir: str | None) -> None:
     """Make a running proxy re-read its policy files now (they are also watched)."""
     from egress.host.control import request
 
@@ -667,7 +665,7 @@ def policy_reload(run: str | None, state_dir: Path | None) -> None:
 @click.option("--run", "run", metavar="ID", help="The run to follow; optional if only one runs.")
 @click.option("--json", "as_json", is_flag=True, help="The events as JSON lines.")
 @state_dir_option
-def events(follow: bool, run: str | None, as_json: bool, state_dir: Path | None) -> None:
+def events(follow: bool, run: str | None, as_json: bool, state_dir: str | None) -> None:
     """Stream a run's decisions as they happen."""
     from egress.host.control import request
 
@@ -692,8 +690,7 @@ def events(follow: bool, run: str | None, as_json: bool, state_dir: Path | None)
 @policy_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per check, one per line.")
 @click.option("--no-fs-confinement", is_flag=True, help="Judge `egress run --no-fs-confinement`.")
-@click.option("--state-dir", type=click.Path(path_type=Path), envvar="EGRESS_STATE_DIR",
-              help="Where egress keeps its CA.")
+@state_dir_option
 def doctor(policies, as_json, no_fs_confinement, state_dir) -> None:
     """Tell what isolation this machine gives, one line per mechanism, with fixes.
 

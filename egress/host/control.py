@@ -45,6 +45,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from egress.proxy.ca import StateDir
+
 # Every `egress run` makes a RunState and a ControlServer before its command's first connection;
 # queue and egress.core.hosts are imported where they are first needed (a follower, a grant), and
 # socketserver not at all: together ~6 ms of `egress run -- true`. So is json (with re: ~3-5 ms),
@@ -52,13 +54,6 @@ from collections.abc import Callable
 
 
 FOLLOWER_QUEUE = 10000  # events a follower may fall behind by before they are dropped
-
-
-def runs_dir(state_dir: str | os.PathLike | None) -> str:
-    """A str (not a pathlib.Path: `egress run` never imports pathlib, egress.proxy.ca says why)."""
-    from egress.proxy.ca import state_dir as default_state_dir
-
-    return os.path.join(state_dir or default_state_dir(), "runs")
 
 
 class GrantRefused(ValueError):
@@ -320,11 +315,12 @@ class ControlServer:
     0.5 s poll, which every `egress run` would pay at exit.
     """
 
-    def __init__(self, state: RunState, state_dir: str | os.PathLike | None = None):
-        directory = runs_dir(state_dir)
+    def __init__(self, state: RunState, state_dir: StateDir | str | os.PathLike | None = None):
+        state_dir = StateDir.of(state_dir)
+        directory = state_dir.runs
         os.makedirs(directory, mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
-        self.path = os.path.join(directory, f"{state.run_id}.sock")
+        self.path = run_socket(state_dir, state.run_id)
         self.state = state
         self._user_namespace = own_user_namespace()  # None (no /proc): every peer is refused
         self._darwin = sys.platform == "darwin"
@@ -403,12 +399,17 @@ def request(path: str | os.PathLike, payload: dict, timeout: float = 5.0):
                 return
 
 
-def list_runs(state_dir: str | os.PathLike | None) -> list[dict]:
+def run_socket(state_dir: StateDir | str | os.PathLike | None, run_id: str) -> str:
+    """Where run ``run_id`` (or ``serve-<pid>``) answers."""
+    return os.path.join(StateDir.of(state_dir).runs, f"{run_id}.sock")
+
+
+def list_runs(state_dir: StateDir | str | os.PathLike | None) -> list[dict]:
     """Every live run's info; sockets left by runs that died are removed."""
     from pathlib import Path
 
     runs = []
-    directory = Path(runs_dir(state_dir))
+    directory = Path(StateDir.of(state_dir).runs)
     for path in sorted(directory.glob("*.sock")) if directory.is_dir() else []:
         try:
             answers = request(path, {"op": "info"}, timeout=2.0)

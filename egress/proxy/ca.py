@@ -1,13 +1,17 @@
-"""Where egress keeps its state: the CA that signs intercepted connections.
+"""Where egress keeps its state (StateDir), and the CA that signs intercepted connections.
 
-The directory is ``$EGRESS_STATE_DIR`` if set, else ``$XDG_STATE_HOME/egress``,
-else ``~/.local/state/egress``. The CA lives in its ``ca/`` folder under
-mitmproxy's file names; the private key is readable by its owner only.
+The directory is ``$EGRESS_STATE_DIR`` if set (or --state-dir), else ``$XDG_STATE_HOME/egress``,
+else ``~/.local/state/egress``. Its folders:
+
+    ca/      the CA, under mitmproxy's file names; the private key is readable by its owner only
+    runs/    the control sockets of runs and serves (egress.host.control)
+    warm/    the warm proxy's socket, lock, record and log (egress.run.warm.client)
 """
 
 from __future__ import annotations
 
 import os
+from collections import namedtuple
 
 # Paths are str here, not pathlib's: `egress run` reads this module before its command starts, and
 # importing pathlib (with urllib.parse, ipaddress, fnmatch, ntpath) cost ~4-5 ms of every run.
@@ -27,20 +31,54 @@ def state_dir() -> str:
     return os.path.join(base, "egress")
 
 
+class StateDir(namedtuple("StateDir", ("root",))):
+    """The state folder and its folders, as str paths; ``StateDir.of(given)`` (None: the default).
+
+    A namedtuple, as egress.proxy.config.ProxyConfig (every `egress run` makes one).
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, given: str | os.PathLike | None = None) -> StateDir:
+        """``given`` (--state-dir, a ProxyConfig's state_dir), else the default, read now."""
+        if isinstance(given, StateDir):
+            return given
+        return cls(os.fspath(given) if given else state_dir())
+
+    @property
+    def ca(self) -> str:
+        return os.path.join(self.root, "ca")
+
+    @property
+    def runs(self) -> str:
+        return os.path.join(self.root, "runs")
+
+    @property
+    def warm(self) -> str:
+        return os.path.join(self.root, "warm")
+
+    @property
+    def ca_cert(self) -> str:
+        """The CA certificate (PEM) clients must trust to accept intercepted TLS."""
+        return os.path.join(self.ca, f"{CA_BASENAME}-ca-cert.pem")
+
+
 def ca_dir(base: str | os.PathLike | None = None) -> str:
-    return os.path.join(base or state_dir(), "ca")
+    return StateDir.of(base).ca
 
 
 def ca_cert_path(base: str | os.PathLike | None = None) -> str:
     """The CA certificate (PEM) clients must trust to accept intercepted TLS."""
-    return os.path.join(ca_dir(base), f"{CA_BASENAME}-ca-cert.pem")
+    return StateDir.of(base).ca_cert
 
 
 def ensure_ca(base: str | os.PathLike | None = None) -> str:
     """Create the CA on first use; return the certificate's path. Raises StateError."""
-    directory = ca_dir(base)
-    if os.path.isfile(ca_cert_path(base)) and os.path.isfile(os.path.join(directory, f"{CA_BASENAME}-ca.pem")):
-        return ca_cert_path(base)  # the common case, without importing mitmproxy (~0.1 s)
+    state = StateDir.of(base)
+    directory, cert = state.ca, state.ca_cert
+    if os.path.isfile(cert) and os.path.isfile(os.path.join(directory, f"{CA_BASENAME}-ca.pem")):
+        return cert  # the common case, without importing mitmproxy (~0.1 s)
     from pathlib import Path
 
     from mitmproxy import certs
@@ -52,4 +90,4 @@ def ensure_ca(base: str | os.PathLike | None = None) -> str:
         raise StateError(
             f"cannot create or read the CA in {directory}: {e}. Set EGRESS_STATE_DIR "
             f"(or --state-dir) to a folder you can write.") from None
-    return ca_cert_path(base)
+    return cert

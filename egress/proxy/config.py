@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import namedtuple
 from types import MappingProxyType
 
+from egress.proxy.ca import StateDir
+
 _NOTHING = MappingProxyType({})  # an empty mapping no one can change, shared by every default
 
 # The limits addon's options (egress/proxy/addons/limits.py) and their defaults, as the CLI passes them.
@@ -34,7 +36,7 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     * ``dns_timeout``: seconds to wait for DNS answers (5)
     * ``upstream_timeout``: seconds until an upstream's response head (60); 0: wait forever
     * ``upstream_ca``: a CA (PEM) also trusted for upstream servers, beside the system's (egress.proxy.trust)
-    * ``state_dir``: where the CA and control sockets live; None: egress.proxy.ca.state_dir()
+    * ``state_dir``: where the CA and control sockets live; None: the default (``config.state``)
     * ``extra_options``: mitmproxy options on top (tests, benchmarks)
     * ``auth``: (user, password) every client must send (egress.proxy.auth); None: none asked
     * ``front``: passthrough CONNECTs answered and relayed before mitmproxy (egress.proxy.fastpath; serve)
@@ -44,6 +46,11 @@ class ProxyConfig(namedtuple("ProxyConfig", (
     """
 
     __slots__ = ()
+
+    @property
+    def state(self) -> StateDir:
+        """Where this proxy's CA and control sockets live (``state_dir``, else the default)."""
+        return StateDir.of(self.state_dir)
 
     def to_dict(self) -> dict:
         """As JSON-able data (egress run hands its proxy's configuration to the warm proxy)."""

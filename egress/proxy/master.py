@@ -35,7 +35,7 @@ from egress.proxy.addons.tunnels import Passthrough, ProtocolGuard
 from egress.proxy.addons.upstream_errors import UpstreamErrors
 from egress.proxy.addons.upstream_timeout import UpstreamTimeout
 from egress.proxy.engine import Engine
-from egress.proxy.ca import ca_dir, ensure_ca, state_dir
+from egress.proxy.ca import ensure_ca
 from egress.proxy.trust import UpstreamTrust, proxy_locations, upstream_trust
 from egress.proxy.config import ProxyConfig
 
@@ -56,7 +56,8 @@ class EgressProxy:
         Raises egress.proxy.ca.StateError, egress.proxy.trust.TrustError."""
         self.engine = engine
         self.config = config
-        ensure_ca(config.state_dir)
+        state = config.state
+        ensure_ca(state)
         raise_fd_limit()
         host, port = config.listen or ("127.0.0.1", 0)
         # With the front (serve), it listens and hands mitmproxy what it does not serve itself.
@@ -84,14 +85,14 @@ class EgressProxy:
             *([LineFirst(engine)] if engine.recorder.reporter is not None else []),
         )
         update = dict(
-            confdir=str(ca_dir(config.state_dir)),
+            confdir=state.ca,
             connection_strategy="lazy",
             http2=False,
             stream_large_bodies=STREAM_LARGE_BODIES,
         )
         # The system's CAs (and --upstream-ca), not mitmproxy's default of certifi's only.
         trust = trust or upstream_trust(config.upstream_ca)
-        cafile, capath = proxy_locations(trust, config.state_dir or state_dir())
+        cafile, capath = proxy_locations(trust, state.root)
         update["ssl_verify_upstream_trusted_ca"] = cafile
         if capath is not None:
             update["ssl_verify_upstream_trusted_confdir"] = capath

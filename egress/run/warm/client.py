@@ -43,6 +43,8 @@ import sys
 import time
 import zlib
 
+from egress.proxy.ca import StateDir
+
 # Paths are str here: `egress run` reads this module, and never imports pathlib (egress.proxy.ca says why).
 
 # 2: stdout and stderr come with a `stdio` op once the child serves; 3: marshal frames;
@@ -80,20 +82,19 @@ def installation_key(identity: dict) -> str:
 class Paths:
     """The warm server's files for one state folder and installation."""
 
-    def __init__(self, state_dir: str | os.PathLike, key: str):
-        self.state_dir = os.fspath(state_dir)
+    def __init__(self, state_dir: StateDir | str | os.PathLike, key: str):
+        state = StateDir.of(state_dir)
+        self.state_dir = state.root
         self.key = key
-        self.folder = os.path.join(self.state_dir, "warm")
+        self.folder = state.warm
         self.socket = os.path.join(self.folder, f"{key}.sock")
         self.lock = os.path.join(self.folder, f"{key}.lock")
         self.info = os.path.join(self.folder, f"{key}.json")
         self.log = os.path.join(self.folder, f"{key}.log")
 
     @classmethod
-    def for_state(cls, state_dir: str | os.PathLike | None) -> Paths:
-        from egress.proxy.ca import state_dir as default_state_dir
-
-        return cls(os.path.abspath(state_dir or default_state_dir()), installation_key(installation()))
+    def for_state(cls, state_dir: StateDir | str | os.PathLike | None) -> Paths:
+        return cls(os.path.abspath(StateDir.of(state_dir).root), installation_key(installation()))
 
     def make_folder(self) -> None:
         os.makedirs(self.folder, mode=0o700, exist_ok=True)

@@ -120,12 +120,12 @@ def warm_up(state_dir: Path) -> None:
     from egress.proxy.addons import credential_guard  # noqa: F401
     from egress.policy.loader import _builtin_sets
     from egress.core.public_suffix import registrable_domain, suffix_rules
-    from egress.proxy.ca import ca_dir
+    from egress.proxy.ca import StateDir
 
     suffix_rules()  # every policy entry is checked against the public suffix list
     registrable_domain("example.com")  # every refusal's metric label (tldextract builds a trie)
     _builtin_sets()  # the built-in `dev` set
-    mitm.preload_ca(Path(ca_dir(state_dir)))
+    mitm.preload_ca(Path(StateDir.of(state_dir).ca))
 
 
 # ------------------------------------------------------------------ the parent
