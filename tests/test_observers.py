@@ -12,7 +12,9 @@ import io
 import threading
 
 import pytest
+from prometheus_client import generate_latest
 
+from egress.core.reasons import Verdict
 from egress.observe import events
 from egress.host.control import RunState
 from egress.observe.events import Event, Recorder
@@ -126,3 +128,27 @@ def test_no_answer_waits_outside_an_event_loop_or_without_a_reporter():
     with pytest.raises(ValueError):
         recorder.subscribe(lambda e: None, name="run2", heard=True)
     recorder.close()
+
+
+def test_the_verdicts_are_written_as_the_words_they_always_were():
+    typed = Event(client="c", method="GET", host="h.test", port=80, decision=Verdict.BLOCK, reason="denied")
+    plain = Event(client="c", method="GET", host="h.test", port=80, decision="block", reason="denied")
+    assert typed.to_json() == plain.to_json() and '"decision":"block"' in typed.to_json()
+    metrics = Metrics()
+    Recorder(metrics).record(typed)
+    assert b'egress_requests_total{decision="block",reason="denied"} 1.0' in generate_latest(metrics.registry)
+
+
+def test_an_observer_is_any_callable_of_one_event():
+    got: list = []
+
+    class Lines:  # an observer of its own kind, as serve's log lines are
+        def __call__(self, event: Event) -> None:
+            got.append(event.host)
+
+    observer: events.Observer = Lines()
+    recorder = Recorder(Metrics())
+    recorder.subscribe(observer, name="lines")
+    recorder.record(event(1))
+    recorder.close()
+    assert got == ["h1.test"]

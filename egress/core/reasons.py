@@ -5,6 +5,20 @@ audit log, in metrics labels and in ``egress check --json``. Adding a code is a
 contract change: document it in the README's table too.
 """
 
+from enum import StrEnum
+
+
+class Verdict(StrEnum):
+    """What an event says egress did with a request (the audit log's ``decision``).
+
+    str-valued: the audit log's JSON, metric labels and every printed line read as before.
+    """
+
+    ALLOW = "allow"
+    BLOCK = "block"  # refused (a code of REFUSALS)
+    ERROR = "error"  # allowed, but the upstream could not be reached (a code of UPSTREAM_ERRORS)
+
+
 REFUSALS: dict[str, str] = {
     "not-allowed": "not on the allow list",
     "denied": "on the deny list",

@@ -6,8 +6,8 @@ values, so no credential can reach the log through them.
 
 The audit log is the one synchronous sink. Every other listener (``egress events
 --follow`` through the control socket, ``egress run``'s reports on the terminal) is an
-:class:`Observer`: a bounded queue drained by a thread of its own. Measured before: one
-``egress events --follow`` that stopped reading filled its queue, and the next event
+:class:`Observer` behind an :class:`ObserverQueue`: a bounded queue drained by a thread of its
+own. Measured before: one ``egress events --follow`` that stopped reading filled its queue, and the next event
 blocked the event loop, so after ~10k refusals the proxy answered nobody. Now a full
 queue drops the event and counts it (``egress_events_dropped_total{observer}``).
 
@@ -30,10 +30,14 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, Protocol, TextIO
 
-from egress.observe.metrics import Metrics
 from egress.core.public_suffix import registrable_domain
+from egress.core.reasons import ALLOWED, Verdict
+from egress.observe.metrics import Metrics
+
+if TYPE_CHECKING:
+    from egress.policy.matcher import Decision
 
 
 @dataclass(slots=True)
@@ -42,7 +46,7 @@ class Event:
     method: str
     host: str
     port: int | None
-    decision: str  # allow | block | error
+    decision: Verdict  # allow | block | error
     reason: str  # "allowed", a refusal code, or an upstream error code
     rule: str | None = None  # the policy entry that decided, with its file:line
     detail: str = ""
@@ -59,6 +63,31 @@ class Event:
         return json.dumps(data, separators=(",", ":"))
 
 
+def refusal_event(client: str, method: str, decision: Decision) -> Event:
+    """The event of a refusal (``decision``: allowed=False), on every road that refuses."""
+    return Event(client=client, method=method, host=decision.host, port=decision.port, decision=Verdict.BLOCK,
+                 reason=decision.reason, rule=str(decision.rule) if decision.rule else None, detail=decision.detail)
+
+
+def allow_connect(recorder: Recorder, client: str, host: str, port: int, rule: object) -> None:
+    """Record an allowed CONNECT: one function for mitmproxy's path (egress.proxy.addons.reporter)
+    and serve's front (egress.proxy.fastpath), so that both write the same event."""
+    recorder.record(Event(client=client, method="CONNECT", host=host, port=port, decision=Verdict.ALLOW,
+                          reason=ALLOWED, rule=str(rule) if rule is not None else None, detail=""))
+
+
+class Observer(Protocol):
+    """What a live listener of events is (:meth:`Recorder.subscribe`): ``egress events --follow``'s
+    control state, serve's log lines, a worker's forwarder, ``egress run``'s reporter.
+
+    It is called with each event in order, on a thread of its own behind a bounded queue
+    (:class:`ObserverQueue`), so it may block (a terminal, a socket) at no one's cost but its own.
+    An exception it raises is logged and that event skipped; it is called again with the next.
+    """
+
+    def __call__(self, event: Event, /) -> None: ...
+
+
 OBSERVER_QUEUE = 10000  # events an observer may fall behind by before they are dropped
 
 logger = logging.getLogger("egress")
@@ -69,7 +98,7 @@ OBSERVER_BATCH = 256  # queued events that wake the thread at once
 # Seconds a refusal's answer waits for the run's line about it. The line takes well under a
 # millisecond on a quiet machine; this bounds a reporter whose terminal does not take writes
 # (a stopped pager, a full pipe): past it the answer goes anyway and later refusals stop
-# waiting until the reporter has caught up (Observer.stalled).
+# waiting until the reporter has caught up (ObserverQueue.stalled).
 HEARD_WAIT = 2.0
 
 
@@ -78,7 +107,7 @@ class Telling:
 
     __slots__ = ("future", "observer")
 
-    def __init__(self, future: asyncio.Future, observer: Observer):
+    def __init__(self, future: asyncio.Future, observer: ObserverQueue):
         self.future, self.observer = future, observer
 
     def pending(self) -> bool:
@@ -97,8 +126,8 @@ def _settle(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-class Observer:
-    """A subscriber behind a bounded queue and a thread of its own.
+class ObserverQueue:
+    """An :class:`Observer` behind a bounded queue and a thread of its own.
 
     ``offer`` never blocks: past ``limit`` queued events it drops the event and counts it.
     The callback runs on the observer's thread and may block (a terminal, a socket) at
@@ -109,7 +138,7 @@ class Observer:
     the callback has returned.
     """
 
-    def __init__(self, callback: Callable[[Event], None], name: str, limit: int = OBSERVER_QUEUE,
+    def __init__(self, callback: Observer, name: str, limit: int = OBSERVER_QUEUE,
                  on_drop: Callable[[], None] = lambda: None):
         self.callback, self.name, self.limit, self.on_drop = callback, name, limit, on_drop
         self.stalled = False  # a wait for it timed out: none waits again until its queue is empty
@@ -157,22 +186,28 @@ class Observer:
         self._thread.join(timeout)
 
 
+def _unchanged(text: str) -> str:
+    return text
+
+
 class Recorder:
     """Fans events out to the audit log, the metrics and any observers."""
 
-    def __init__(self, metrics: Metrics, audit: TextIO | None = None, session: str | None = None):
+    def __init__(self, metrics: Metrics, audit: TextIO | None = None, session: str | None = None, *,
+                 worker: int | None = None, clean: Callable[[str], str] | None = None):
+        """``worker``: a serve worker's pid, in every event; ``clean``: replaces the secrets in a
+        text (host names and details), so that no event carries one (egress.proxy.engine.Redactor)."""
         self.metrics = metrics
         self.audit = audit
         self.session = session
-        self.worker: int | None = None  # set by a serve worker: its pid, in every event
-        self._subscribers: list[Observer] = []
-        self.reporter: Observer | None = None  # the run's reporter, which answers wait for (subscribe(heard=True))
+        self.worker = worker
+        self._subscribers: list[ObserverQueue] = []
+        self.reporter: ObserverQueue | None = None  # the run's reporter, which answers wait for (subscribe(heard=True))
         self._lock = threading.Lock()
-        # Replaces secrets in host names and details (set by the credential guard).
-        self.clean: Callable[[str], str] = lambda text: text
+        self.clean: Callable[[str], str] = clean if clean is not None else _unchanged
 
-    def subscribe(self, callback: Callable[[Event], None], name: str = "subscriber",
-                  limit: int = OBSERVER_QUEUE, heard: bool = False) -> Observer:
+    def subscribe(self, callback: Observer, name: str = "subscriber",
+                  limit: int = OBSERVER_QUEUE, heard: bool = False) -> ObserverQueue:
         """Call ``callback`` with every event, on a thread of its own, behind a bounded queue.
 
         ``heard``: the callback tells a person (a run's reporter; one per recorder), and a
@@ -181,7 +216,7 @@ class Recorder:
         counter = self.metrics.events_dropped.labels(name)
         if heard and self.reporter is not None:
             raise ValueError("a recorder has one reporter a client's answer waits for")
-        observer = Observer(callback, name, limit, on_drop=counter.inc)
+        observer = ObserverQueue(callback, name, limit, on_drop=counter.inc)
         self._subscribers.append(observer)
         if heard:
             self.reporter = observer
@@ -200,10 +235,10 @@ class Recorder:
         event.worker = event.worker or self.worker
         event.host, event.detail = self.clean(event.host), self.clean(event.detail)
         self.metrics.requests.labels(event.decision, event.reason).inc()
-        if event.decision == "block":
+        if event.decision == Verdict.BLOCK:
             domain = event.host if event.reason == "invalid-host" else registrable_domain(event.host)
             self.metrics.blocked.labels(self.metrics.domain_label(domain), event.reason).inc()
-        elif event.decision == "error":  # an upstream failure (reasons.UPSTREAM_ERRORS)
+        elif event.decision == Verdict.ERROR:  # an upstream failure (reasons.UPSTREAM_ERRORS)
             domain = self.metrics.domain_label(registrable_domain(event.host))
             self.metrics.upstream_errors.labels(domain, event.reason).inc()
         if self.audit is not None:
@@ -218,7 +253,7 @@ class Recorder:
         telling = None
         for observer in self._subscribers:
             future = None
-            if observer is self.reporter and event.decision != "allow" and not observer.stalled:
+            if observer is self.reporter and event.decision != Verdict.ALLOW and not observer.stalled:
                 try:
                     future = asyncio.get_running_loop().create_future()
                 except RuntimeError:  # not in an event loop: no answer to hold
