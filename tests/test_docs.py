@@ -242,8 +242,12 @@ def test_json_examples_are_json():
     for path in DOCS:
         for language, _, start, text in _blocks(path):
             if language == "json":
-                for line in filter(None, text.splitlines()):
-                    json.loads(line)
+                for number, line in enumerate(text.splitlines(), start):
+                    if line.strip():
+                        try:
+                            json.loads(line)
+                        except ValueError as e:
+                            pytest.fail(f"{_rel(path)}:{number}: {e}")
 
 
 # ------------------------------------------------------------------ links and names
