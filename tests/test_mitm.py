@@ -226,6 +226,43 @@ def test_stop_serving_ends_every_connection_and_stops_listening(confdir, http_up
     assert refused != 0  # no longer listening
 
 
+def test_egress_http1_sides_serve_the_client_and_read_the_upstream(confdir, http_upstream):
+    # egress.proxy.addons.limits puts its StrictHttp1Server in for each client (serve_clients_with,
+    # at next_layer) and its StrictHttp1Client under mitmproxy's name (read_upstreams_with).
+    from mitmproxy.proxy.layers import http as http_layers
+    from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server
+
+    used = []
+
+    class Server(Http1Server):
+        def __init__(self, context, http_layer):
+            super().__init__(context)
+            used.append(("server", type(http_layer).__name__))
+
+    class Client(Http1Client):
+        def __init__(self, context):
+            super().__init__(context)
+            used.append(("client", None))
+
+    class Strict:
+        def next_layer(self, nextlayer) -> None:
+            served = mitm.serve_clients_with(nextlayer.layer, Server)
+            again = mitm.serve_clients_with(nextlayer.layer, Server)  # a client has one server side
+            used.append(("placed", (served, again)))
+
+    before = http_layers.Http1Client
+    mitm.read_upstreams_with(Client)
+    try:
+        answer = run_master(confdir, lambda master, own, addresses: asyncio.to_thread(
+            exchange, addresses[0][1], get(http_upstream.url("127.0.0.1", "/"))), Strict())
+    finally:
+        mitm.read_upstreams_with(before)
+    assert answer.startswith(b"HTTP/1.1 404 Not Found")  # the upstream's own answer, read by Client
+    assert ("placed", (True, False)) in used
+    assert [u for u in used if u[0] != "placed"] == [("server", "HttpLayer"), ("client", None)]
+    assert mitm.serve_clients_with(None, Server) is False  # no layer chosen yet: nothing to serve
+
+
 def test_verify_result_is_openssls_code_for_a_failed_handshake(test_ca, tmp_path):
     from OpenSSL import SSL
 

@@ -191,6 +191,40 @@ def answer_invalid_requests() -> None:
         HttpStream.check_invalid = _answer_invalid_request(HttpStream.check_invalid)
 
 
+# ------------------------------------------------------ egress's HTTP/1 sides
+
+
+def read_upstreams_with(client_class: type) -> None:
+    """Make mitmproxy read every upstream HTTP/1 response with ``client_class``, a subclass of
+    its Http1Client (idempotent). HttpClient (a new server connection) and HttpLayer (a server
+    that speaks first) make their Http1Client by its module-level name in
+    mitmproxy.proxy.layers.http, so the subclass goes under that name."""
+    from mitmproxy.proxy.layers import http as http_layers
+
+    if http_layers.Http1Client is not client_class:
+        http_layers.Http1Client = client_class
+
+
+def serve_clients_with(chosen: layer.Layer | None, make: typing.Callable) -> bool:
+    """Have the HttpLayer in ``chosen``'s stack (NextLayer's choice, or the layer it leads to
+    through ``child_layer``: a TLS layer, a mode) serve its client with ``make(context,
+    http_layer)``, a subclass of mitmproxy's Http1Server, in place of the one it would make:
+    HttpLayer keeps an entry of its ``connections`` it finds there, as it does for client
+    replay. False if the stack holds no HttpLayer, or its client is served already."""
+    from mitmproxy.proxy.layers.http import HttpLayer
+
+    found = chosen
+    while found is not None and not isinstance(found, HttpLayer):
+        found = getattr(found, "child_layer", None)
+    if found is None:
+        return False
+    client = found.context.client
+    if client in found.connections:
+        return False
+    found.connections[client] = make(found.context.fork(), found)
+    return True
+
+
 @dataclass(frozen=True)
 class OwnAddons:
     """mitmproxy's own addons that egress embeds (mitmdump would load ~35)."""

@@ -58,12 +58,12 @@ What this module does:
   malformed chunked body are reported as ``protocol`` refusals (and trailers answered 400).
 
 The HTTP/1 part is a subclass of mitmproxy's ``Http1Server``, put in place of the one an
-``HttpLayer`` would make for the client (``HttpLayer`` keeps an existing entry of its
-``connections``, as it does for client replay). egress runs with ``http2=False``, so a
-client connection is always HTTP/1. The server side is a subclass of ``Http1Client``, which
-mitmproxy makes by its module-level name at each new server connection
-(:func:`strict_upstream_heads` puts the subclass under that name). Upstream HTTP/2 is never
-negotiated (``http2=False`` offers no ALPN h2), so every upstream is read by it.
+``HttpLayer`` would make for the client (egress.proxy.mitm.serve_clients_with). egress runs
+with ``http2=False``, so a client connection is always HTTP/1. The server side is a subclass
+of ``Http1Client``, which mitmproxy makes by its module-level name at each new server
+connection (egress.proxy.mitm.read_upstreams_with puts the subclass under that name).
+Upstream HTTP/2 is never negotiated (``http2=False`` offers no ALPN h2), so every upstream is
+read by it.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ class Limits:
         self.max_head_bytes = MAX_HEAD_BYTES
         self._sweeper: asyncio.Task | None = None
         self.reclaimer = Reclaimer()
-        strict_upstream_heads()
+        mitm.read_upstreams_with(StrictHttp1Client)
         # (peername, sockname) -> (counted address, waiting since): connections egress.proxy.fastpath
         # counted and handed over, until mitmproxy's client_connected takes them
         self.carried: dict[tuple, tuple[str | None, float]] = {}
@@ -250,21 +250,19 @@ class Limits:
     @fail_closed
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         chosen = nextlayer.layer
-        found = chosen
-        while found is not None and not isinstance(found, HttpLayer):
-            found = getattr(found, "child_layer", None)
-        if isinstance(found, HttpLayer):
-            context = found.context
-            if context.client not in found.connections:
-                found.connections[context.client] = StrictHttp1Server(context.fork(), self, found)
-        elif isinstance(chosen, TCPLayer):  # a relay (passthrough): no request head to wait for
+        if isinstance(chosen, TCPLayer):  # a relay (passthrough): no request head to wait for
             state = self.engine.connections.get(nextlayer.context.client)
             if state is not None:
                 state.waiting_since = None
+            return
+        mitm.serve_clients_with(chosen, self._http1_server)
         # Anything else still leads to a head: a TLS handshake inside a tunnel (its HttpLayer
         # comes after it, from another NextLayer) keeps the clock that started at the CONNECT's
         # 200, so a ClientHello trickled a byte at a time is cut like a trickled head. A closing
         # layer closes the connection as it starts: its clock never fires.
+
+    def _http1_server(self, context, http_layer: HttpLayer) -> StrictHttp1Server:
+        return StrictHttp1Server(context, self, http_layer)
 
     @fail_closed
     def websocket_start(self, flow) -> None:
@@ -601,15 +599,6 @@ class StrictHttp1Client(Http1Client):
     def done(self, event: events.ConnectionEvent) -> layer.CommandGenerator[None]:
         self.buf = ReceiveBuffer()  # what still arrives is dropped, not kept
         yield from ()
-
-
-def strict_upstream_heads() -> None:
-    """Make mitmproxy read every upstream HTTP/1 response with :class:`StrictHttp1Client`
-    (idempotent). HttpClient (a new server connection) and HttpLayer (a server that speaks
-    first) make their ``Http1Client`` by its name in mitmproxy.proxy.layers.http."""
-    from mitmproxy.proxy.layers import http as http_layers
-
-    http_layers.Http1Client = StrictHttp1Client
 
 
 def _request_line(line: bytes) -> tuple[str, str | None]:
