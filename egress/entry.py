@@ -107,9 +107,8 @@ def parse_run(args: list[str], environ) -> object:
 
 
 def _options(given: dict[str, list[str]], command: list[str]):
-    from egress.run.launcher import RunOptions
-
     from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig
+    from egress.run.options import RunOptions
 
     values = {name: [_convert(name, value) for value in found] for name, found in given.items()}
 

@@ -15,9 +15,9 @@ source sets the policy's allow_all from it: no caller sets it after a load.
 Every load goes through egress.policy.settings (the credential settings are checked beside the
 policy) and a load that fails raises PolicyError, its problems worded by the loader.
 
-A plain class, not a dataclass: every `egress run` makes one, and importing dataclasses costs
-~10 ms of a ~40 ms run (egress.run.options says the same of RunOptions). Nothing of the loader
-is imported until a load: most runs end before their proxy needs a policy.
+A plain class, not a dataclass, and nothing of the loader imported until a load: every `egress
+run` makes one, and most end before their proxy needs a policy (the imports' cost: bench/README.md,
+"Launch without pathlib and json").
 """
 
 from __future__ import annotations

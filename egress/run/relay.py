@@ -85,7 +85,7 @@ class Relay:
         import threading  # here: the launcher's path to the sandbox's fork has no use for it (~0.5 ms)
 
         # Our copies of the write ends go: the pipes end when the command's side closes.
-        for pipe, sink in zip(self._pipes, (sys.stdout, sys.stderr)):
+        for pipe, sink in zip(self._pipes, (sys.stdout, sys.stderr), strict=True):
             if pipe is None:
                 continue
             os.close(pipe[1])
