@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 BUILTIN = "built-in"
@@ -77,16 +78,16 @@ class Wrapper(NamedTuple):
     ``dash``: a lone ``-`` is one of its options (``env -`` is ``env -i``). ``command``: whether
     the words after its options are a command (``script``'s are a log file: only ``-c`` runs one)."""
 
-    values: frozenset = frozenset()
+    values: frozenset[str] = frozenset()
     plain: int = 0
-    script: frozenset = frozenset()
-    split: frozenset = frozenset()
-    joined: frozenset | None = None
+    script: frozenset[str] = frozenset()
+    split: frozenset[str] = frozenset()
+    joined: frozenset[str] | None = None
     dash: bool = False
     command: bool = True
 
 
-def _options(*names: str) -> frozenset:
+def _options(*names: str) -> frozenset[str]:
     return frozenset(names)
 
 
@@ -124,7 +125,7 @@ class Rule:
 
     __slots__ = ("kind", "text", "where", "why", "pattern", "name")
 
-    def __init__(self, kind: str, text: str, where: str, pattern: re.Pattern, why: str | None = None,
+    def __init__(self, kind: str, text: str, where: str, pattern: re.Pattern[str], why: str | None = None,
                  name: str | None = None):
         self.kind = kind  # "deny" | "allow"
         self.text = text
@@ -146,7 +147,7 @@ class Rule:
         return f"Rule({self.kind!r}, {self.text!r}, {self.where!r})"
 
 
-def compile_rule(text: str) -> tuple[re.Pattern, str | None]:
+def compile_rule(text: str) -> tuple[re.Pattern[str], str | None]:
     """``text`` anchored to a command's start and a word's end; a text that is not a valid regular
     expression is matched as literal text. Returns (pattern, warning or None)."""
     try:
@@ -177,7 +178,7 @@ class Refusal:
         return f"command refused by {self.rule.describe()}: {shown}"
 
 
-def check(argv: list[str], deny: list[Rule], allow: list[Rule] = ()) -> Refusal | None:
+def check(argv: list[str], deny: Sequence[Rule], allow: Sequence[Rule] = ()) -> Refusal | None:
     """The first refusal for ``argv`` (every command it would run, as far as the text shows), or None."""
     for command in commands(argv):
         if isinstance(command, _Special):
@@ -195,7 +196,7 @@ class _Special(str):
 
     rule: Rule
 
-    def __new__(cls, text: str, rule: Rule):
+    def __new__(cls, text: str, rule: Rule) -> _Special:
         made = super().__new__(cls, text)
         made.rule = rule
         return made
@@ -208,12 +209,12 @@ _FORK_BOMB_RULE = Rule("deny", FORK_BOMB.pattern, BUILTIN, _NEVER,
                        "a function that starts copies of itself without end", "fork-bomb")
 
 
-def commands(argv: list[str]):
+def commands(argv: list[str]) -> Iterator[str]:
     """Every command in command position in ``argv``, normalised (see the module's doc)."""
     yield from _from_words(list(argv), [], 0)
 
 
-def _from_words(words: list[str], redirects: list[str], depth: int):
+def _from_words(words: list[str], redirects: list[str], depth: int) -> Iterator[str]:
     if depth > MAX_DEPTH:
         yield _Special(" ".join(words), _TOO_DEEP_RULE)
         return
@@ -225,13 +226,13 @@ def _from_words(words: list[str], redirects: list[str], depth: int):
     name = os.path.basename(words[0]) or words[0]
     if name == "busybox" and len(words) > 1:
         yield from _from_words(words[1:], redirects, depth + 1)
-    script = None
+    inner: str | None = None
     if name in SHELLS:
-        script = _shell_script(words[1:])
+        inner = _shell_script(words[1:])
     elif name == "eval":
-        script = " ".join(words[1:])
-    if script is not None:  # the script's commands first: a refusal then names the command inside
-        yield from _from_script(script, depth + 1)
+        inner = " ".join(words[1:])
+    if inner is not None:  # the script's commands first: a refusal then names the command inside
+        yield from _from_script(inner, depth + 1)
     yield " ".join([name, *words[1:], *redirects])
 
 
@@ -331,10 +332,10 @@ def _split_string(text: str) -> list[str]:
             if c == "'":
                 quote = None
             elif c == "\\" and text[index:index + 1] in ("\\", "'"):
-                word += text[index]
+                word = (word or "") + text[index]
                 index += 1
             else:
-                word += c
+                word = (word or "") + c
         elif c == "\\":
             escaped = text[index:index + 1]
             index += 1
@@ -350,7 +351,7 @@ def _split_string(text: str) -> list[str]:
             if c == '"':
                 quote = None
             else:
-                word += c
+                word = (word or "") + c
         elif c in " \t\n\v\f\r":
             if word is not None:
                 words.append(word)
@@ -390,7 +391,7 @@ def _shell_script(args: list[str]) -> str | None:
     return None
 
 
-def _from_script(script: str, depth: int):
+def _from_script(script: str, depth: int) -> Iterator[str]:
     if depth > MAX_DEPTH:
         yield _Special(script, _TOO_DEEP_RULE)
         return
@@ -451,7 +452,7 @@ class _Lexer:
         redirect: str | None = None
         heredocs: list[tuple[str, bool]] = []
 
-        def end_word():
+        def end_word() -> None:
             nonlocal word, redirect
             if word is None:
                 return

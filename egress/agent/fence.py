@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import secrets
 import unicodedata
+from collections.abc import Sequence
 
 FENCE = "untrusted-content"
 NONCE_BYTES = 16  # 128 bits, fresh for every fence
@@ -79,7 +80,7 @@ def clean_field(value: str) -> str:
     return " ".join(value.split())
 
 
-def fence(text: str, source: str | None = None, fields: list[tuple[str, str]] = (), nonce: str | None = None) -> str:
+def fence(text: str, source: str | None = None, fields: Sequence[tuple[str, str]] = (), nonce: str | None = None) -> str:
     """``text`` fenced for an agent to read as data (see the module's doc). Raises ValueError for
     a field name that is not a plain name."""
     nonce = nonce or secrets.token_hex(NONCE_BYTES)
@@ -163,7 +164,7 @@ class Signal:
         self.weight = weight
         self.excerpt = excerpt
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"signal": self.name, "weight": self.weight, "excerpt": self.excerpt}
 
 
@@ -184,7 +185,7 @@ class Score:
     def names(self) -> list[str]:
         return [signal.name for signal in self.signals]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {"score": self.score, "signals": [s.as_dict() for s in self.signals], "hidden_characters": self.hidden}
 
 

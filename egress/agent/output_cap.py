@@ -31,6 +31,12 @@ from __future__ import annotations
 
 import re
 
+TYPE_CHECKING = False  # typing's, without importing typing (egress run imports this module)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from egress.scan.detect import StreamRedactor
+
 HEAD_SHARE = 0.6  # of the budget: the first bytes; the rest is the tail's
 # The cut falls on a line break when one is this near (bytes, and at most a quarter of the
 # head's or the tail's share): a log reads as whole lines. The head's last bytes wait for the
@@ -49,7 +55,7 @@ _KEY_END = re.compile(rb"(?:-----END|---- END) (?:[A-Z0-9]{1,32} ){0,6}PRIVATE K
 _KEY_BEGIN = re.compile(rb"-----BEGIN |---- BEGIN |PuTTY-User-Key-File-")
 
 
-def parse_size(text) -> int:
+def parse_size(text: object) -> int:
     """A byte count as written: 262144, "256K", "256KiB", "1M", "1 MB" (K, M, G are 1024s).
     Raises ValueError."""
     if isinstance(text, bool):
@@ -59,8 +65,8 @@ def parse_size(text) -> int:
             raise ValueError(f"{text} is negative")
         return text
     match = _SIZE.fullmatch(str(text))
-    unit = match and _UNITS.get(match.group(2).lower())
-    if not unit:
+    unit = _UNITS.get(match.group(2).lower()) if match else None
+    if match is None or not unit:
         raise ValueError(f"{text!r} is not a size: write bytes, or a number with K, M or G (e.g. 256K)")
     return int(match.group(1)) * unit
 
@@ -87,7 +93,7 @@ class CappedStream:
     factory of egress.scan.detect.StreamRedactor) is given. :meth:`feed` returns what can be
     written now, :meth:`finish` the rest; memory stays O(limit) whatever is fed."""
 
-    def __init__(self, limit: int, redactor=None):
+    def __init__(self, limit: int, redactor: Callable[[], StreamRedactor] | None = None):
         self.limit = limit
         self._factory = redactor
         self._stage = redactor() if redactor else _Plain()

@@ -65,7 +65,7 @@ def clobbers(old: str, new: str) -> list[Clobber]:
 _ASSIGNED = re.compile(r"""(?:[\w.-]+|"[^"]*"|'[^']*')\s*[=:]\s*["']?$""")
 
 
-def _replaced_value(line: str, old_lines: list[str], i1: int, i2: int, near: int):
+def _replaced_value(line: str, old_lines: list[str], i1: int, i2: int, near: int) -> tuple[int, str] | None:
     """(old line index, placeholder) where ``line``'s placeholders cover a value in old_lines[i1:i2]."""
     parts = PLACEHOLDER.split(line)
     holders = PLACEHOLDER.findall(line)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -194,7 +195,7 @@ def parse_port(text: str, authority: str | None = None, *, zero: bool = False) -
                       f"is not a port number ({lowest}-65535)")
 
 
-def parent_domains(name: str):
+def parent_domains(name: str) -> Iterator[str]:
     """Yield ``name`` and each parent: a.b.c -> a.b.c, b.c, c."""
     yield name
     start = name.find(".")

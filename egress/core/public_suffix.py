@@ -32,6 +32,10 @@ from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 
+TYPE_CHECKING = False  # typing's, without importing typing
+if TYPE_CHECKING:
+    import tldextract
+
 SNAPSHOT = ".tld_set_snapshot"  # the file inside the tldextract package
 ICANN_END = "===END ICANN DOMAINS==="  # the list's marker between its two sections
 
@@ -39,7 +43,7 @@ Rules = tuple[frozenset[str], frozenset[str], frozenset[str]]  # exact rules, wi
 
 
 @functools.cache
-def extractor():
+def extractor() -> tldextract.TLDExtract:
     """tldextract's public API over its bundled snapshot (never fetched, no cache folder)."""
     import tldextract
 
@@ -84,7 +88,9 @@ def forget() -> None:
 
 
 def _parse(text: str) -> Rules | None:
-    exact, wild, exceptions = set(), set(), set()
+    exact: set[str] = set()
+    wild: set[str] = set()
+    exceptions: set[str] = set()
     for line in text.splitlines():
         rule = line.strip()
         if not rule or rule.startswith("//"):

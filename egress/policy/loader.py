@@ -17,16 +17,17 @@ import itertools
 import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from egress.core.contract import NETWORK_MODES
 from egress.core.hosts import _ASCII_NAME, _NUMERIC_LABEL, InvalidHost, parse_host, split_host_port
 from egress.core.public_suffix import is_icann_suffix, is_public_suffix, none_public
-from egress.policy.matcher import LIST_KEYS, Entry, Policy
+from egress.policy.matcher import LIST_KEYS, Entry, EntryParts, Policy
 from egress.policy.text import Lines, Strings, read_toml
 
 # "container": egress run --provider podman|docker's image and mounts (egress/run/launcher.py reads it)
@@ -76,7 +77,7 @@ class PolicyError(Exception):
 # ------------------------------------------------------------- file:line
 
 
-def unknown_key(key: str, known, prefix: str = "") -> str:
+def unknown_key(key: str, known: Sequence[str], prefix: str = "") -> str:
     """The problem for a key the policy does not know, with the closest known one or the list."""
     close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
@@ -174,38 +175,38 @@ def parse_entry(text: str, key: str) -> Entry:
     return Entry._make(entry_parts(text, key))
 
 
-def entry_parts(text: str, key: str) -> tuple[str, object, int | None]:
-    """:func:`parse_entry`'s (kind, value, port) as a plain tuple: what a loader adds (an Entry
-    per entry cost ~0.9 s of a 1M-entry load)."""
+def entry_parts(text: str, key: str) -> EntryParts:
+    """:func:`parse_entry`'s (kind, value, port) as a plain tuple: what a loader adds."""
     return plain_parts([text], key)[0] or _other_parts(text, key)
 
 
-def plain_parts(texts: list, key: str) -> list[tuple | None]:
+def plain_parts(texts: Sequence[Any], key: str) -> list[EntryParts | None]:
     """:func:`entry_parts` of each plain entry of ``texts``, a batch read at once; None for each
     other text (for :func:`_other_parts`), for every text of a batch with one that is not a
     string or holds a newline, and for a plain entry there is something to say about: no dot
     (a top-level domain, or localhost), a port in ``allow_private``, none in ``passthrough``."""
     try:
-        found = _PLAIN_LINES.findall("\n".join(texts))
+        found: list[tuple[str, str, str]] = _PLAIN_LINES.findall("\n".join(texts))
     except TypeError:  # not all strings
-        found = ()
+        found = []
     if len(found) != len(texts):  # that, or a newline in a text
         return [None] * len(texts)
     ports_ok, bare_ok, suffixes = key != "allow_private", key != "passthrough", key != "deny"
     # A last label that is a number makes an IPv4 address (general path); only a digit, a-f
     # or x can end one, and most names end otherwise: the cheap test first.
-    parts = [("subdomains" if wildcard else "domain", name, int(port) if port else None)
-             if name and len(name) <= 253 and (0 < int(port) < 65536 and ports_ok if port else bare_ok)
-             and (name[-1] not in _NUMERIC_ENDS or not _NUMERIC_LABEL.match(name.rpartition(".")[2]))
-             and ("." in name or not suffixes) else None
-             for wildcard, name, port in found]
+    parts: list[Any] = [  # (kind, name, port) or None
+        ("subdomains" if wildcard else "domain", name, int(port) if port else None)
+        if name and len(name) <= 253 and (0 < int(port) < 65536 and ports_ok if port else bare_ok)
+        and (name[-1] not in _NUMERIC_ENDS or not _NUMERIC_LABEL.match(name.rpartition(".")[2]))
+        and ("." in name or not suffixes) else None
+        for wildcard, name, port in found]
     # a public suffix is refused (_other_parts says so); a few set operations say the batch has none
     if suffixes and not none_public([entry[1] for entry in parts if entry is not None]):
         parts = [None if entry is None or is_public_suffix(entry[1]) else entry for entry in parts]
     return parts
 
 
-def _other_parts(text: str, key: str) -> tuple[str, object, int | None]:
+def _other_parts(text: object, key: str) -> EntryParts:
     """:func:`entry_parts` of an entry :func:`plain_parts` leaves (any entry, but slower)."""
     if not isinstance(text, str):
         raise EntryError(f"{key}: entries must be strings, not {type(text).__name__} {text!r}")
@@ -220,8 +221,8 @@ def _other_parts(text: str, key: str) -> tuple[str, object, int | None]:
     if not raw:
         raise EntryError(f"{key}: empty entry")
     if "://" in raw:
-        host = raw.split("://", 1)[1].split("/", 1)[0]
-        raise EntryError(f"{key}: {text!r} is a URL; write the host only, e.g. {host!r}")
+        named = raw.split("://", 1)[1].split("/", 1)[0]
+        raise EntryError(f"{key}: {text!r} is a URL; write the host only, e.g. {named!r}")
     if raw in ("*", "*.", "**"):
         hint = ("to allow every domain, run with --network all instead"
                 if key == "allow" else "list the domains themselves")
@@ -258,7 +259,7 @@ def _other_parts(text: str, key: str) -> tuple[str, object, int | None]:
         host = parse_host(host_part)
     except InvalidHost as e:
         raise EntryError(f"{key}: {e}") from None
-    if host.is_ip:
+    if host.ip is not None:
         if wildcard:
             raise EntryError(f"{key}: {text!r}: a wildcard cannot apply to an IP address")
         if exact:
@@ -407,6 +408,9 @@ def read_file(path: Path) -> str:
 
 
 Reader = Callable[[Path], str]
+Report = Callable[..., None]  # load_mapping's problem(message, needle, key, to=, line=)
+Adder = Callable[[list[EntryParts | None], Sequence[Any], Sequence[int]], None]  # Policy.adder's add
+Sources = list[str] | tuple[str, ...] | str  # policy files or built-in set names
 
 
 class _Loader:
@@ -456,7 +460,7 @@ class _Loader:
         del text  # a large file's text is not kept while its rules are built
         self.load_mapping(data, str(path), True, stack + (path,), lines)
 
-    def load_mapping(self, data: dict, path: str, from_file: bool, stack: tuple[Path, ...],
+    def load_mapping(self, data: dict[str, Any], path: str, from_file: bool, stack: tuple[Path, ...],
                      lines: dict[str, Lines] | None = None) -> None:
         """Add ``data``'s rules; ``lines``: the line of each entry of its lists (egress.policy.text)."""
         policy = self.policy
@@ -534,30 +538,30 @@ class _Loader:
                 self._add_batch(key, add, entries[start:start + BATCH], key_lines[start:start + BATCH],
                                 problem)
 
-    def _add_batch(self, key: str, add: Callable, entries: list, lines, problem: Callable) -> None:
+    def _add_batch(self, key: str, add: Adder, entries: Sequence[Any], lines: Sequence[int], problem: Report
+                   ) -> None:
         """Add ``entries`` (with their ``lines``) of ``key`` through ``add``; ``problem()`` the rest."""
         parts = plain_parts(entries, key)
-        for n in [n for n, entry in enumerate(parts) if entry is None] if None in parts else ():
+        for n in [n for n, part in enumerate(parts) if part is None] if None in parts else ():
             entry_text, line = entries[n], lines[n]
             try:
                 entry = _other_parts(entry_text, key)
             except EntryError as e:
                 problem(str(e), entry_text if isinstance(entry_text, str) else None, key, line=line or None)
-                entry = None
-            else:
-                port = entry[2]
-                if port is not None and key == "allow_private":
-                    problem(f"allow_private: {entry_text!r}: a port means nothing here (it names which "
-                            f"hosts or ranges may be private); write it without ':{port}'",
-                            entry_text, key, line=line or None)
-                    entry = None
-                elif port is None and key == "passthrough":
-                    problem(passthrough_warning(entry_text), entry_text, key, to=self.policy.warnings,
-                            line=line or None)
+                continue  # parts[n] stays None: left out
+            port = entry[2]
+            if port is not None and key == "allow_private":
+                problem(f"allow_private: {entry_text!r}: a port means nothing here (it names which "
+                        f"hosts or ranges may be private); write it without ':{port}'",
+                        entry_text, key, line=line or None)
+                continue
+            if port is None and key == "passthrough":
+                problem(passthrough_warning(entry_text), entry_text, key, to=self.policy.warnings,
+                        line=line or None)
             parts[n] = entry
         add(parts, entries, lines)
 
-    def load_profile(self, profile, problem) -> None:
+    def load_profile(self, profile: object, problem: Report) -> None:
         policy = self.policy
         if profile not in PROFILES:
             problem(f"profile: {profile!r} is not a profile; write one of {', '.join(map(repr, PROFILES))}",
@@ -567,7 +571,7 @@ class _Loader:
         else:
             policy.profile = profile
 
-    def load_limits(self, table, problem) -> None:
+    def load_limits(self, table: object, problem: Report) -> None:
         from egress.agent.output_cap import parse_size
 
         if not isinstance(table, dict):
@@ -587,7 +591,7 @@ class _Loader:
             self.policy.max_output = size if current is None or (size and (not current or size < current)) \
                 else current
 
-    def load_guardrails(self, table, path: str, from_file: bool, problem) -> None:
+    def load_guardrails(self, table: object, path: str, from_file: bool, problem: Report) -> None:
         from egress.agent.commands import Rule, compile_rule
 
         if not isinstance(table, dict):
@@ -630,7 +634,7 @@ def _toml_problem(path: str, error: tomllib.TOMLDecodeError, text: str) -> Probl
     return Problem(path, line, f"not valid TOML: {message}")
 
 
-def read_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None = None
+def read_policy(sources: Sources, read: Reader | None = None
                 ) -> tuple[Policy, list[Problem]]:
     """Load one or more policy files (or built-in set names) into one policy, and every problem
     found (the policy is unusable if there is one: :func:`load_policy` raises them).
@@ -652,7 +656,7 @@ def read_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None 
     return policy, problems
 
 
-def read_mapping(data: dict, path: str = "<policy>", read: Reader | None = None
+def read_mapping(data: dict[str, Any], path: str = "<policy>", read: Reader | None = None
                  ) -> tuple[Policy, list[Problem]]:
     """A policy from an already-parsed mapping (``include`` resolved relative to cwd), and its problems."""
     policy = Policy()
@@ -662,12 +666,12 @@ def read_mapping(data: dict, path: str = "<policy>", read: Reader | None = None
     return policy, problems
 
 
-def load_policy(sources: list[str] | tuple[str, ...] | str, read: Reader | None = None) -> Policy:
+def load_policy(sources: Sources, read: Reader | None = None) -> Policy:
     """:func:`read_policy`, raising :class:`PolicyError` listing every problem found."""
     return _usable(*read_policy(sources, read))
 
 
-def policy_from_mapping(data: dict, path: str = "<policy>", read: Reader | None = None) -> Policy:
+def policy_from_mapping(data: dict[str, Any], path: str = "<policy>", read: Reader | None = None) -> Policy:
     """:func:`read_mapping`, raising :class:`PolicyError` listing every problem found."""
     return _usable(*read_mapping(data, path, read))
 

@@ -19,37 +19,41 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from egress.policy.loader import PolicyError, Problem, Reader, find_line, read_mapping, read_policy
+from egress.policy.loader import PolicyError, Problem, Reader, Sources, find_line, read_mapping, read_policy
 from egress.policy.matcher import Policy
+
+if TYPE_CHECKING:  # egress run's start-up does not import the scanner's modules
+    from egress.scan.credentials import Credentials, CredentialSettings
 
 
 @dataclass(frozen=True)
 class Settings:
     policy: Policy
-    credentials: object | None  # egress.scan.credentials.CredentialSettings; None: no table, the defaults
+    credentials: CredentialSettings | None  # None: no table, the defaults
 
 
-def load(sources, read: Reader | None = None) -> Settings:
+def load(sources: Sources, read: Reader | None = None) -> Settings:
     """Policy files (or built-in set names) -> settings. Raises PolicyError listing every problem."""
     return _beside(*read_policy(sources, read))
 
 
-def from_mapping(data: dict, path: str = "<policy>", read: Reader | None = None) -> Settings:
+def from_mapping(data: dict[str, Any], path: str = "<policy>", read: Reader | None = None) -> Settings:
     """An already-parsed mapping (the command line's) -> settings. Raises PolicyError."""
     return _beside(*read_mapping(data, path, read))
 
 
-def load_for_proxy(sources, environ: dict[str, str], *, broker: bool = False,
-                   read: Reader | None = None) -> tuple[Policy, object]:
+def load_for_proxy(sources: Sources, environ: dict[str, str], *, broker: bool = False,
+                   read: Reader | None = None) -> tuple[Policy, Credentials]:
     """Every check a proxy makes before it starts: the policy files (and their credential
     settings), then the stored secrets' values from ``environ`` and the files they name.
-    Returns (policy, egress.scan.credentials.Credentials); raises PolicyError listing every problem."""
+    Returns (policy, credentials); raises PolicyError listing every problem."""
     policy = load(sources, read).policy
     return policy, read_credentials(policy, environ, broker=broker)
 
 
-def reloadable(sources, read: Reader | None = None) -> Policy:
+def reloadable(sources: Sources, read: Reader | None = None) -> Policy:
     """A live reload's policy: the files load and the secrets they name can be read now.
     The secrets are not applied (a running proxy keeps the ones it started with), but a policy
     whose secrets cannot be read is refused: a worker restarted later would have to start with
@@ -59,13 +63,14 @@ def reloadable(sources, read: Reader | None = None) -> Policy:
     return policy
 
 
-def read_credentials(policy: Policy, environ: dict[str, str], *, broker: bool):
-    """The stored secrets a loaded policy describes, with their values read now
-    (egress.scan.credentials.credentials_for); raises PolicyError, each problem at file:line."""
-    from egress.scan.credentials import CredentialError, credentials_for
+def read_credentials(policy: Policy, environ: dict[str, str], *, broker: bool) -> Credentials:
+    """The stored secrets a loaded policy describes, with their values read now (a secret may
+    be bound only to hosts the policy allows); raises PolicyError, each problem at file:line."""
+    from egress.scan.credentials import CredentialError, load_credentials, parse_settings
 
     try:
-        return credentials_for(policy, environ, broker=broker)
+        return load_credentials(parse_settings(policy.credential_tables), environ, broker=broker,
+                                host_allowed=lambda host: policy.decide(host).allowed)
     except CredentialError as e:
         raise PolicyError([_located(*problem) for problem in e.problems]) from None
 
@@ -76,7 +81,7 @@ def _located(path: str, key: str | None, message: str, text: str | None = None) 
     return Problem(path, find_line(path, text, key) if key or text else None, message)
 
 
-def credential_settings(policy: Policy) -> tuple[object, list[Problem]]:
+def credential_settings(policy: Policy) -> tuple[CredentialSettings | None, list[Problem]]:
     """The policy files' ``[credentials]`` tables, parsed (None if there is none); their
     problems located at file:line."""
     if not policy.credential_tables:

@@ -47,6 +47,7 @@ import tomllib
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import accumulate, chain, compress, islice
+from typing import TYPE_CHECKING, Any, overload
 
 CHUNK = 1 << 16  # characters per regular-expression call: ~1,700 lines, well under a millisecond
 
@@ -66,10 +67,14 @@ _ONE_LINE = re.compile(f"^{_LINE}", re.M)  # anchored: a line of another shape y
 # Strings as above: one with an escape (or anything else) matches no token, and tomllib reads the array.
 _TOKEN = re.compile(rf"""[ \t]+|{_COMMENT}|(\n)|({_BASIC}|{_LITERAL})|(,)|(\])""")
 
-Lines = array  # array("I"): the line of each entry of a list, in order; 0 where it is not known
+# array("I"): the line of each entry of a list, in order; 0 where it is not known
+if TYPE_CHECKING:
+    Lines = array[int]
+else:
+    Lines = array  # array[int] is a type from Python 3.12 on
 
 
-class Strings(Sequence):
+class Strings(Sequence[str]):
     """A list's string entries as :func:`read_toml` reads them: one text, and where each entry
     ends in it. A slice is a list of str. A list of 1M str objects lived for a whole reload's
     build, and requests' objects allocated among them pinned the allocator's arenas when they
@@ -78,13 +83,19 @@ class Strings(Sequence):
 
     __slots__ = ("_text", "_ends")
 
-    def __init__(self, text: str, ends: array) -> None:
+    def __init__(self, text: str, ends: array[int]) -> None:
         self._text, self._ends = text, ends
 
     def __len__(self) -> int:
         return len(self._ends)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step != 1:
@@ -97,18 +108,18 @@ class Strings(Sequence):
             raise IndexError("Strings index out of range")
         return self._text[self._ends[index - 1] if index else 0:self._ends[index]]
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, (list, Strings)):
             return NotImplemented
         return len(self) == len(other) and list(self) == list(other)
 
-    __hash__ = None  # as a list
+    __hash__ = None  # type: ignore[assignment]  # as a list: not hashable
 
     def __repr__(self) -> str:
         return repr(list(self))
 
 
-def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict, dict[str, Lines]]:
+def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict[str, Any], dict[str, Lines]]:
     """The file's values (as ``tomllib.loads``, which raises the same errors) and, for each
     list key whose value is a list, the line of each of its entries. ``pause()`` is called
     between chunks (egress.policy.loader.PACE)."""
@@ -154,14 +165,14 @@ def read_toml(text: str, pause: Callable[[], None] = lambda: None) -> tuple[dict
     return data, found
 
 
-def _tomllib_alone(src: str) -> tuple[dict, dict[str, Lines]]:
+def _tomllib_alone(src: str) -> tuple[dict[str, Any], dict[str, Lines]]:
     data = tomllib.loads(src)  # src has no "\r" left but in "\r\n", which tomllib replaces once, as read_toml
     src = src.replace("\r\n", "\n")
     return data, {key: _search_lines(src, key, data[key]) for key in _LIST_KEYS
                   if isinstance(data.get(key), list)}
 
 
-def _next_array(src: str, pos: int) -> re.Match | None:
+def _next_array(src: str, pos: int) -> re.Match[str] | None:
     """The next ``key = [`` from ``pos`` on, searched a chunk at a time."""
     size = len(src)
     while pos < size:
@@ -230,7 +241,7 @@ def _read_array(src: str, pos: int, line: int, pause: Callable[[], None]
 _VALUE, _AFTER, _CLOSING = "value", "after", "closing"
 
 
-def _search_lines(src: str, key: str, values: list) -> Lines:
+def _search_lines(src: str, key: str, values: list[Any]) -> Lines:
     """Lines of a list tomllib read: each string entry searched for, quoted, in order from
     the key's line on (one not found as written, say with escapes, gets the key's line)."""
     lines = array("I")

@@ -33,8 +33,10 @@ from __future__ import annotations
 import os
 import secrets as random_source
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ACTIONS = ("block", "mask")
 SECRET_KEYS = ("env", "file", "hosts", "broker", "name", "header", "swap")
@@ -42,6 +44,9 @@ SWAP_PLACES = ("header", "body", "query", "path")  # where a brokered secret may
 DEFAULT_HEADERS = ("Authorization",)
 DEFAULT_SWAP = ("header",)
 SETTINGS_KEYS = ("action", "scan_env", "ignore_env", "ignore_kinds", "secret")
+
+# (policy file, key, message) or, where the text as written locates the line better, (..., text)
+Problem = tuple[str, str | None, str] | tuple[str, str | None, str, str | None]
 _PLACEHOLDER_ALPHABET = string.ascii_letters + string.digits
 
 
@@ -50,7 +55,7 @@ class CredentialError(Exception):
     (path, key, message, text) where the text as written (a variable's name, a host) locates
     the problem's line more precisely than its key (egress.policy.settings)."""
 
-    def __init__(self, problems: list[tuple]):
+    def __init__(self, problems: list[Problem]):
         self.problems = problems
         super().__init__("\n".join(f"{p[0]}: {p[2]}" for p in problems))
 
@@ -91,7 +96,7 @@ def parse_settings(tables: list[tuple[str, object]]) -> CredentialSettings:
     import difflib
 
     settings = CredentialSettings()
-    problems: list[tuple[str, str | None, str]] = []
+    problems: list[Problem] = []
     action_from: str | None = None
     for path, table in tables:
         if not isinstance(table, dict):
@@ -147,7 +152,7 @@ def parse_settings(tables: list[tuple[str, object]]) -> CredentialSettings:
     return settings
 
 
-def _parse_secret(path: str, entry: object, problems: list) -> SecretSpec | None:
+def _parse_secret(path: str, entry: object, problems: list[Problem]) -> SecretSpec | None:
     if not isinstance(entry, dict):
         problems.append((path, "secret", "credentials.secret: each entry is a table with env or file"))
         return None
@@ -233,7 +238,7 @@ class Credentials:
         """Variables whose value the command sees as a placeholder."""
         return {s.env: s.placeholder for s in self.secrets if s.placeholder and s.env}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """As JSON-able data, placeholders included (egress run hands them to its warm proxy)."""
         return {"action": self.action, "ignore_kinds": sorted(self.ignore_kinds),
                 "secrets": [{"label": s.label, "value": s.value, "hosts": list(s.hosts),
@@ -241,7 +246,7 @@ class Credentials:
                              "headers": list(s.headers), "swap": list(s.swap)} for s in self.secrets]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> Credentials:
+    def from_dict(cls, data: dict[str, Any]) -> Credentials:
         secrets = [StoredSecret(s["label"], s["value"], tuple(s["hosts"]), s["placeholder"], s["env"], s["file"],
                                 tuple(s.get("headers", DEFAULT_HEADERS)), tuple(s.get("swap", DEFAULT_SWAP)))
                    for s in data["secrets"]]
@@ -261,7 +266,7 @@ class Credentials:
 
 
 def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, broker: bool,
-                     host_allowed=None) -> Credentials:
+                     host_allowed: Callable[[str], bool] | None = None) -> Credentials:
     """Read every stored secret's value; raises CredentialError for what cannot be honoured.
 
     ``broker``: make placeholders for bound secrets (egress run does; a sidecar does not).
@@ -269,7 +274,7 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
     """
     from egress.scan.detect import MIN_SECRET_LENGTH, is_secret_name
 
-    problems: list[tuple[str, str | None, str]] = []
+    problems: list[Problem] = []
     stored: list[StoredSecret] = []
     named_envs = set()
     for spec in settings.secrets:
@@ -304,12 +309,13 @@ def load_credentials(settings: CredentialSettings, environ: dict[str, str], *, b
     return Credentials(settings.action, stored, frozenset(settings.ignore_kinds))
 
 
-def _read_value(spec: SecretSpec, environ: dict[str, str], problems: list) -> str | None:
+def _read_value(spec: SecretSpec, environ: dict[str, str], problems: list[Problem]) -> str | None:
     if spec.env is not None:
         value = environ.get(spec.env)
         if value is None:
             problems.append((spec.path, "env", f"credentials.secret: ${spec.env} is not set", spec.env))
         return value
+    assert spec.file is not None  # an entry names env or file (_parse_secret)
     path = Path(os.path.expanduser(spec.file))
     try:
         return path.read_text(encoding="utf-8").strip()
@@ -328,10 +334,3 @@ def make_placeholder(value: str) -> str:
     prefix = value[:cut] if cut >= 3 else ""
     body = "".join(random_source.choice(_PLACEHOLDER_ALPHABET) for _ in range(len(value) - len(prefix)))
     return prefix + body
-
-
-def credentials_for(policy, environ: dict[str, str], *, broker: bool) -> Credentials:
-    """The credentials a loaded policy describes, with values read now. Raises CredentialError."""
-    settings = parse_settings(policy.credential_tables)
-    return load_credentials(settings, environ, broker=broker,
-                            host_allowed=lambda host: policy.decide(host).allowed)

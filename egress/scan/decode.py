@@ -22,8 +22,9 @@ import binascii
 import re
 import zlib
 from bisect import bisect_right
+from collections.abc import Callable, Iterator
 from itertools import accumulate
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = ["UndecodableBody", "WindowTooLarge", "decode_content", "ContentDecoder", "codings", "KNOWN_CODINGS", "ZSTD_MAX_WINDOW", "Segment",
            "span", "layer_segments", "basic_segment", "B64_MIN_RUN", "HEX_MIN_RUN", "WRAP_MIN", "SHIFT_MAX", "RUN_TABLE",
@@ -80,7 +81,7 @@ class ContentDecoder:
     """
 
     def __init__(self, encoding: str, limit: int = DEFAULT_LIMIT, piece: int = 2**18):
-        self._stages = []
+        self._stages: list[_Inflate | _Brotli | _Zstd] = []
         for coding in reversed(codings(encoding)):
             if coding in ("gzip", "x-gzip"):
                 self._stages.append(_Inflate(True, piece))
@@ -106,10 +107,10 @@ class ContentDecoder:
         """Decoded bytes produced so far."""
         return self._sizes[-1]
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes) -> Iterator[bytes]:
         return self._push(0, data)
 
-    def finish(self):
+    def finish(self) -> Iterator[bytes]:
         return self._close(0)
 
     def close(self) -> None:
@@ -119,7 +120,7 @@ class ContentDecoder:
         for stage in self._stages:
             stage.close()
 
-    def _push(self, i: int, data: bytes):
+    def _push(self, i: int, data: bytes) -> Iterator[bytes]:
         if not data:
             return
         if i == len(self._stages):
@@ -128,21 +129,21 @@ class ContentDecoder:
         for out in self._stages[i].feed(data):
             yield from self._through(i, out)
 
-    def _close(self, i: int):
+    def _close(self, i: int) -> Iterator[bytes]:
         if i == len(self._stages):
             return
         for out in self._stages[i].finish():
             yield from self._through(i, out)
         yield from self._close(i + 1)
 
-    def _through(self, i: int, out: bytes):
+    def _through(self, i: int, out: bytes) -> Iterator[bytes]:
         # every stage's output counts against the cap, not only the last one's
         self._sizes[i] += len(out)
         if self._sizes[i] > self._limit:
             raise _too_big(self._limit)
         yield from self._push(i + 1, out)
 
-    def _out(self, data: bytes):
+    def _out(self, data: bytes) -> Iterator[bytes]:
         self._sizes[-1] += len(data)
         if self._sizes[-1] > self._limit:
             raise _too_big(self._limit)
@@ -165,12 +166,12 @@ class _Inflate:
     def __init__(self, gzip: bool, piece: int):
         self.gzip = gzip
         self.piece = piece
-        self.d = None  # the stream (member) being inflated
+        self.d: zlib._Decompress | None = None  # the stream (member) being inflated
         self.pending = b""  # a start too short to tell what it is
         self.started = False
         self.padding = False
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes) -> Iterator[bytes]:
         data = self.pending + data
         self.pending = b""
         while data:
@@ -212,7 +213,7 @@ class _Inflate:
                 if not data and len(out) < self.piece:
                     break
 
-    def finish(self):
+    def finish(self) -> Iterator[bytes]:
         if self.pending or (self.d is not None):
             raise UndecodableBody("truncated data")
         return iter(())
@@ -229,16 +230,16 @@ class _Brotli:
     # measured for one, with what one call makes), let go as soon as the stream ends or fails.
     STEP = 16
 
-    def __init__(self):
+    def __init__(self) -> None:
         try:
             import brotli
         except ImportError:  # pragma: no cover - mitmproxy depends on it
             raise UndecodableBody("br: the brotli module is not installed") from None
         self.error = brotli.error
-        self.d = brotli.Decompressor()
+        self.d: Any = brotli.Decompressor()  # brotli has no types
         self.started = False
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes) -> Iterator[bytes]:
         self.started = True
         process, step = self.d.process, self.STEP
         try:
@@ -250,7 +251,7 @@ class _Brotli:
             self.close()
             raise UndecodableBody(f"corrupt data: {e}") from None
 
-    def finish(self):
+    def finish(self) -> Iterator[bytes]:
         finished = not self.started or self.d.is_finished()
         self.close()
         if not finished:
@@ -269,22 +270,24 @@ class _Zstd:
     # P9), and the decoder's buffers are let go as soon as the body ends or fails.
     STEP = 64
 
-    def __init__(self):
+    def __init__(self) -> None:
         try:
             import zstandard
         except ImportError:
             raise UndecodableBody("zstd: the zstandard module is not installed") from None
         self.error = zstandard.ZstdError
         self.parameters = zstandard.get_frame_parameters
-        self.decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-        self.d = None
+        self.decompressor: zstandard.ZstdDecompressor | None = zstandard.ZstdDecompressor(
+            max_window_size=ZSTD_MAX_WINDOW)
+        self.d: zstandard.ZstdDecompressionObj | None = None
         self.head = b""  # the first bytes of the frame being decoded: its header, for a refusal's reason
 
-    def feed(self, data: bytes):
+    def feed(self, data: bytes) -> Iterator[bytes]:
         step = self.STEP
         pos = 0
         while pos < len(data):
             if self.d is None:  # frames one after another, as mitmproxy reads them
+                assert self.decompressor is not None  # a closed decoder is fed no more
                 self.d = self.decompressor.decompressobj()
                 self.head = b""
             piece = data[pos:pos + step]
@@ -314,7 +317,7 @@ class _Zstd:
                                   f"RFC 9659 allows the zstd content coding")
         return UndecodableBody(f"corrupt data: {error}")
 
-    def finish(self):
+    def finish(self) -> Iterator[bytes]:
         truncated = self.d is not None
         self.close()
         if truncated:
@@ -334,7 +337,7 @@ _ZSTD_HEADER_MAX = 18  # a frame header's largest size (RFC 8878 3.1.1)
 # A segment of a buffer, decoded: (decoded bytes, mapper, arg). ``span(segment, ds, de)``
 # maps a decoded span back to the encoded span in the buffer it came from. Plain tuples:
 # near-miss data makes one per ~80 bytes, and a NamedTuple costs twice as much to build.
-Segment = tuple  # (bytes, Callable[[object, int, int], tuple[int, int]], object)
+Segment = tuple[bytes, Callable[[Any, int, int], tuple[int, int]], Any]  # (decoded, mapper, arg)
 
 
 def span(segment: Segment, s: int, e: int) -> tuple[int, int]:
@@ -362,10 +365,11 @@ _PCT_SEGMENT = re.compile(rb"%[0-9A-Fa-f]{2}[^ \t\r\n\"'<>]*")
 _JSON_SEGMENT = re.compile(rb"\\(?:u[0-9A-Fa-f]{4}|/)" + _JSON_RIGHT)
 
 
-def _json_right(buf: bytes, pos: int, _right=re.compile(_JSON_RIGHT).match) -> int:
+def _json_right(buf: bytes, pos: int, _right: Callable[[bytes, int], re.Match[bytes] | None]
+                = re.compile(_JSON_RIGHT).match) -> int:
     """Where a JSON segment whose evidence ends at ``pos`` ends (for the tests: _JSON_SEGMENT
     matches it with the evidence)."""
-    return _right(buf, pos).end()
+    return _right(buf, pos).end()  # type: ignore[union-attr]  # (a pattern that matches nothing too)
 
 
 _HEX_BYTE = {bytes(f"{i:02x}".encode()): bytes([i]) for i in range(256)}
@@ -391,7 +395,13 @@ _BREAK = re.compile(rb"(?:\r?\n|\\r\\n|\\n)[ \t]*")  # a line break and the next
 _BREAK_FIRST = frozenset(b"\r\n\\")
 
 
-def _linear_point(pieces: list[tuple[int, int, int, int]], dec_starts: list[int], d: int, end: bool) -> int:
+# A decoded escape: (dec_start, dec_end, raw_start, raw_end); the text around escapes is copied 1:1.
+Piece = tuple[int, int, int, int]
+Decode = Callable[[bytes, int, bool], tuple[bytes, list[Piece]]]  # (raw, raw_start, want_pieces)
+DecodeAll = Callable[[list[bytes]], list[bytes] | None]
+
+
+def _linear_point(pieces: list[Piece], dec_starts: list[int], d: int, end: bool) -> int:
     i = bisect_right(dec_starts, d - 1 if end else d) - 1
     if i < 0:
         return pieces[0][2] - (pieces[0][0] - d)
@@ -410,9 +420,9 @@ class _Escaped:
 
     __slots__ = ("buf", "los", "his", "decode", "pieces")
 
-    def __init__(self, buf: bytes, los: list[int], his: list[int], decode):
+    def __init__(self, buf: bytes, los: list[int], his: list[int], decode: Decode):
         self.buf, self.los, self.his, self.decode = buf, los, his, decode
-        self.pieces: dict[int, tuple] = {}
+        self.pieces: dict[int, tuple[list[Piece], list[int]]] = {}
 
     def span(self, i: int, s: int, e: int) -> tuple[int, int]:
         known = self.pieces.get(i)
@@ -450,8 +460,8 @@ def _far_left_edge(buf: bytes, floor: int, hi: int, marks: bytes) -> int:
 _JOIN = b"\0"
 
 
-def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks: bytes, decode,
-                     decode_all, start: int = 0) -> list[Segment]:
+def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern[bytes], marks: bytes, decode: Decode,
+                     decode_all: DecodeAll, start: int = 0) -> list[Segment]:
     """Segments around the evidence that ``segment`` matches, with the rest of the segment
     to its right; on the left, out to the last delimiter (per ``marks``) before it, never
     into the segment before. ``lead``: the byte the evidence starts with, where it is rare
@@ -491,7 +501,8 @@ def _escape_segments(buf: bytes, lead: bytes | None, segment: re.Pattern, marks:
     return [(text, back, i) for i, text in enumerate(decoded)]
 
 
-def _led(buf: bytes, lead: bytes, search):
+def _led(buf: bytes, lead: bytes, search: Callable[[bytes, int], re.Match[bytes] | None]
+         ) -> Iterator[re.Match[bytes]]:
     """What ``finditer`` yields, each search started at the next ``lead`` byte."""
     floor = 0
     find = buf.find
@@ -500,10 +511,10 @@ def _led(buf: bytes, lead: bytes, search):
         floor = m.end()
 
 
-def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list[Piece]]:
     parts = raw.split(b"%")
     out = [parts[0]]
-    pieces = []
+    pieces: list[Piece] = []
     hexbyte = _HEX_BYTE
     if not want_pieces:
         for part in parts[1:]:
@@ -535,7 +546,7 @@ def _percent_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, li
 _JSON_SIMPLE_ORDER = tuple((b"\\" + k, v) for k, v in _JSON_SIMPLE.items() if k != b"\\")
 
 
-def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+def _json_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list[Piece]]:
     if not want_pieces and _JSON_HARD(raw) is None:
         return _json_simple(raw), []
     out = []
@@ -582,7 +593,7 @@ def _q_words(raw: bytes) -> bytes:
     return _Q_WORD.sub(lambda m: m.group().replace(b"_", b" "), raw)
 
 
-def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
+def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list[Piece]]:
     """Quoted-printable: "=XX" escapes undone (either case, as decoders take them), soft line
     breaks ("=" and CRLF or LF) dropped, any other "=" kept; in a MIME Q word "_" is a space.
     A soft break is a piece that decodes to nothing."""
@@ -590,7 +601,7 @@ def _qp_decode(raw: bytes, base: int, want_pieces: bool) -> tuple[bytes, list]:
         raw = _q_words(raw)
     parts = raw.split(b"=")
     out = [parts[0]]
-    pieces = []
+    pieces: list[Piece] = []
     hexbyte = _HEX_BYTE
     if not want_pieces:
         for part in parts[1:]:
@@ -752,7 +763,7 @@ SHIFT_MAX = 15
 _B64_VALUES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"  # 62, 63 (+/ -_) fit no slot
 
 
-def _b64_class(fits) -> bytes:
+def _b64_class(fits: Callable[[int], bool]) -> bytes:
     return b"[" + bytes(c for v, c in enumerate(_B64_VALUES) if fits(v)) + b"]"
 
 
@@ -892,7 +903,9 @@ def run_segments(buf: bytes, starts: list[int] | None = None, hexes: list[int] |
         if s < pos:
             continue  # a line already joined to the run before
         m = run_at(buf, s)
-        e = m.end() if m else s
+        if m is None:
+            continue
+        e = m.end()
         if e - s < WRAP_MIN:
             continue
         if s == 0 and hexes is not None and e >= HEX_MIN_RUN:
@@ -929,7 +942,7 @@ def run_segments(buf: bytes, starts: list[int] | None = None, hexes: list[int] |
         a = q - 1 if q and buf[q - 1] in _HEX_CHARS else q  # the first digit of the run of them
         if a > last:
             last = a
-            _hex_candidate(buf, a, _HEX_DIGITS_AT(buf, a).end(), out)
+            _hex_candidate(buf, a, _HEX_DIGITS_AT(buf, a).end(), out)  # type: ignore[union-attr]  # [...]* matches
     return out
 
 
@@ -1063,7 +1076,7 @@ def hex_starts(buf: bytes) -> list[int]:
 def edge_hexes(buf: bytes) -> list[int]:
     """What the hex triggers miss in the run that starts ``buf`` (theirs want a character
     before the run): where its ASCII pairs start, before its first upper-case letter."""
-    e = _ANY_RUN_RAW.match(buf).end()
+    e = _ANY_RUN_RAW.match(buf).end()  # type: ignore[union-attr]  # buf starts with a run (run_segments)
     if e < HEX_MIN_RUN:
         return []
     upper = _UPPER(buf, 0, e)
@@ -1072,7 +1085,7 @@ def edge_hexes(buf: bytes) -> list[int]:
     pos = 0
     while (m := _HEX_DIGITS.search(buf, pos, min(e, limit + HEX_MIN_RUN))) is not None and m.start() <= limit:
         a = m.start()
-        b = _HEX_DIGITS_AT(buf, a).end()
+        b = _HEX_DIGITS_AT(buf, a).end()  # type: ignore[union-attr]  # [...]* matches
         if not _glued(buf, a):
             out += _pairs_from(buf, a, b)
         pos = b

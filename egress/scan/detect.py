@@ -81,7 +81,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from itertools import accumulate, compress
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 from egress.scan import multimatch
 from egress.scan.decode import (
@@ -239,10 +239,10 @@ def _crc_ok(token: bytes, prefix_len: int) -> bool:
 
 class _Rule(NamedTuple):
     kind: str
-    regex: re.Pattern | None  # matched at the token start; or ``match`` below
+    regex: re.Pattern[bytes] | None  # matched at the token start; or ``match`` below
     offsets: tuple[int, ...]  # token start = anchor start - offset (tried in order)
     group: int | str  # the reported span
-    check: Callable[[re.Match], bool] | None
+    check: Callable[[re.Match[bytes]], bool] | None
     match: Callable[[bytes, int], tuple[int, int] | None] | None = None
 
 
@@ -256,10 +256,10 @@ class _Anchor(NamedTuple):
     next: bytes | None = None  # the characters that may come right after it, if known
 
 
-def _body_check(prefix_len: int, crc: bool = False, mixed: bool = True) -> Callable[[re.Match], bool]:
+def _body_check(prefix_len: int, crc: bool = False, mixed: bool = True) -> Callable[[re.Match[bytes]], bool]:
     """A check on what follows the prefix: plausible (see _plausible); a valid checksum
     (GitHub, npm) is enough on its own."""
-    def check(m: re.Match) -> bool:
+    def check(m: re.Match[bytes]) -> bool:
         token = m.group(0)
         if crc and _crc_ok(token, prefix_len):
             return True
@@ -267,11 +267,11 @@ def _body_check(prefix_len: int, crc: bool = False, mixed: bool = True) -> Calla
     return check
 
 
-def _group_check(group: str, mixed: bool = True) -> Callable[[re.Match], bool]:
+def _group_check(group: str, mixed: bool = True) -> Callable[[re.Match[bytes]], bool]:
     return lambda m: _plausible(m.group(group), mixed)
 
 
-def _tok(body: str, alphabet: str, start: str | None = None) -> re.Pattern:
+def _tok(body: str, alphabet: str, start: str | None = None) -> re.Pattern[bytes]:
     """A token: ``body`` not preceded or followed by a character of ``alphabet``."""
     start = alphabet.replace("=", "") if start is None else start  # "=" is padding: only at the end
     return re.compile(f"(?<![{start}]){body}(?![{alphabet}])".encode())
@@ -284,7 +284,7 @@ def _mixed_b64(value: bytes) -> bool:
             and bool(v.strip(_HEXDIGITS)) and _plausible(v))
 
 
-def _jwt_check(m: re.Match) -> bool:
+def _jwt_check(m: re.Match[bytes]) -> bool:
     header = m.group(1)
     try:
         decoded = base64.urlsafe_b64decode(header + b"=" * (-len(header) % 4))
@@ -294,7 +294,7 @@ def _jwt_check(m: re.Match) -> bool:
     return decoded.startswith(b"{") and b'"alg"' in decoded and signature not in _KNOWN_EXAMPLES
 
 
-def _discord_check(m: re.Match) -> bool:
+def _discord_check(m: re.Match[bytes]) -> bool:
     part = m.group(1)
     try:
         user_id = base64.urlsafe_b64decode(part + b"=" * (-len(part) % 4))
@@ -307,7 +307,7 @@ _URL_PLACEHOLDERS = {b"password", b"passwd", b"pass", b"pwd", b"secret", b"token
                      b"changeme", b"pw", b"p", b"***", b"...", b"x"}
 
 
-def _url_password_check(m: re.Match) -> bool:
+def _url_password_check(m: re.Match[bytes]) -> bool:
     pw = m.group("v")
     low = pw.lower()
     if low in _URL_PLACEHOLDERS or pw[:1] in (b"$", b"<", b"{", b"%") and not re.match(rb"%[0-9A-Fa-f]{2}", pw):
@@ -348,7 +348,7 @@ def _pem_match(data: bytes, pos: int) -> tuple[int, int] | None:
     elif nxt is None and len(data) - head <= _PEM_MAX:
         end = len(data)
     else:
-        end = _PEM_BODY.match(data, head, stop).end()
+        end = _PEM_BODY.match(data, head, stop).end()  # type: ignore[union-attr]  # (...)* matches
     body = data[head:end].replace(b"\\n", b"").translate(None, _NON_B64)
     if len(body) < 64 or len(set(body)) < 16:
         return None
@@ -378,7 +378,8 @@ _AWS_NEAR_REACH = 120
 
 # (kind, anchors, pattern, offsets, group, check); anchors are literal strings, or
 # (lead, before-regex, before-length, after-regex) tuples for anchors that are not literal.
-_TABLE = [
+# (kind, anchors, pattern, offsets, group, check[, match]): a _Rule and the anchors that lead to it
+_TABLE: list[tuple[Any, ...]] = [
     ("github-token", ["ghp_", "gho_", "ghu_", "ghs_", "ghr_"],
      _tok(r"gh(?:[pous]_[A-Za-z0-9]{36}|r_[A-Za-z0-9]{36}(?:[A-Za-z0-9]{40})?)", _B62 + "_"), (0,), 0,
      _body_check(4, crc=True)),
@@ -512,11 +513,12 @@ _RARITY = (bytes(range(0x80, 0x100)) + bytes(range(0, 0x20)).replace(b"\t", b"")
 
 def _lead_of(text: bytes, leads: bytes) -> int:
     """Index in ``text`` of the character to lead with."""
-    best = None
+    best: tuple[int, int] | None = None
     for i, c in enumerate(text):
         rank = (leads.find(bytes([c])) if c in leads else len(leads) + _RARITY.find(bytes([c])))
         if best is None or rank < best[0]:
             best = (rank, i)
+    assert best is not None  # an anchor's text is never empty
     return best[1]
 
 
@@ -557,9 +559,14 @@ _NO_BOUNDARY = {"aws-secret-access-key", "slack-webhook", "azure-storage-key", "
                 "sentry-token"}
 
 
-def _static_rules() -> tuple[list[_Anchor], list[list[_Rule | tuple]]]:
+# What a pass does where an anchor matches: apply a rule, decode "Basic " credentials, or
+# report a stored secret (its label and length).
+Action = _Rule | str | tuple[str, str, int]
+
+
+def _static_rules() -> tuple[list[_Anchor], list[list[Action]]]:
     anchors: list[_Anchor] = []
-    actions: list[list] = []
+    actions: list[list[Action]] = []
     index: dict[_Anchor, int] = {}
     for kind, anchor_specs, pattern, offsets, group, check, *rest in _TABLE:
         rule = _Rule(kind, pattern, offsets, group, check, rest[0] if rest else None)
@@ -588,7 +595,7 @@ _STATIC_ANCHORS, _STATIC_ACTIONS = _static_rules()
 
 
 class _Pass(NamedTuple):
-    regex: re.Pattern
+    regex: re.Pattern[bytes]
     anchors: tuple[int, ...]  # by capture group number - 1
     before: tuple[int, ...]
     lead: bytes  # every match starts with it
@@ -670,8 +677,9 @@ _STATIC_PASSES = _compile_passes(_STATIC_ANCHORS)
 
 
 def _width(pattern: bytes) -> tuple[int, int]:
-    from re import _parser  # the regex parser: its getwidth() is the (min, max) match length
-    return _parser.parse(pattern).getwidth()
+    from re import _parser  # type: ignore[attr-defined]  # the regex parser (private): no stubs
+    width: tuple[int, int] = _parser.parse(pattern).getwidth()  # the (min, max) match length
+    return width
 
 
 def _hs_anchor(a: _Anchor) -> tuple[bytes, int, int]:
@@ -695,19 +703,21 @@ _SINGLE = multimatch.SINGLE
 
 
 @functools.cache
-def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[int]]:
+def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[tuple[str, int]]]:
     """The formats' database, with each anchor's back (see _hs_anchor); with ``runs``, also
     the run triggers, with theirs (decode.RUN_TRIGGERS). A scan that decodes no further
     layer (decoded binary, a second layer) uses the one without: the triggers cost 2/3 of
     a pass. Compiled on first use (~50 ms for both), not on import: the policy loader
     imports this module for KINDS."""
-    exprs, flags, backs = [], [], []
+    exprs: list[bytes] = []
+    flags: list[int] = []
+    backs: list[int] = []
     for a in _STATIC_ANCHORS:
         expr, flag, back = _hs_anchor(a)
         exprs.append(expr)
         flags.append(flag)
         backs.append(back)
-    run_backs = []
+    run_backs: list[tuple[str, int]] = []
     for expr, kind, back in RUN_TRIGGERS if runs else ():
         exprs.append(expr)
         flags.append(_SINGLE if kind == "qp" else 0)  # the first: decode finds the rest
@@ -746,7 +756,7 @@ class Detector:
             anchors, actions = list(_STATIC_ANCHORS), list(_STATIC_ACTIONS)
         else:  # "Basic " only: it is how short credentials get decoded
             anchors = [a for a, act in zip(_STATIC_ANCHORS, _STATIC_ACTIONS, strict=True) if act == ["basic"]]
-            actions = [["basic"]] * len(anchors)
+            actions = [["basic"] for _ in anchors]
         leads = _LEADS
         self._labels: set[str] = set()
         secret_exprs: dict[tuple[bytes, int], int] = {}  # (expression, flags) -> back
@@ -778,11 +788,10 @@ class Detector:
                     secret_exprs[(_hs_literal(form), multimatch.CASELESS if caseless else 0)] = \
                         len(form) - anchor.before_len
                 longest = max(longest, len(form))
-        self._anchors = anchors
         self._actions = actions
         self._passes = _STATIC_PASSES if anchors == _STATIC_ANCHORS else _compile_passes(anchors)
         _static_database(True), _static_database(False)  # a pattern Hyperscan refuses fails here, not in a scan
-        self._pass_of = [None] * 256  # lead byte -> index of its pass
+        self._pass_of: list[int | None] = [None] * 256  # lead byte -> index of its pass
         for i, p in enumerate(self._passes):
             self._pass_of[p.lead[0]] = i
         # The stored secrets' own database (the static one holds the formats): compiled
@@ -835,7 +844,8 @@ class Detector:
         evidence); unsorted, perhaps repeated."""
         leads: list[int] = []
         # (tuple.__new__: Triggers' own __new__ is a Python call, 0.3 us of a header's 7 us scan)
-        found = tuple.__new__(Triggers, ([], [], [])) if runs else None
+        # (None without runs: then no run trigger is in the database, and none reports)
+        found: Triggers = tuple.__new__(Triggers, ([], [], [])) if runs else None  # type: ignore[assignment]
         db, backs, run_backs = _static_database(runs)
         n = len(backs)
         for i, start, end in db.scan(data, []):
@@ -877,7 +887,7 @@ class Detector:
                 m = match(data, pos)
                 if m is None:
                     continue
-                g = m.lastindex - 1
+                g = m.lastindex - 1  # type: ignore[operator]  # a pass matches through one of its groups
                 start = pos - before[g]
                 for action in actions[members[g]]:
                     if type(action) is _Rule:
@@ -887,8 +897,8 @@ class Detector:
                             seg = basic_segment(data, start + 6)
                             if seg is not None:
                                 segments.append(seg)
-                    else:
-                        _, label, n = action
+                    else:  # a stored secret, found (mypy cannot narrow by type() is and ==)
+                        _, label, n = cast("tuple[str, str, int]", action)
                         found.append(Finding(label, start, start + n))
         if depth < _MAX_DEPTH:
             segments += layer_segments(data, runs)
@@ -906,7 +916,7 @@ class Detector:
                 if hit is not None:
                     found.append(Finding(rule.kind, *hit))
                 return
-            m = rule.regex.match(data, pos)
+            m = rule.regex.match(data, pos)  # type: ignore[union-attr]  # a rule has a match or a regex
             if m is None:
                 continue
             if rule.check is None or rule.check(m):
@@ -1540,6 +1550,7 @@ class StreamRedactor:
         if shown is None:
             k = buf[floor:].translate(_TOKEN_MARKS).rfind(b"|")
             hold = floor + k + 1 if k >= 0 else floor
+            where: Callable[[int], int]
             text, low, where = buf, floor, int
         else:  # noise is part of a run of token characters, never its end; the rest is read as shown
             k = shown.last_break(floor)

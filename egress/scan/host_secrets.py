@@ -54,8 +54,8 @@ class Rule(NamedTuple):
     """A token format as it can stand in a host name: lower-cased, dots removed."""
 
     kind: str  # a detect.KINDS key
-    regex: re.Pattern  # over the joined, lower-cased labels; group "b" (or "c") is the random body
-    shortest: re.Pattern  # the same, each range as short as it can be: the body that is checked
+    regex: re.Pattern[str]  # over the joined, lower-cased labels; group "b" (or "c") is the random body
+    shortest: re.Pattern[str]  # the same, each range as short as it can be: the body that is checked
     caseless: bool  # one case is enough (see the module docstring); else both cases as written
     digits: bool = True  # the body's alphabet has digits: a random body holds one
 
@@ -136,7 +136,7 @@ _DIGITS = frozenset("0123456789")
 class HostSecrets:
     """The first credential in a host name, cached per name."""
 
-    def __init__(self, detector: Detector, ignore_kinds: frozenset):
+    def __init__(self, detector: Detector, ignore_kinds: frozenset[str]):
         self.detector = detector
         self.ignore_kinds = ignore_kinds
         self._found: dict[str, Finding | None] = {}
@@ -245,6 +245,7 @@ def _rule_findings(joined: str) -> list[Finding]:
             if m is None:
                 break
             short = rule.shortest.match(folded, m.start())
+            assert short is not None  # where regex matches, its shortest form does
             group = "c" if short.groupdict().get("c") else "b"
             body, written = short.group(group), joined[short.start(group):short.end(group)]
             if _random(body, rule.digits) and (rule.caseless or (not written.islower() and not written.isupper())):

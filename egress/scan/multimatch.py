@@ -18,6 +18,7 @@ each thread gets its own. A scan's errors (and an exception in the callback) rai
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import hyperscan
 
@@ -25,8 +26,10 @@ SOM = hyperscan.HS_FLAG_SOM_LEFTMOST
 CASELESS = hyperscan.HS_FLAG_CASELESS
 SINGLE = hyperscan.HS_FLAG_SINGLEMATCH  # report an expression's first match only
 
+Match = tuple[int, int, int]  # (id, start, end)
 
-def _collect(id_: int, start: int, end: int, flags: int, out: list) -> None:
+
+def _collect(id_: int, start: int, end: int, flags: int, out: Any) -> None:  # out: the list[Match] scan was given
     out.append((id_, start, end))
 
 
@@ -44,7 +47,7 @@ class Database:
                              literal=literal)
         self._local = threading.local()
 
-    def scan(self, data: bytes, out: list) -> list:
+    def scan(self, data: bytes, out: list[Match]) -> list[Match]:
         """Appends (id, start, end) to ``out`` for each match in ``data``; start is 0 for
         patterns without SOM. Matches come in order of their end."""
         if not self.size:
