@@ -168,14 +168,16 @@ def container_environment(spec_env: dict[str, str], placeholders=()) -> dict[str
 def engine_argv(engine: str, name: str, network: list[str], spec: SandboxSpec, chosen: ContainerSpec,
                 ca_bundle: str | None, interactive: bool = False, work: str | None = None,
                 shown: dict[str, str] | None = None, *, user: int, profile: str,
-                writable: dict[str, str] | None = None) -> list[str]:
+                writable: dict[str, str] | None = None, cidfile: str | None = None) -> list[str]:
     """The whole `ENGINE run ...` command line (tests read it). ``network``: the way in's flags;
     ``work``: what to mount at /work instead of the project itself (its owner-mapped view,
     sandbox/idmap.py); ``shown``: each of spec.replaced's files -> the host file holding what the
     container sees instead (covers()); ``user``, ``profile``: hardening()'s; ``writable``: each
-    writable --mount's source -> what to mount instead (its nosuid view)."""
+    writable --mount's source -> what to mount instead (its nosuid view); ``cidfile``: where the
+    engine writes the container's id once it has made it (ContainerBox._kill waits for it)."""
     writable = writable or {}
-    argv = [engine, "run", "--rm", "--name", name, *hardening(user, profile),
+    argv = [engine, "run", "--rm", "--name", name, *(["--cidfile", cidfile] if cidfile else []),
+            *hardening(user, profile),
             "--cpus", chosen.cpus, "--memory", chosen.memory, "--memory-swap", chosen.memory,
             *network,
             "--mount", f"type=bind,src={work or spec.cwd},dst={WORKDIR}", "--workdir", WORKDIR]
@@ -385,7 +387,7 @@ class Container(BasePlatform):
             argv = engine_argv(self.engine, name, network.flags, spec, self.chosen, ca,
                                interactive=not _isatty(spec.stdin if spec.stdin is not None else 0),
                                work=view.work, shown=view.shown, user=user, profile=view.profile,
-                               writable=view.writable)
+                               writable=view.writable, cidfile=view.cidfile)
             process = engine_start(self.engine, argv, stdin=spec.stdin, stdout=spec.stdout, stderr=spec.stderr)
         except BaseException:
             network.close()
@@ -615,6 +617,7 @@ class HostView:
 
     def __init__(self):
         self.folder: str | None = None
+        self.cidfile: str | None = None  # where the engine writes the container's id once it has made it
         self.profile: str | None = None  # egress's seccomp profile (sandbox/container_seccomp.py)
         self.work: str | None = None  # the owner-mapped project, mounted at /work; None: the project itself
         self.shown: dict[str, str] = {}
@@ -637,6 +640,7 @@ class HostView:
         except OSError as e:
             raise SandboxError(EXIT_LAUNCHER, f"cannot make the container's view of the project in "
                                               f"{where or tempfile.gettempdir()}: {e.strerror or e}", "mount") from None
+        view.cidfile = os.path.join(view.folder, _CIDFILE)
         try:
             try:
                 view.profile = container_seccomp.write(view.folder)
@@ -696,13 +700,14 @@ class HostView:
     def close(self) -> None:
         if self.folder is not None:
             _take_away(self.folder)
-            self.folder = self.work = self.profile = None
+            self.folder = self.work = self.profile = self.cidfile = None
             self.writable = {}
 
 
 RUNTIME_DIR = "/run"
 _PREFIX = "egress-container-"
 _VIEW = "rw"  # a writable --mount's view: rw0, rw1, ...
+_CIDFILE = "cid"
 
 
 def _take_away(folder: str) -> None:
@@ -726,7 +731,7 @@ def _take_away(folder: str) -> None:
                         raise
         for name in names:
             path = os.path.join(folder, name)
-            if name.startswith("shown") or name == container_seccomp.FILE_NAME:
+            if name.startswith("shown") or name in (container_seccomp.FILE_NAME, _CIDFILE):
                 os.unlink(path)
             elif stat.S_ISDIR(os.lstat(path).st_mode):
                 os.rmdir(path)
@@ -790,7 +795,11 @@ class ContainerBox(BaseBox):
         return self.process.poll() is None
 
     def _send(self, sig: int) -> None:
-        self.process.send_signal(sig)  # to the engine's client, which passes it on (--sig-proxy)
+        # Through the engine, not its client's --sig-proxy: podman's client catches signals for
+        # the container only once it has started it, and one that came first ended the client
+        # (status 0) while the command ran on. Before the container runs, the client gets it.
+        if engine_run(self.engine, "kill", "--signal", str(sig), self.name).returncode != 0:
+            self.process.send_signal(sig)
 
     def _end(self) -> int:
         self._kill()
@@ -800,7 +809,19 @@ class ContainerBox(BaseBox):
         self.network.close()  # the namespace, its socket and the capture's go with it
         self.view.close()
 
+    def _made(self) -> bool:
+        try:
+            return self.view.cidfile is None or os.path.getsize(self.view.cidfile) > 0
+        except OSError:
+            return False
+
     def _kill(self) -> None:
+        # An engine still making the container finishes making it though its client is killed, and
+        # --rm never removes a container made but never started: first wait until it is made (its id
+        # written) or the client has ended, so that it can be found by name.
+        deadline = time.monotonic() + _ENGINE_TIMEOUT
+        while not self._made() and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         # The engine kills the container (its processes are not our children); then its client.
         engine_run(self.engine, "kill", self.name)
         engine_run(self.engine, "rm", "--force", self.name)
