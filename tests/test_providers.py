@@ -1,5 +1,7 @@
 """`egress run --provider`: local (no sandbox, said first), podman and docker (a hardened container
-in a network namespace egress set up), and egress doctor's words for each.
+in a network namespace egress set up), and egress doctor's words for each. What every provider
+promises alike (the exit status, the only road out, confined writes, signals, the end) is
+tests/sandbox/test_conformance.py's, which starts these engines through this file's fixtures.
 
 The container tests run each behaviour on both engines for real: a rootful podman, and a dockerd
 of the test's own (its own socket and folders, stopped by its pid), with an image imported from
@@ -184,12 +186,6 @@ def test_local_says_first_it_is_no_sandbox_and_still_reports_refusals(tmp_path, 
     assert result.stdout == "200 403"
     assert result.stderr.splitlines()[0].startswith("egress: --provider local is NOT a sandbox")
     assert "EGRESS_BLOCKED blocked.invalid (not on the allow list)" in result.stderr
-
-
-def test_local_keeps_exit_status_and_timeout(tmp_path):
-    assert egress_run(tmp_path, "sh", "-c", "exit 7", extra=["--provider", "local"]).returncode == 7
-    result = egress_run(tmp_path, "sleep", "60", extra=["--provider", "local", "--timeout", "1"])
-    assert result.returncode == 124 and "timed out after 1 s" in result.stderr
 
 
 def test_doctor_names_each_provider_without_overclaiming(tmp_path):
@@ -392,26 +388,11 @@ def test_container_runs_as_no_account_on_a_read_only_root_with_the_project_at_wo
     assert (tmp_path / "project" / "made").read_text() == "yes\n"
 
 
-def test_allowed_request_works_and_a_refused_one_prints_the_line(tmp_path, engine, http_upstream):
-    script = ("curl -sS " + http_upstream.url("allowed.test") +
-              "; curl -sS -o /dev/null -w '%{http_code}\\n' http://blocked.invalid/")
-    result = in_container(tmp_path, engine, "sh", "-c", script)
+def test_the_containers_network_is_egress_namespace_with_lo_alone(tmp_path, engine):
+    # (that the proxy is its only road out, tests/sandbox/test_conformance.py holds for every provider)
+    result = in_container(tmp_path, engine, "ls", "/sys/class/net")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "hello from upstream\n403\n"
-    assert "EGRESS_BLOCKED blocked.invalid (not on the allow list)" in result.stderr
-
-
-def test_direct_tcp_and_raw_sockets_do_not_leave_the_namespace(tmp_path, engine, test_host):
-    script = ("curl -fsS --noproxy '*' --max-time 20 http://198.51.100.2:8080/; echo tcp=$?; "
-              "ping -c 1 -W 2 198.51.100.2 >/dev/null 2>&1; echo ping=$?; ls /sys/class/net")
-    result = in_container(tmp_path, engine, "sh", "-c", script)
-    lines = result.stdout.splitlines()
-    assert "tcp=0" not in lines and "ping=0" not in lines, result.stdout
-    assert lines[-1] == "lo"  # the namespace egress set up: nothing but lo
-    # the direct connection is captured by egress (the namespace's redirect), refused and named
-    assert "EGRESS_BLOCKED 198.51.100.2" in result.stderr
-    time.sleep(0.5)
-    assert not os.path.exists(test_host), open(test_host).read()
+    assert result.stdout.split() == ["lo"]
 
 
 def test_a_fork_bomb_stops_at_the_pids_limit(tmp_path, engine):
@@ -430,19 +411,6 @@ def test_the_memory_cap_holds(tmp_path, engine):
     # (seen once with docker, two test workers on two cores: the run ended 137, nothing printed)
     killed = result.stdout.strip() == "137" or (result.returncode == 137 and result.stdout == "")
     assert killed, (result.returncode, result.stdout, result.stderr[-300:])
-
-
-def test_timeout_kills_the_container(tmp_path, engine):
-    result = in_container(tmp_path, engine, "sleep", "120", extra=["--timeout", "2"])
-    assert result.returncode == 124 and "timed out after 2 s" in result.stderr
-    assert engine.containers() == []  # nor a holder
-
-
-def test_exit_statuses_are_the_shells(tmp_path, engine):
-    assert in_container(tmp_path, engine, "sh", "-c", "exit 7").returncode == 7
-    assert in_container(tmp_path, engine, "no-such-program").returncode == 127
-    assert in_container(tmp_path, engine, "/etc/passwd").returncode == 126
-    assert engine.containers() == []
 
 
 def test_mounts_are_read_only_unless_rw_and_persist_keeps_a_volume(tmp_path, engine):
