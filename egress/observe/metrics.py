@@ -115,7 +115,7 @@ class DomainLabels:
                 return self._admit(domain)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                self._catch_up()
+                self._catch_up(self._fd)
                 if domain in self._known:
                     return domain
                 label = self._admit(domain)
@@ -134,9 +134,9 @@ class DomainLabels:
         self._full = True
         return "other"
 
-    def _catch_up(self) -> None:
-        """Read the names other workers appended since we last looked (whole lines only)."""
-        while chunk := os.pread(self._fd, 65536, self._read):
+    def _catch_up(self, fd: int) -> None:
+        """Read the names other workers appended to ``fd`` since we last looked (whole lines only)."""
+        while chunk := os.pread(fd, 65536, self._read):
             end = chunk.rfind(b"\n") + 1
             if not end:
                 return
