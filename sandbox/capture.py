@@ -22,8 +22,9 @@ can do reaches another namespace: the routes lead to `lo`, the rules only rewrit
 loopback, and the command holds no capability to change them (linux.py empties its bounding set).
 
 Cost, measured in the helper (2 shared vCPUs): ~0.3 ms for all of it (see docs/architecture.md).
-Why not pyroute2: importing it costs ~240 ms (sandbox/linux.py), and it has no nftables
-rule builder; why not the `nft` binary: a fork+exec per command (~2-3 ms) and a package.
+Why not pyroute2: its import costs several times a whole run, and the rules would still be
+built by hand (docs/decisions/pyroute2.md); why not the `nft` binary: a fork+exec per command
+(~2-3 ms) and a package.
 """
 
 from __future__ import annotations

@@ -48,12 +48,8 @@ socket.if_nameindex() show the truth, `lo` alone.
 Choices, with figures measured on this project's dev VM (2 cores, Linux 6.18, Python 3.11.7;
 medians of 50 runs interleaved; the VM is shared and noisy, runs differ by up to ~2x):
 
-* `lo` is set up with one SIOCSIFFLAGS ioctl, not pyroute2. A fresh interpreter that imports
-  pyroute2 and sets `lo` up took 233 ms; ``import pyroute2`` alone 244 ms; the cheapest path,
-  ``from pyroute2.iproute.linux import IPRoute``, 253 ms, because any submodule import runs
-  the package's __init__ (``pyroute2.netlink.nlsocket`` is no cheaper). The same with the
-  ioctl took 33 ms, against 16 ms for ``python -c pass``. The budget for a whole
-  ``egress run -- true`` is 50 ms, so the ioctl wins.
+* `lo` is set up with one SIOCSIFFLAGS ioctl, not pyroute2, whose import alone costs several
+  times a whole run (docs/decisions/pyroute2.md).
 * No dataclasses or typing on this path (importing dataclasses alone cost ~17 ms here).
   Importing this module costs ~7 ms, mostly socket (~3 ms) and ctypes (~1.5 ms).
 * ``start(spec)`` + ``wait()`` for ``true``, from a small caller, over three quiet runs:

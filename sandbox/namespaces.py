@@ -47,7 +47,8 @@ def enter(uid: int, gid: int) -> None:
 
 
 def loopback_up() -> None:
-    """Set `lo` up in the current network namespace (SIOCSIFFLAGS; see linux.py for why not pyroute2).
+    """Set `lo` up in the current network namespace (SIOCSIFFLAGS; docs/decisions/pyroute2.md says
+    why not pyroute2).
 
     Also let every uid bind low ports there: the command holds no capability (even a root
     caller's), and a test server on port 80 of its own private loopback harms no one.
