@@ -62,8 +62,11 @@ import tempfile
 import time
 
 from egress.core.contract import EXIT_LAUNCHER, EXIT_TIMEOUT
+from sandbox import environment, netcount
 from sandbox.box import BaseBox
+from sandbox.paths import pinned_chain
 from sandbox.platforms import LINUX_PROXY_PORT, BasePlatform, Listener
+from sandbox.protected import later_run_paths
 from sandbox.spec import SandboxError, SandboxSpec
 
 TYPE_CHECKING = False  # mypy reads this name as True
@@ -147,8 +150,6 @@ def container_environment(spec_env: dict[str, str], placeholders=()) -> dict[str
     """The container's environment: the brokered secrets' placeholders (``placeholders`` names
     them; the launcher put them in spec_env for every sandbox), the run's proxy and CA variables
     (the bundle at CA_PATH) and the fail-fast settings, nothing else of the caller's."""
-    from sandbox import environment
-
     env = {name: spec_env[name] for name in placeholders if name in spec_env}
     env.update({"PATH": CONTAINER_PATH, "HOME": "/tmp", "TMPDIR": "/tmp"})
     for name in environment.PROXY_VARIABLES + ("NO_PROXY", "no_proxy", "npm_config_noproxy", "NODE_USE_ENV_PROXY"):
@@ -248,8 +249,6 @@ def later_run(spec: SandboxSpec, chosen: ContainerSpec) -> list[str]:
     exist, the launcher moves aside after the run if the command made it.)"""
     if spec.allow_hooks:
         return []
-    from sandbox.protected import later_run_paths
-
     trees = [spec.cwd, *(source for source, _, rw in chosen.mounts if rw)]
     return [os.path.realpath(p) for tree in trees for p in later_run_paths(tree) if os.path.lexists(p)]
 
@@ -265,8 +264,6 @@ def pins(spec: SandboxSpec, chosen: ContainerSpec, covered: list[str], work: str
     come from ``work``, its owner-mapped view: bound from the project itself they would show the
     host's ids, and the owner's folders would no longer be the container user's; a writable
     --mount's from ``writable``, its nosuid view."""
-    from sandbox.paths import pinned_chain
-
     trees = [(os.path.realpath(spec.cwd), work or spec.cwd, WORKDIR)]
     trees += [(os.path.realpath(source), (writable or {}).get(source, source), target)
               for source, target, rw in chosen.mounts if rw]
@@ -494,8 +491,6 @@ class EngineNamespace:
         holder's: in the container's cgroup (a daemon on another machine, or egress in another PID
         namespace, would name some other process here), and still alive after the open (a pidfd
         held meanwhile: the pid cannot have passed to another process). Also its counters."""
-        from sandbox import netcount
-
         def refuse(why: str) -> SandboxError:
             return SandboxError(EXIT_LAUNCHER, f"cannot set up the holder container's network: {why}", "network")
 
@@ -543,8 +538,6 @@ class EngineNamespace:
                                    f"user: {e.strerror or e}", "mounts") from None
 
     def direct_attempts(self) -> int | None:
-        from sandbox import netcount
-
         return netcount.read(self._netcount) if self._netcount else None
 
     def close(self) -> None:

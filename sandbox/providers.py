@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 
 from sandbox import platforms
+from sandbox.spec import find_program
 
 TYPE_CHECKING = False  # typing's own costs 3 ms on egress run's path; mypy reads this name as True
 if TYPE_CHECKING:
@@ -78,7 +79,6 @@ class Local(platforms.BasePlatform):
 
     def start(self, spec: SandboxSpec, listener: api.Listener) -> Box:
         from sandbox import macos
-        from sandbox.spec import find_program
 
         program = find_program(spec.argv[0], spec.env, spec.cwd)
         launch = macos.Launch([program, *spec.argv[1:]], dict(spec.env), spec.cwd, "", program)

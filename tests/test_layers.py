@@ -69,11 +69,6 @@ KNOWN_LAZY: set[tuple[str, str]] = {
     ("egress.serve.workers", "egress"),
     ("egress.serve.workers", "egress.proxy.build"),
     ("egress.serve.workers", "egress.proxy.ca"),
-    ("sandbox.container", "sandbox.environment"),
-    ("sandbox.container", "sandbox.netcount"),
-    ("sandbox.container", "sandbox.paths"),
-    ("sandbox.container", "sandbox.protected"),
-    ("sandbox.providers", "sandbox.spec"),
 }
 
 # Outside modules that cost nothing to have imported (the interpreter loads them at start).
