@@ -31,8 +31,8 @@ DEFAULT_NETWORK = "allowlist"
 # ------------------------------------------------------------ where egress run's proxy lives
 
 # `egress run --proxy` and its default from the environment (egress.run.warm.client; README). Here, not in
-# egress.run.warm.client: the launcher reads them first thing, and importing egress.run.warm.client (json) then cost
-# ~2 ms before the sandbox could start.
+# egress.run.warm.client: the launcher reads them first thing, before the sandbox starts (bench/README.md,
+# "Launch without pathlib and json").
 PROXY_MODES = ("warm", "lazy")
 PROXY_MODE_ENV = "EGRESS_PROXY"
 

@@ -50,11 +50,10 @@ EKS or R2 id), base64 of up to ~20 bytes in one label (a Lambda function URL id)
 letters only (a-p for each nibble: words cannot be told from it) in fewer than 11 labels, and
 small payloads (10 bytes) in any form. An allowed wildcard parent is never examined.
 
-Pure, no network. Cost, on the 2-CPU test machine: a name of at most 3 labels
-whose labels are all shorter than 10 characters (almost all) returns after one pass over them
-(~0.6 us); other names look at the runs of each label holding a digit or a hyphen (~1-3 us);
-a label with a hex or code-like run asks the public suffix list once (~1 us), and a long run
-costs an entropy (~12 us in all for a Lambda function URL).
+Pure, no network. A name of at most 3 labels whose labels are all shorter than 10 characters
+(almost all) returns after one pass over them; other names look at the runs of each label
+holding a digit or a hyphen; a label with a hex or code-like run asks the public suffix list
+once, and a long run costs an entropy (the costs: bench/README.md, "Exfiltration-shaped names").
 """
 
 from __future__ import annotations
@@ -116,7 +115,7 @@ def shape(name: str) -> str | None:
             if not (is_hex or code_like):
                 continue  # a number, or a word and a number: us-central1, use1, host12
             if registered is None:
-                registered = _registered(labels, i)  # ~0.5-1 us: only for labels that may hold data
+                registered = _registered(labels, i)  # a suffix-list look: only for labels that may hold data
             if registered:
                 break
             if is_hex:

@@ -12,14 +12,14 @@ tldextract's public API, ``TLDExtract(suffix_list_urls=(), cache_dir=None)``, is
 reference, and answers :func:`registrable_domain` (only the proxy asks, after it has
 started). :func:`is_public_suffix` is asked for every entry of every policy, on the
 path of each `egress run --policy/--allow`, where the public API costs too much:
-importing tldextract imports requests, ~150 ms on the 2-CPU test machine, and its first
-answer builds a trie, ~30 ms, against ~9 ms to read the same snapshot into three sets
-(figures: docs/architecture.md). So :func:`suffix_rules` reads the snapshot file
-tldextract ships; tests/test_public_suffix.py checks that both give the same answer for
-every rule of the list, except where tldextract's trie misses a wildcard rule that also
-has children (``*.customer-oci.com`` beside ``*.ocs.customer-oci.com``: the list makes
-``ocs.customer-oci.com`` a suffix, tldextract says ``customer-oci.com`` is a domain; 8 names
-in this snapshot), where the sets follow the list and refuse more. If a tldextract release
+importing tldextract imports requests, and its first answer builds a trie, many times what
+reading the same snapshot into three sets costs (docs/decisions/public-suffixes.md). So
+:func:`suffix_rules` reads the snapshot file tldextract ships; tests/test_public_suffix.py
+checks that both give the same answer for every rule of the list, except where tldextract's
+trie misses a wildcard rule that also has children (``*.customer-oci.com`` beside
+``*.ocs.customer-oci.com``: the list makes ``ocs.customer-oci.com`` a suffix, tldextract says
+``customer-oci.com`` is a domain; 8 names in this snapshot), where the sets follow the list
+and refuse more. If a tldextract release
 moves or reshapes that file, the public API answers instead: slower, and lenient on those.
 """
 

@@ -92,7 +92,7 @@ def find_line(path: str, text: str | None, key: str | None = None) -> int | None
     the one in the list meant. ``allow`` must not find ``allow_private``.
 
     Answers are cached per file version: the proxy names the deciding rule in every
-    event, and re-reading the file each time cost up to 100 ms per request.
+    event, and re-reading a large file each time would stall every request (bench/README.md, Policy).
     """
     pinned = _pinned.get(path)
     if pinned is not None:
@@ -156,16 +156,16 @@ class EntryError(ValueError):
 # The common entry: a plain lower-case ASCII name (hosts.py's own pattern), optionally with a
 # leading '*.' and a ':port'. Its parts are the very result of the general path (split_host_port
 # and parse_host would return them unchanged; tests/test_policy.py checks the two agree) in a
-# fraction of the time. A loader reads a batch of entries at once (:func:`plain_parts`): a match
-# per entry was ~15% of a 1M-entry load (2.1 us each here), one findall over the batch's lines
-# 1.5 us an entry. Anything else (upper case, IDN, IP, CIDR, spaces, errors) takes the general path.
+# fraction of the time. A loader reads a batch of entries at once (:func:`plain_parts`): one
+# findall over the batch's lines costs less than a match per entry (bench/README.md, Policy).
+# Anything else (upper case, IDN, IP, CIDR, spaces, errors) takes the general path.
 _PLAIN = re.compile(r"(\*\.)?(" + _ASCII_NAME.pattern.strip("^$") + r")(?::([0-9]{1,5}))?")
 _PLAIN_LINES = re.compile(rf"^(?:{_PLAIN.pattern}$|.*)", re.M)  # per line: _PLAIN's parts, or nothing
 _NUMERIC_ENDS = frozenset("0123456789abcdefx")
 # An IPv4 address or network written the common way (decimal octets without leading zeros: the
-# general path reads '010.0.0.1' as octal), with an optional port. The general path took 45 us
-# for an address and 19 us for a network (~10% of a 1M-entry load with 3% of them; 12 and 11 us
-# this way): it reads every inet_aton form, and builds the network from text.
+# general path reads '010.0.0.1' as octal), with an optional port, read in a fraction of the
+# general path's time (bench/README.md, Policy): that reads every inet_aton form, and builds the
+# network from text.
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}(?:/(3[0-2]|[12]?[0-9]))?(?::([0-9]{{1,5}}))?")
 
@@ -381,9 +381,10 @@ def _is_set_name(text: str) -> bool:
 # What a loader calls between pieces of its work (a few hundred entries, or a chunk of text), or
 # None. A live reload builds in a thread beside the proxy's event loop and sets it (egress.host.live):
 # a build that never stops to sleep holds the GIL, and the loop then waits up to the switch
-# interval (5 ms) for it after each of its own system calls: throughput fell 92% during a reload.
+# interval (5 ms) for it after each of its own system calls: a reload would stall the proxy
+# (bench/README.md, Policy).
 PACE: ContextVar[Callable[[], None] | None] = ContextVar("egress_policy_pace", default=None)
-BATCH = 256  # entries between two calls of the pace (~0.5 ms here)
+BATCH = 256  # entries between two calls of the pace (well under the switch interval)
 
 
 def _no_pause() -> None:
@@ -393,8 +394,8 @@ def _no_pause() -> None:
 def read_file(path: Path) -> str:
     """The default read hook: the file as it is now (as ``Path.read_text``).
 
-    Read a MiB at a time with the loader's pause between pieces (:data:`PACE`): a 37 MB
-    policy decoded in one call held the GIL ~20 ms, the longest stall of a reload.
+    Read a MiB at a time with the loader's pause between pieces (:data:`PACE`): a large policy
+    decoded in one call held the GIL longer than any other step of a reload (bench/README.md, Policy).
     """
     pause, text = PACE.get() or _no_pause, []
     try:

@@ -106,7 +106,7 @@ class Entry(NamedTuple):
     port: int | None
 
 
-# An Entry's fields as a plain tuple: what a loader adds (an Entry per entry cost ~0.9 s of a 1M-entry load)
+# An Entry's fields as a plain tuple: what a loader adds (an Entry per entry costs: bench/README.md, Policy)
 EntryParts = tuple[str, str | ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]
 
 
@@ -116,10 +116,9 @@ EntryParts = tuple[str, str | ipaddress.IPv4Network | ipaddress.IPv6Network, int
 # Python object per entry. The last design (a dict per shard, name -> packed int) kept two small
 # objects per entry (the name, shared with the rule's text, and the int); built while requests
 # allocate their own, they interleave in pymalloc's arenas, and the few request objects that live
-# on pin those arenas once the policy is freed: RSS stepped from 268 to ~390 MB at the second
-# reload of a 1M-entry policy and stayed there (bench/README.md, "Policy"). Arrays and a bytearray
-# are large buffers from malloc, not the small-object allocator: freed, malloc_trim gives their
-# pages back. 20,000 entries keep 126 allocator blocks (the dicts: 58,115).
+# on pin those arenas once the policy is freed: RSS stepped up at the second reload of a large
+# policy and stayed there (bench/README.md, "Policy"). Arrays and a bytearray are large buffers
+# from malloc, not the small-object allocator: freed, malloc_trim gives their pages back.
 #
 # A table is open addressing with linear probing on the key's hash (Python's own, of the name or
 # of a network's bytes), a power-of-two number of slots at most a quarter full: a miss looks at
@@ -337,9 +336,9 @@ class Policy:
               ) -> Callable[[list[EntryParts | None], Sequence[Any], Sequence[int]], None]:
         """``add(entries, texts, lines)``: adds ``key`` rules from ``source`` (a list of one file:
         one run of rules), a batch at a time: each entry's parts (an Entry, or None to leave that
-        one out), the entry as written, its line (0 if not known). A call per entry cost ~0.2 s
-        of a 1M-entry load. ``expected``: how many entries will come, room made for them now
-        (the making paced by ``pause()``)."""
+        one out), the entry as written, its line (0 if not known); a call per entry cost a large
+        load too much (bench/README.md, Policy). ``expected``: how many entries will come, room
+        made for them now (the making paced by ``pause()``)."""
         blob, text_at, text_len, lines = self._blob, self._text_at, self._text_len, self._lines
         self._run_starts.append(len(text_at))
         self._runs.append((key, source))
@@ -391,8 +390,7 @@ class Policy:
 
     def dismantle(self, pause: Callable[[], None]) -> None:
         """Empty this policy a piece at a time, calling ``pause()`` between pieces: a few large
-        buffers (~95 MB for 1M entries; the free of each holds the GIL while the system takes its
-        pages back). For a policy no one else can reach any more
+        buffers (the free of each holds the GIL while the system takes its pages back). For a policy no one else can reach any more
         (egress.host.live, after a reload); even so, half emptied it refuses more, never less:
         network mode "all" off first, then the allow lists."""
         self.allow_all = False

@@ -1,9 +1,8 @@
 """A policy file's TOML text: its values, and the line of every entry of its lists.
 
 tomllib gives values without positions, so a rule's file:line used to be searched for
-in the file on its first use, on the proxy's event loop (up to 70 ms per rule at 1M
-entries). And tomllib is slow on the one thing a large policy is made of: it took 4.0 s
-of CPU for a 1M-entry list. Those lists (``allow``, ``deny``, ``passthrough``,
+in the file on its first use, on the proxy's event loop. And tomllib is slow on the one
+thing a large policy is made of, a long list (bench/README.md, Policy). Those lists (``allow``, ``deny``, ``passthrough``,
 ``allow_private``) are the simplest TOML there is, an array of one-line strings, so
 :func:`read_toml` reads each such array at the top level itself, noting every entry's
 line as it goes, and leaves the rest of the file to tomllib with each array replaced by
@@ -78,7 +77,7 @@ class Strings(Sequence[str]):
     """A list's string entries as :func:`read_toml` reads them: one text, and where each entry
     ends in it. A slice is a list of str. A list of 1M str objects lived for a whole reload's
     build, and requests' objects allocated among them pinned the allocator's arenas when they
-    went: RSS rose ~50 MB at the second reload of a 1M-entry policy (bench/README.md, "Policy").
+    went: RSS rose at a large policy's second reload (bench/README.md, "Policy").
     Made a slice at a time, the entries live for a batch each."""
 
     __slots__ = ("_text", "_ends")

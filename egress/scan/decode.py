@@ -226,8 +226,8 @@ class _Brotli:
     # brotli's Decompressor has no output cap (one input byte can finish an 8 MiB block):
     # feed 16 bytes at a time so that one call cannot make much more than that. Its window is
     # the stream's own, at most 16 MiB by the format (RFC 7932; this module's decoder reads no
-    # large-window streams): a stream that runs long holds a ring buffer that size (+24 MiB
-    # measured for one, with what one call makes), let go as soon as the stream ends or fails.
+    # large-window streams): a stream that runs long holds a ring buffer that size (and what one
+    # call makes: bench/README.md, Scanner), let go as soon as the stream ends or fails.
     STEP = 16
 
     def __init__(self) -> None:
@@ -416,7 +416,7 @@ class _Escaped:
     decoded from buf[los[i]:his[i]] escape by escape. Its pieces -- (dec_start, dec_end,
     raw_start, raw_end) of each escape, in order, the text around them copied 1:1 -- are
     worked out when a finding is mapped, and kept. (A segment is then one tuple with an
-    index: a list and a tuple more per segment, as before, cost a clean 16 MiB's scan ~1 ms.)"""
+    index, not a list and a tuple more: a clean scan makes thousands.)"""
 
     __slots__ = ("buf", "los", "his", "decode", "pieces")
 
@@ -650,8 +650,8 @@ def _qp_decode_all(raws: list[bytes]) -> list[bytes] | None:
 def _json_simple(raw: bytes) -> bytes:
     """``raw`` decoded when every backslash in it starts a one-character escape (no
     ``\\u``, no ``\\\\``): plain replaces do it. ("\\/" alone, from PHP-style encoders, is
-    the common case; it and "\\"" go first: a replace is ~1 ns a byte where a backslash is
-    common, ``in`` a memchr where it is not.)"""
+    the common case; it and "\\"" go first: a replace is cheap where a backslash is common,
+    ``in`` a memchr where it is not.)"""
     raw = raw.replace(b"\\/", b"/")
     if b"\\" in raw:
         raw = raw.replace(b'\\"', b'"')
@@ -709,8 +709,8 @@ def _b64_decode(text: bytes) -> bytes | None:
         n = len(text) % 4
         text = text[:-1] if n == 1 else text + _PADDING[n]
     try:
-        # strict: ~20% faster a character; what it turns down (padding inside, or too much)
-        # is decoded as before
+        # strict: faster a character (bench/README.md, Scanner); what it turns down (padding
+        # inside, or too much) is decoded as before
         return binascii.a2b_base64(text, strict_mode=True)
     except binascii.Error:
         pass
@@ -755,10 +755,8 @@ def run_start(buf: bytes, end: int) -> int:
 # Looked for by run_segments in each mixed-case run it is given: a look-ahead in the regex it
 # matches a run with anyway (_RUN_AT) sees whether groups 4 and 5 of any phase are ASCII, as
 # they are if 5 groups start 1-15 characters in (~5% of random runs); only then the exact
-# test (run_shifts). ~0.17 us a run: nothing on the clean bench, 4% of the near-miss scan
-# (~200,000 runs in 16 MiB). As a Hyperscan trigger it cost the pass +1.7 ms/MiB; as a
-# regex call of its own, +0.14 ms/MiB clean and 10% on near-miss text. All 4 phases of every
-# run, decoded: 1.66x the whole clean scan (base64 is 2.6 ns a character to decode).
+# test (run_shifts): cheaper than a Hyperscan trigger, a regex call of its own or every phase
+# of every run decoded (bench/README.md, Scanner).
 SHIFT_MAX = 15
 _B64_VALUES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"  # 62, 63 (+/ -_) fit no slot
 
@@ -794,8 +792,8 @@ def run_shifts(buf: bytes, s: int) -> list[int]:
 # but "=" (base64 padding). A segment is a run of text around it, as a percent one, that goes
 # on over soft breaks. The compiled pass reports only the first evidence of each kind
 # (Hyperscan's single-match flag: a report is a Python call, and "=41=42=43..." made one per
-# escape, 0.47 us a byte); the segments are found from there by one regex, evidence and the
-# rest of its segment in one match, as JSON's are.
+# escape; bench/README.md, Scanner); the segments are found from there by one regex, evidence
+# and the rest of its segment in one match, as JSON's are.
 _QP_SEGMENT = re.compile(rb"=(?:[2-7][0-9A-Fa-f](?=[A-Za-z0-9+/_\-=])|(?<=[A-Za-z0-9+/_\-]{12}=)[2-7][0-9A-Fa-f]"
                          rb"|(?<=[^=]=)\r?\n)[^ \t\r\n\"'<>=]*(?:=(?:\r?\n)?[^ \t\r\n\"'<>=]*)*")
 
@@ -828,32 +826,20 @@ class Triggers(NamedTuple):
 # every 3, so never to 3 ASCII bytes in a row.
 # Each is (expression, kind, distance from the match's end back to what it reports; for a
 # run, 0: unknown, look its start up). Those that start with _NOT_R leave out a run at the
-# very start of the buffer (Hyperscan ran them ~20% slower with "^|"): the caller adds
-# position 0, and the hex of that run (edge_hexes), when a run starts there.
+# very start of the buffer (Hyperscan ran them slower with "^|"): the caller adds position 0,
+# and the hex of that run (edge_hexes), when a run starts there.
 #
-# Cost, the bench's clean 16 MiB: the first two ~25 ms of the pass together. Weighed and
-# measured, none cheaper: the first two as one expression (25-26), all as one (43-60: the
-# automaton grows), the first as one expression per position of its upper-case letter (31
-# against 24), and a trigger reporting where the first's runs end, to spare run_segments its
-# regex to the end (clean -4 ms, but a callback per run cost near-miss text 1.12x; bounded to
-# long runs, +8 ms, as much as it spares). The wrapped-line one costs the pass ~5% (4.74 to
-# 4.97 ms/MiB, 4 MiB clean), what the one-line _b64_candidate spares run_segments (3.03 to
-# 2.85). Reporting every line after a break instead ran the pass faster (4.55) but costs a
-# callback and a Python step for each line of a path list or a hex dump.
-# Hex (issue 26, red team P1) could hide anywhere in a run, but an expression that may start
-# inside any run wakes on every byte of a base64 image, where the others sleep until its run
-# ends (Hyperscan skips ahead to a byte that can wake them): hex after any character that is
-# no hex digit cost the pass +1.6 ms per MiB of base64 (3.29 -> 3.76 ms/MiB clean, +14%);
-# after "/" anywhere, +0.25 to +0.8; looked for in Python in every run with upper case (a
-# translate and a find), +0.35 ms/MiB clean and +3% on near-miss text. What is here costs the
-# pass what the old run-edge hex and digits-only triggers did (clean 3.32 against 3.46
-# ms/MiB, near-miss +1%): hex after a non-hex character only in a run whose earlier part has
-# no upper case (its prefix cannot go on far in base64), and after "-", "_" or "0x", which
-# standard base64 holds no or few of, in any run. The digits-only run trigger it replaces
-# is needless: see below. The QP evidence sleeps the same way: ~0.06 ms/MiB. These costs do
-# not add up: Hyperscan builds its engines for the set (the shifted-base64 test as a trigger
-# cost 0 beside the old triggers, 1.7-2.1 beside these and alone: it is a regex lookahead
-# in run_segments instead, _RUN_AT).
+# Each was weighed against other forms (several as one expression, one per position of the
+# upper-case letter, a trigger where a run ends, every line after a break reported) and is the
+# cheapest found for what it finds (the figures: bench/README.md, Scanner, "Run triggers in
+# other forms"). Hex (issue 26, red team P1) could hide anywhere in a run, but an expression
+# that may start inside any run wakes on every byte of a base64 image, where the others sleep
+# until its run ends (Hyperscan skips ahead to a byte that can wake them): so hex after a
+# non-hex character is looked for only in a run whose earlier part has no upper case (its
+# prefix cannot go on far in base64), and after "-", "_" or "0x", which standard base64 holds
+# no or few of, in any run. The digits-only run trigger it replaced is needless: see below.
+# The QP evidence sleeps the same way. These costs do not add up: Hyperscan builds its engines
+# for the set (so the shifted-base64 test is a regex look-ahead in run_segments, _RUN_AT).
 _R = rb"[A-Za-z0-9+/_\-]"
 _NOT_R = rb"[^A-Za-z0-9+/_\-]"
 _RUN_EDGE = rb"(?:^|[^A-Za-z0-9+/_\-])"
@@ -985,7 +971,7 @@ def _wrapped(buf: bytes, s: int, e: int, floor: int) -> tuple[int, int, bytes, i
         return None
     q = p
     if second == width:
-        # full lines 64 at a time (a Python step a line was 2 us: 130 ms a MiB at 16)
+        # full lines 64 at a time (a Python step a line was most of a wrapped text's cost)
         period = width + g
         chunk = (b"a" * width + gap.translate(_WRAP_TABLE)) * 64
         exact = gap.translate(RUN_TABLE).count(b"a") == 0  # no "n" of a JSON "\n" to tell apart
@@ -1135,7 +1121,7 @@ def percent_segments(buf: bytes) -> list[Segment]:
 
 
 def json_segments(buf: bytes) -> list[Segment]:
-    # (finditer's own search would step through a buffer without a backslash at ~0.3 ns a byte)
+    # (`in` first: finditer's own search would step through a buffer without a backslash)
     return _escape_segments(buf, None, _JSON_SEGMENT, _JSON_MARKS, _json_decode, _json_decode_all) if b"\\" in buf else []
 
 

@@ -33,8 +33,8 @@ How it is fast
     regex of the anchor's *lead* character runs (the anchors are grouped by a rare
     character each contains, ``_ - . : ~ A J B p``; one-character gates and look-arounds
     after it); only where it matches does a rule's full pattern run. Those lead regexes
-    were the prefilter itself before (nine passes of CPython's engine; a whole scan went
-    52-63 MB/s a core on clean text, ~150 now): the compiled pass only has to find every
+    were the prefilter itself before (nine passes of CPython's engine; bench/README.md,
+    Scanner, has the speeds): the compiled pass only has to find every
     place one of them matches, and the tests check that it does. JSON and percent
     escapes are found with literal searches (``\\``, ``%``) and one regex call a segment,
     and all of a buffer's segments are decoded at once; the layers' Python step per
@@ -334,8 +334,8 @@ def _pem_match(data: bytes, pos: int) -> tuple[int, int] | None:
     short, or still arriving on a stream), else to where the base64 body stops.
 
     A block ends at the next BEGIN line at the latest: every search stops there, so a run
-    of headers costs what its bytes cost (each header looking 16 KiB ahead made 30 KB of
-    gzipped headers a 19 s scan)."""
+    of headers costs what its bytes cost (each header looking 16 KiB ahead wedged a scan on
+    a small gzipped body: bench/README.md, Scanner, "Wedging")."""
     m = _PEM_HEADER.match(data, pos)
     if m is None:
         return None
@@ -465,8 +465,8 @@ _TABLE: list[tuple[Any, ...]] = [
     ("azure-devops-pat", [("A", "", 0, "ZDO", "", "", "Z")], _tok(r"[A-Za-z0-9]{76}AZDO[A-Za-z0-9]{4}", _B62), (76,), 0,
      lambda m: _plausible(m.group(0)[:76], True)),
     # The anchor carries the whole pattern as its look-ahead: "://" is in every URL, and
-    # turning down the ones without userinfo in the prefilter, not in Python, took a 10k
-    # candidates per 16 MiB of JSON with URLs off the clean scan (~10 ms).
+    # the ones without userinfo are turned down in the prefilter, not in Python (a clean
+    # scan of JSON with URLs has many: bench/README.md, Scanner).
     ("url-password", [(":", "", 0, _URL_USERINFO, "", "", "/")],
      re.compile(rb":" + _URL_USERINFO.encode().replace(b":[^", b":(?P<v>[^", 1).replace(b"}@", b"})@", 1)), (0,),
      "v", _url_password_check),
@@ -706,9 +706,9 @@ _SINGLE = multimatch.SINGLE
 def _static_database(runs: bool) -> tuple[multimatch.Database, list[int], list[tuple[str, int]]]:
     """The formats' database, with each anchor's back (see _hs_anchor); with ``runs``, also
     the run triggers, with theirs (decode.RUN_TRIGGERS). A scan that decodes no further
-    layer (decoded binary, a second layer) uses the one without: the triggers cost 2/3 of
-    a pass. Compiled on first use (~50 ms for both), not on import: the policy loader
-    imports this module for KINDS."""
+    layer (decoded binary, a second layer) uses the one without: the triggers cost most of
+    a pass. Compiled on first use, not on import (it takes a while: bench/README.md,
+    Scanner): the policy loader imports this module for KINDS."""
     exprs: list[bytes] = []
     flags: list[int] = []
     backs: list[int] = []
@@ -843,7 +843,7 @@ class Detector:
         (decode.RUN_TRIGGERS: the runs that may need decoding, hex, quoted-printable
         evidence); unsorted, perhaps repeated."""
         leads: list[int] = []
-        # (tuple.__new__: Triggers' own __new__ is a Python call, 0.3 us of a header's 7 us scan)
+        # (tuple.__new__: Triggers' own __new__ is a Python call, felt in a header's short scan)
         # (None without runs: then no run trigger is in the database, and none reports)
         found: Triggers = tuple.__new__(Triggers, ([], [], [])) if runs else None  # type: ignore[assignment]
         db, backs, run_backs = _static_database(runs)
@@ -958,7 +958,7 @@ class Detector:
 
 # Bytes no UTF-8 text starts with (continuation bytes, overlong and out-of-range leads):
 # a decoded image or archive mostly starts with one (PNG 0x89, JPEG 0xFF), and this says
-# so without the ~1 us of a UnicodeDecodeError raised and caught.
+# so without a UnicodeDecodeError raised and caught.
 _NOT_UTF8_FIRST = bytes(range(0x80, 0xC2)) + bytes(range(0xF5, 0x100))
 
 
@@ -1095,7 +1095,7 @@ def _last_break(buf: bytes, end: int, table: bytes = RUN_TABLE) -> int:
     those to "a"), or -1.
 
     Looked for 4 KiB at a time from ``end`` back: translating all of ``buf[:end]`` (a 256
-    KiB body batch) for one answer was ~5% of an upload's scanning."""
+    KiB body batch) for one answer cost a share of an upload's scanning (bench/README.md, Scanner)."""
     hi = end
     while hi > 0:
         lo = max(0, hi - 4096)

@@ -2,9 +2,9 @@
 
 The credential detector (:mod:`egress.scan.detect`) looks for ~100 token prefixes, the
 install's stored secrets and the starts of base64/hex runs in every body. In CPython's
-``re`` that took nine passes and a Python step per run (52 MB/s a core on clean text);
-one Hyperscan database does it in one pass of SIMD code, and Python only sees the
-places where something may be (``bench/README.md``, Scanner).
+``re`` that took nine passes and a Python step per run; one Hyperscan database does it
+in one pass of SIMD code, and Python only sees the places where something may be
+(``bench/README.md``, Scanner, has the speeds).
 
 Hyperscan reports the *end* of each match (and its start only for patterns compiled
 with ``HS_FLAG_SOM_LEFTMOST``); each (pattern, end) once. A callback per match crosses
