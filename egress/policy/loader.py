@@ -217,6 +217,15 @@ def _other_parts(text: object, key: str) -> EntryParts:
         port = int(port_text) if port_text is not None else None
         if not address & (0xFFFFFFFF >> prefixlen) and (port is None or 0 < port < 65536):  # else: say why
             return ("net", ipaddress.IPv4Network((address, prefixlen)), port)
+    host_part, port, exact = _split_entry(text, key)
+    if "/" in host_part:
+        return _parse_cidr(host_part.strip("[]"), port, text, key)
+    return _name_entry(host_part, port, exact, text, key)
+
+
+def _split_entry(text: str, key: str) -> tuple[str, int | None, bool]:
+    """(host part, port, exact) of an entry as written; raises EntryError for a URL, a bare
+    wildcard and the like."""
     raw = text.strip()
     if not raw:
         raise EntryError(f"{key}: empty entry")
@@ -243,10 +252,11 @@ def _other_parts(text: object, key: str) -> EntryParts:
         if host_part.startswith("*") or "/" in host_part:
             raise EntryError(f"{key}: {text!r}: '=' names one exact host; it takes neither a "
                              f"wildcard nor a CIDR")
+    return host_part, port, exact
 
-    if "/" in host_part:
-        return _parse_cidr(host_part.strip("[]"), port, text, key)
 
+def _name_entry(host_part: str, port: int | None, exact: bool, text: str, key: str) -> Entry:
+    """The entry for a host name or an IP address (not a CIDR), ``*.`` and ``=`` read."""
     wildcard = False
     if host_part.startswith("*."):
         wildcard, host_part = True, host_part[2:]
@@ -487,19 +497,23 @@ class _Loader:
             self.load_limits(data["limits"], problem)
         if "guardrails" in data:
             self.load_guardrails(data["guardrails"], path, from_file, problem)
-
         if "network" in data:
-            mode = data["network"]
-            if mode not in NETWORK_MODES:
-                problem(f"network: {mode!r} is not a mode; write one of {', '.join(NETWORK_MODES)}",
-                        key="network")
-            elif policy.network not in (None, mode):
-                problem(f"network: {mode!r} conflicts with {policy.network!r} set by another file",
-                        key="network")
-            else:
-                policy.network = mode
+            self.load_network(data["network"], problem)
+        self.load_includes(data.get("include", []), path, from_file, stack, problem)
+        self.load_lists(data, source, lines, problem)
 
-        includes = data.get("include", [])
+    def load_network(self, mode: object, problem: Report) -> None:
+        policy = self.policy
+        if mode not in NETWORK_MODES:
+            problem(f"network: {mode!r} is not a mode; write one of {', '.join(NETWORK_MODES)}", key="network")
+        elif policy.network not in (None, mode):
+            problem(f"network: {mode!r} conflicts with {policy.network!r} set by another file", key="network")
+        else:
+            policy.network = mode
+
+    def load_includes(self, includes: object, path: str, from_file: bool, stack: tuple[Path, ...],
+                      problem: Report) -> None:
+        """Load each file (or built-in set) ``include`` names, relative to the including file."""
         if isinstance(includes, str):
             includes = [includes]
         if not isinstance(includes, list):
@@ -526,6 +540,9 @@ class _Loader:
                         problem, f"include: {name!r}: no such file ({target})", name, "include")
             self.load_file(target, stack, name, missing)
 
+    def load_lists(self, data: dict[str, Any], source: int, lines: dict[str, Lines], problem: Report) -> None:
+        """Add the entries of each list key of ``data`` (from ``source``), a batch at a time."""
+        policy = self.policy
         for key in LIST_KEYS:
             entries = data.get(key, [])
             if not isinstance(entries, (list, Strings)):

@@ -117,28 +117,7 @@ def parse_settings(tables: list[tuple[str, object]]) -> CredentialSettings:
                                                  f"{settings.action!r} set in {action_from}"))
             else:
                 settings.action, action_from = action, path
-        if "scan_env" in table:
-            if not isinstance(table["scan_env"], bool):
-                problems.append((path, "scan_env", "credentials.scan_env: write true or false"))
-            else:
-                settings.scan_env = settings.scan_env and table["scan_env"]
-        ignore = table.get("ignore_env", [])
-        if not isinstance(ignore, list) or not all(isinstance(n, str) for n in ignore):
-            problems.append((path, "ignore_env", "credentials.ignore_env: expected a list of variable names"))
-        else:
-            settings.ignore_env += ignore
-        kinds = table.get("ignore_kinds", [])
-        from egress.scan.detect import KINDS
-
-        if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-            problems.append((path, "ignore_kinds", "credentials.ignore_kinds: expected a list of kinds"))
-        else:
-            for kind in kinds:
-                if kind not in KINDS:
-                    close = difflib.get_close_matches(kind, list(KINDS), n=1)
-                    hint = f"; did you mean {close[0]!r}?" if close else ""
-                    problems.append((path, "ignore_kinds", f"credentials.ignore_kinds: {kind!r} is not a kind{hint}"))
-            settings.ignore_kinds += [k for k in kinds if k in KINDS]
+        _read_scan_settings(path, table, settings, problems)
         entries = table.get("secret", [])
         if not isinstance(entries, list):
             problems.append((path, "secret", "credentials.secret: write [[credentials.secret]] tables"))
@@ -150,6 +129,34 @@ def parse_settings(tables: list[tuple[str, object]]) -> CredentialSettings:
     if problems:
         raise CredentialError(problems)
     return settings
+
+
+def _read_scan_settings(path: str, table: dict[str, Any], settings: CredentialSettings, problems: list[Problem]) -> None:
+    """A table's ``scan_env``, ``ignore_env`` and ``ignore_kinds``, added to ``settings``."""
+    import difflib
+
+    from egress.scan.detect import KINDS
+
+    if "scan_env" in table:
+        if not isinstance(table["scan_env"], bool):
+            problems.append((path, "scan_env", "credentials.scan_env: write true or false"))
+        else:
+            settings.scan_env = settings.scan_env and table["scan_env"]
+    ignore = table.get("ignore_env", [])
+    if not isinstance(ignore, list) or not all(isinstance(n, str) for n in ignore):
+        problems.append((path, "ignore_env", "credentials.ignore_env: expected a list of variable names"))
+    else:
+        settings.ignore_env += ignore
+    kinds = table.get("ignore_kinds", [])
+    if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
+        problems.append((path, "ignore_kinds", "credentials.ignore_kinds: expected a list of kinds"))
+        return
+    for kind in kinds:
+        if kind not in KINDS:
+            close = difflib.get_close_matches(kind, list(KINDS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append((path, "ignore_kinds", f"credentials.ignore_kinds: {kind!r} is not a kind{hint}"))
+    settings.ignore_kinds += [k for k in kinds if k in KINDS]
 
 
 def _parse_secret(path: str, entry: object, problems: list[Problem]) -> SecretSpec | None:
