@@ -25,10 +25,9 @@ from egress.core.contract import (
     PROXY_MODE_ENV,
     PROXY_MODES,
 )
-from egress.proxy.config import DEFAULT_LIMITS  # the limits addon's options and their defaults
-
-DEFAULT_POLICY = "dev"
-
+from egress.policy.source import PolicySource
+from egress.proxy.ca import StateError, ensure_ca
+from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig  # the limits addon's options and their defaults
 
 class Fatal(Exception):
     """A failure that ends the command with a one-line reason and a documented status."""
@@ -44,25 +43,25 @@ def _fail(error: Fatal) -> None:
 
 
 def _load_policy(sources: tuple[str, ...]):
-    """The policy, its credential settings checked beside it (egress.policy.settings); for commands
-    that read no secret (check)."""
-    from egress.policy import settings
+    """The policy, as serve loads it (egress.policy.source; its credential settings checked beside
+    it), for commands that read no secret (check)."""
     from egress.policy.loader import PolicyError
 
     try:
-        return settings.load(list(sources) or [DEFAULT_POLICY]).policy
+        return PolicySource(sources).load()
     except PolicyError as e:
         raise _unloadable(e) from None
 
 
 def _load_for_proxy(sources: tuple[str, ...]):
-    """(policy, credentials) with every check `serve` makes before it starts (the one load path
-    of serve, redact and `policy validate`: egress.policy.settings.load_for_proxy)."""
+    """(policy, credentials) with every check `serve` makes before it starts (egress.serve.single.load:
+    the stored secrets' values read too), for redact."""
     from egress.policy import settings
     from egress.policy.loader import PolicyError
 
     try:
-        return settings.load_for_proxy(list(sources) or [DEFAULT_POLICY], dict(os.environ))
+        policy = PolicySource(sources).load()
+        return policy, settings.read_credentials(policy, dict(os.environ), broker=False)
     except PolicyError as e:
         raise _unloadable(e) from None
 
@@ -239,8 +238,6 @@ def ca() -> None:
 @state_dir_option
 def ca_path(state_dir: str | None) -> None:
     """Print the CA certificate's path (creating the CA if needed)."""
-    from egress.proxy.ca import StateError, ensure_ca
-
     try:
         click.echo(str(ensure_ca(state_dir)))
     except StateError as e:
@@ -319,8 +316,6 @@ def proxy_config(*, metrics: str, audit_log: str, overrides=(), dns_server: str 
                  dns_timeout: float = 5.0, upstream_timeout: float = 60.0, upstream_ca: Path | None = None,
                  state_dir: str | None = None, listen: tuple[str, int] | None = None, limits=None):
     """The option values, checked (click.BadParameter: a usage error), as one ProxyConfig."""
-    from egress.proxy.config import ProxyConfig
-
     return ProxyConfig(
         listen=listen,
         metrics=None if metrics == "off" else _parse_address(metrics, "--metrics"),
@@ -379,23 +374,25 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 @proxy_options(metrics="127.0.0.1:9464", audit_log="-")
 def serve(policies, listen, auth, workers, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
-    from egress.serve.workers import default_count
+    from egress.proxy.build import BuildError
+    from egress.serve import single
+    from egress.serve import workers as several
 
     config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
     # Passthrough CONNECTs answered before mitmproxy (egress.proxy.fastpath); EGRESS_PASSTHROUGH_FRONT=off
     # leaves every connection to mitmproxy, as before. Not with --auth: every client is mitmproxy's.
     config = config._replace(front=config.auth is None and os.environ.get("EGRESS_PASSTHROUGH_FRONT") != "off")
-    count = workers or default_count()
+    count = workers or several.default_count()
     if count > 1 and not sys.platform.startswith("linux"):
         raise click.BadParameter("more than 1 needs Linux, whose SO_REUSEPORT spreads connections "
                                  "over the workers", param_hint="--workers")
     try:
-        if count > 1:
-            _serve_workers(policies, config, count)
-        else:
-            _serve(policies, config)
-    except Fatal as e:
-        _fail(e)
+        status = several.serve(PolicySource(policies), config, count) if count > 1 else \
+            single.serve(PolicySource(policies), config)
+    except BuildError as e:
+        _fail(Fatal(e.status, str(e)))
+    if status:
+        sys.exit(status)
 
 
 def _parse_auth(text: str | None) -> tuple[str, str] | None:
@@ -407,191 +404,6 @@ def _parse_auth(text: str | None) -> tuple[str, str] | None:
         return parse(text)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--auth") from None
-
-
-def _serve(policies, config) -> None:
-    """One process: the proxy, its policy watcher and its control socket (`--workers 1`)."""
-    import asyncio
-    import signal
-
-    from egress.host.live import policy_marks
-    from egress.proxy.master import configure_logging
-    from egress.observe.terminal import EventLines
-    from egress.proxy.build import BuildError, ProxyBuilder
-
-    configure_logging()
-    loaded, credentials = _load_for_proxy(policies)
-    since = policy_marks(list(policies), loaded)
-    for warning in loaded.warnings:
-        click.echo(f"egress: {warning.as_warning()}", err=True)
-    builder = ProxyBuilder(config)
-
-    async def run(policy) -> None:
-        try:
-            proxy = await builder.start(policy, credentials)
-        except BuildError as e:
-            raise Fatal(e.status, str(e)) from None
-        del policy  # the engine's from now on: a reload must leave nothing else holding the first
-        engine = builder.engine
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, proxy.stop)
-        watcher = _watch_policy(engine, policies, since, lambda line: click.echo(f"egress: {line}", err=True))
-        loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        control_state = _serve_control_state(policies, builder.metrics_url)
-        control_state.on_reload.append(watcher.reload_now)
-        control_state.on_drop = engine.recorder.metrics.events_dropped.labels("follower").inc
-        engine.recorder.subscribe(control_state.publish, name="control")
-        # upstream failures on stderr, as egress run prints them (refusals are in the audit log)
-        engine.recorder.subscribe(EventLines(blocked=False), name="log")
-        control = _control_server(control_state, config.state_dir)
-        _say_serving(builder.bound, builder, engine.policy, config)
-        try:
-            await proxy.run_until_stopped()
-        finally:
-            engine.recorder.close()
-            if control is not None:
-                control.close()
-
-    try:
-        builder.open()  # the audit log (5) and the metrics port (4) before anything else
-        builder.serve_metrics()
-        serving = run(loaded)
-        del loaded
-        asyncio.run(serving)
-    except BuildError as e:
-        raise Fatal(e.status, str(e)) from None
-    finally:
-        builder.close()
-
-
-def _serve_workers(policies, config, count: int) -> None:
-    """`--workers N`, N > 1: a supervisor and N worker processes (egress.serve.workers)."""
-    import shutil
-
-    from egress.serve import workers
-
-    directory = workers.private_dir()  # before anything imports prometheus_client
-    try:
-        status = _supervise(policies, config, count, directory)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-        os.environ.pop(workers.MULTIPROC_DIR, None)
-    if status:
-        sys.exit(status)
-
-
-def _supervise(policies, config, count: int, directory: str) -> int:
-    from egress.serve.workers import Supervisor
-
-    supervisor = Supervisor(policies, config, count, directory)
-    supervisor.catch_signals()  # first: a SIGTERM from now on still removes the folder
-    try:
-        import json
-        import signal
-
-        from egress.observe.events import Event
-        from egress.observe.metrics import collected
-        from egress.observe.terminal import EventLines
-        from egress.proxy.build import BuildError
-
-        loaded, _ = _load_for_proxy(policies)  # checked here (3); each worker loads its own
-        for warning in loaded.warnings:
-            click.echo(f"egress: {warning.as_warning()}", err=True)
-        # What the start-up line says of it, not the policy: the supervisor decides nothing, and
-        # kept it (~190 MB for 1M entries) beside every worker's own for the proxy's life.
-        from types import SimpleNamespace
-
-        from egress.host.live import trim_heap
-
-        loaded = SimpleNamespace(files=loaded.files, size=loaded.size)
-        trim_heap()
-        try:
-            supervisor.open()  # the CAs, the audit log (5), the metrics port, the proxy's address (4)
-            supervisor.builder.serve_metrics(collected(directory), supervisor.unready)
-        except BuildError as e:
-            raise Fatal(e.status, str(e)) from None
-        control_state = _serve_control_state(policies, supervisor.builder.metrics_url)
-        control_state.on_reload.append(lambda: os.kill(os.getpid(), signal.SIGHUP))  # to every worker
-        control_state.on_drop = supervisor.metrics.events_dropped.labels("follower").inc
-        control_state.on_followers = supervisor.following
-        supervisor.on_spawn = lambda slot: control_state.extra.update(workers=supervisor.pids)
-        upstream_errors = EventLines(blocked=False)  # once per host and reason, across workers
-
-        def on_event_lines(data: bytes) -> None:
-            for line in data.decode().splitlines():
-                control_state.publish_line(line)
-                if '"decision":"error"' in line:
-                    upstream_errors(Event(**json.loads(line)))
-
-        if not supervisor.start(on_event_lines, sys.stdout.fileno() if config.audit_log == "-" else None):
-            return supervisor.status
-        control = _control_server(control_state, config.state_dir)
-        _say_serving(supervisor.addresses, supervisor.builder, loaded, config)
-        click.echo(f"egress: {count} workers, pids {', '.join(map(str, supervisor.pids))}", err=True)
-        try:
-            return supervisor.wait()
-        finally:
-            if control is not None:
-                control.close()
-    finally:
-        supervisor.close()
-
-
-def _watch_policy(engine, policies, since, report):
-    """The policy watcher of a serving proxy, started: the files as given (the built-in set without
-    any), reloaded when they change or on reload_now()."""
-    from egress.policy import settings
-    from egress.host.live import PolicyWatcher
-
-    watcher = PolicyWatcher(engine, load=lambda: settings.reloadable(list(policies) or [DEFAULT_POLICY]),
-                            report=report, paths=list(policies), since=since)
-    watcher.start()
-    return watcher
-
-
-def _serve_control_state(policies, metrics_url: str | None):
-    """What serve's control socket shows: ``serve-<pid>``, no grants (and the road instead)."""
-    from egress.host.control import RunState
-
-    run_id = f"serve-{os.getpid()}"
-    road = (f"add the host to the allow list in {' or '.join(policies)}: serve applies the edit to the "
-            f"next request (at once with `egress policy reload --run {run_id}`)" if policies else
-            "it runs the built-in policy: restart it with --policy FILE allowing the host (edits to "
-            "that file then apply live)")
-    state = RunState(run_id, ["egress", "serve", *sys.argv[2:]], no_grants=(
-        f"{run_id} is an egress serve, shared by all its clients: it takes no grants (they are for "
-        f"one egress run); {road}"))
-    if metrics_url:
-        state.extra["metrics"] = metrics_url
-    return state
-
-
-def _control_server(state, state_dir):
-    from egress.host.control import ControlServer
-
-    try:
-        return ControlServer(state, state_dir)
-    except OSError as e:
-        click.echo(f"egress: no control socket ({e}); egress events/reload will not reach this proxy", err=True)
-        return None
-
-
-def _say_serving(bound, builder, loaded, config) -> None:
-    """serve's start-up lines, once it serves."""
-    from egress.proxy.ca import ca_cert_path
-    from egress.proxy.build import format_address
-
-    for host, port in bound:
-        click.echo(f"egress: proxy listening on {format_address(host, port)}", err=True)
-    if config.auth is not None:
-        click.echo(f"egress: clients must authenticate as {config.auth[0]} (http://{config.auth[0]}:"
-                   f"PASSWORD@HOST:PORT); others get 407", err=True)
-    if builder.metrics_url:
-        click.echo(f"egress: metrics on {builder.metrics_url}", err=True)
-    click.echo(f"egress: policy {', '.join(loaded.files)} ({loaded.size}); "
-               f"CA certificate {ca_cert_path(config.state_dir)}", err=True)
-    click.echo(f"egress: upstream certificates verified against {builder.trust.describe()}", err=True)
 
 
 # ------------------------------------------------------- runs, allow, events

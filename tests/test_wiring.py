@@ -185,10 +185,12 @@ def test_both_commands_make_one_proxy_config_from_their_options(command, monkeyp
 
     import egress.cli as cli
     import egress.run.launcher
+    import egress.serve.single
+    import egress.serve.workers
 
     made = []
-    monkeypatch.setattr(cli, "_serve", lambda policies, config: made.append(config))
-    monkeypatch.setattr(cli, "_serve_workers", lambda policies, config, count: made.append(config))
+    monkeypatch.setattr(egress.serve.single, "serve", lambda source, config: made.append(config))
+    monkeypatch.setattr(egress.serve.workers, "serve", lambda source, config, count: made.append(config))
     monkeypatch.setattr(egress.run.launcher, "run", lambda options: made.append(options.proxy) or 0)
     monkeypatch.setattr(cli.os, "_exit", lambda status: None)
     args = ["--metrics", "127.0.0.1:0", "--audit-log", str(tmp_path / "a.jsonl"), "--resolve", "a.test:127.0.0.1",

@@ -551,7 +551,8 @@ def test_a_worker_restarted_while_the_policy_is_broken_runs_the_last_good_policy
 def test_the_last_good_policy_is_its_files_as_read_then_and_nothing_before_the_first(tmp_path):
     # A worker's own load (egress.serve.workers.load_for_worker), in this process, on real files: the
     # texts of the newest policy that loaded, includes too, each led where it led then.
-    from egress.cli import Fatal
+    from egress.policy.source import PolicySource
+    from egress.proxy.build import BuildError
     from egress.serve.workers import LastGood, load_for_worker
 
     shared, said = tmp_path / "shared", []
@@ -559,19 +560,20 @@ def test_the_last_good_policy_is_its_files_as_read_then_and_nothing_before_the_f
     main, more = tmp_path / "main.toml", tmp_path / "more.toml"
     main.write_text('include = ["more.toml"]\nallow = ["a.test"]\n')
     more.write_text('allow = ["b.test" \n')  # broken before any policy loaded: serve's start fails, 3
-    with pytest.raises(Fatal) as failed:
-        load_for_worker((str(main),), str(shared), said.append)
+    source = PolicySource([str(main)])
+    with pytest.raises(BuildError) as failed:
+        load_for_worker(source, str(shared), said.append)
     assert failed.value.status == 3 and LastGood.read(str(shared)) is None
     assert said == [f"policy not loaded: {more}:1: not valid TOML: Unclosed array (at end of document)"]
 
     more.write_text('allow = ["b.test"]\n')
-    policy, _, fell_back = load_for_worker((str(main),), str(shared), said.append)
+    policy, _, fell_back = load_for_worker(source, str(shared), said.append)
     assert not fell_back and policy.decide("b.test").allowed
     more.write_text('allow = ["b.test", "c.test"]\n')  # a newer load, then a broken edit
-    load_for_worker((str(main),), str(shared), said.append)
+    load_for_worker(source, str(shared), said.append)
     more.write_text('allow = ["b.test", "c.test"\n')
     said.clear()
-    policy, _, fell_back = load_for_worker((str(main),), str(shared), said.append)
+    policy, _, fell_back = load_for_worker(source, str(shared), said.append)
     assert fell_back and [policy.decide(h).allowed for h in ("a.test", "b.test", "c.test", "d.test")] == [
         True, True, True, False]
     assert policy.files == [str(main), str(more)]

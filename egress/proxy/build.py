@@ -17,6 +17,7 @@ prometheus_client, dnspython and mitmproxy are imported by serve_metrics() and s
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 
@@ -115,40 +116,54 @@ class ProxyBuilder:
     # -- in the event loop
 
     async def start(self, policy, credentials=None, *, session: str | None = None, on_event=(),
-                    asker=None):
-        """The engine (policy, resolver, recorder) and the proxy, listening if the config says where.
+                    asker=None, worker: int | None = None, sockets=()):
+        """The engine (policy, resolver, recorder) and the proxy, serving ``sockets`` and listening
+        where the config says (``bound``).
 
-        ``on_event``: callbacks for every decision; ``asker``: egress run's person in the loop.
-        Returns the egress.proxy.master.EgressProxy. Raises BuildError.
+        ``on_event``: callbacks for every decision (a run's first one is its reporter, whose
+        line a refused client's answer waits for); ``asker``: egress run's person in the loop;
+        ``worker``: a serve worker's pid, in every event; ``sockets``: listening sockets that are
+        this proxy's public address (serve's workers). Returns the egress.proxy.master.EgressProxy.
+        Raises BuildError.
         """
-        from egress.proxy.engine import Engine
         from egress.observe.events import Recorder
-        from egress.proxy.master import EgressProxy, ListenError
+        from egress.proxy.ca import StateError, ensure_ca
+        from egress.proxy.engine import Engine, Redactor
+        from egress.proxy.master import EgressProxy
         from egress.proxy.resolver import Resolver
-        from egress.proxy.ca import StateError
         from egress.proxy.trust import TrustError
 
         self.serve_metrics()
         config = self.config
-        recorder = Recorder(self._metrics(), self.audit, session=session)
-        for callback in on_event:  # a run's (ProxySession's) reporter: its clients' answers wait for it
-            recorder.subscribe(callback, name="run" if session else "subscriber", heard=bool(session))
-        resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
-        engine = Engine(policy, resolver, recorder)
-        engine.asker = asker
-        if config.auth is not None:
-            from egress.proxy.auth import expected
-
-            engine.proxy_auth = expected(config.auth)
-        engine.recorder.metrics.policy_rules.set(policy.rule_count)
         try:
-            proxy = EgressProxy(engine, config, credentials, trust=self.trust)
-            self.bound = await proxy.start()
-        except (StateError, TrustError) as e:
+            ensure_ca(config.state)  # before the address: a state folder it cannot use is status 5, first
+        except StateError as e:
             raise BuildError(EXIT_STATE, str(e)) from None
-        except ListenError as e:
-            where = format_address(*config.listen) if config.listen else "the handed-over socket"
-            raise BuildError(EXIT_LISTEN, f"cannot listen on {where}: {e}") from None
+        listening = [sock for family in listening_sockets(*config.listen) for sock in family] if config.listen else []
+        sockets = [*listening, *sockets]
+        try:
+            recorder = Recorder(self._metrics(), self.audit, session=session)
+            # Until egress.observe.events takes them as arguments: set here, before anything records.
+            recorder.worker = worker
+            if credentials is not None:
+                recorder.clean = Redactor(credentials)  # no event depends on an addon to be clean
+            for callback in on_event:  # a run's (ProxySession's) reporter: its clients' answers wait for it
+                recorder.subscribe(callback, name="run" if session else "subscriber", heard=bool(session))
+            resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)
+            engine = Engine(policy, resolver, recorder, asker=asker, proxy_auth=_proxy_auth(config.auth),
+                            own_ports={sock.getsockname()[1] for sock in sockets})
+            recorder.metrics.policy_rules.set(policy.rule_count)
+            proxy = EgressProxy(engine, config, credentials, trust=self.trust)
+            await proxy.start()
+            for sock in sockets:
+                await proxy.serve_socket(sock)
+        except BaseException as e:
+            for sock in listening:
+                sock.close()
+            if isinstance(e, (StateError, TrustError)):
+                raise BuildError(EXIT_STATE, str(e)) from None
+            raise
+        self.bound = [sock.getsockname()[:2] for sock in listening]
         self.engine, self.proxy = engine, proxy
         # Everything built so far (mitmproxy's modules, the policy, the CA) lives as long as the
         # proxy: move it out of the collector's sight, so a full collection under load walks
@@ -184,6 +199,55 @@ class ProxyBuilder:
 
             self.metrics = Metrics()
         return self.metrics
+
+
+def _proxy_auth(auth: tuple[str, str] | None) -> bytes | None:
+    if auth is None:
+        return None
+    from egress.proxy.auth import expected
+
+    return expected(auth)
+
+
+def listening_sockets(host: str, port: int, copies: int = 1, *, reuse_port: bool = False,
+                      backlog: int = 128) -> list[list[socket.socket]]:
+    """For each of ``copies``, a socket listening on every address ``host`` names (as asyncio's
+    servers bind them: ``localhost`` may be 127.0.0.1 and ::1; ``""``: every interface), all on
+    one port (port 0: one free for every address). ``reuse_port``: SO_REUSEPORT, so that the
+    copies share the port (serve's workers). Raises BuildError (status 4)."""
+    tries = 8 if port == 0 else 1  # port 0: the first address's free port may be taken on another
+    for attempt in range(1, tries + 1):
+        try:
+            return _bind(host, port, copies, reuse_port, backlog)
+        except OSError as e:
+            if attempt < tries and e.errno == errno.EADDRINUSE:
+                continue
+            raise BuildError(EXIT_LISTEN, f"cannot listen on {format_address(host, port)}: {e.strerror or e}") from None
+    raise AssertionError("not reached")
+
+
+def _bind(host: str, port: int, copies: int, reuse_port: bool, backlog: int) -> list[list[socket.socket]]:
+    copied: list[list[socket.socket]] = [[] for _ in range(copies)]
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            for sockets in copied:
+                sock = socket.socket(family, kind, proto)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+                if reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((address[0], port, *address[2:]))
+                port = sock.getsockname()[1]
+                sock.listen(backlog)
+    except OSError:
+        for sockets in copied:
+            for sock in sockets:
+                sock.close()
+        raise
+    return copied
 
 
 def open_audit(target: str):

@@ -35,7 +35,6 @@ from egress.proxy.addons.tunnels import Passthrough, ProtocolGuard
 from egress.proxy.addons.upstream_errors import UpstreamErrors
 from egress.proxy.addons.upstream_timeout import UpstreamTimeout
 from egress.proxy.engine import Engine
-from egress.proxy.ca import ensure_ca
 from egress.proxy.trust import UpstreamTrust, proxy_locations, upstream_trust
 from egress.proxy.config import ProxyConfig
 
@@ -53,16 +52,17 @@ class EgressProxy:
 
     def __init__(self, engine: Engine, config: ProxyConfig, credentials=None, trust: UpstreamTrust | None = None):
         """``trust``: the upstream CAs, as ProxyBuilder.open() checked them (default: checked now).
-        Raises egress.proxy.ca.StateError, egress.proxy.trust.TrustError."""
+        The CA must exist (egress.proxy.ca.ensure_ca). Raises egress.proxy.trust.TrustError.
+
+        It listens nowhere itself: it serves the sockets it is handed (serve_socket), which
+        ProxyBuilder.start binds for ``config.listen``; with the front (serve), the front takes
+        each connection first and hands mitmproxy what it does not serve itself.
+        """
         self.engine = engine
         self.config = config
         state = config.state
-        ensure_ca(state)
         raise_fd_limit()
-        host, port = config.listen or ("127.0.0.1", 0)
-        # With the front (serve), it listens and hands mitmproxy what it does not serve itself.
-        self.master, own = mitm.new_master(listen_host=host, listen_port=port, mode=["regular"],
-                                           server=config.listen is not None and not config.front)
+        self.master, own = mitm.new_master(listen_host="127.0.0.1", listen_port=0, mode=["regular"], server=False)
         self.proxyserver = own.proxyserver
         limits = Limits(engine)
         credential_guard = CredentialGuard(engine, credentials) if credentials is not None else None
@@ -110,19 +110,13 @@ class EgressProxy:
             self.front = Front(engine, mitm.regular_handler(self.proxyserver), limits, credential_guard)
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
-    async def start(self) -> list[tuple[str, int]]:
-        """Listen; return the bound addresses. Raises ListenError."""
-        bound = await mitm.start(self.master, self.proxyserver)
-        if self.front is not None and self.config.listen is not None:
-            try:
-                bound = await self.front.listen(*self.config.listen)
-            except OSError as e:
-                raise ListenError(str(e)) from None
-            self.engine.own_ports.update(port for _, port in bound)
-        return bound
+    async def start(self) -> None:
+        """Run mitmproxy's start-up (its ``running`` hook); serve_socket() then serves."""
+        await mitm.start(self.master, self.proxyserver)
 
     async def serve_socket(self, sock: socket.socket) -> None:
-        """Serve connections from an already-listening socket (e.g. made inside a sandbox)."""
+        """Serve connections from an already-listening socket (serve's address, or one made
+        inside a sandbox)."""
         if self.front is not None:
             await self.front.serve_socket(sock)
             return

@@ -90,9 +90,9 @@ class ProxySession:
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
         self.capture: list[tuple[str, socket.socket]] = []  # transparent capture's sockets (egress.proxy.capture)
-        self._proxy = None
-        self._watcher = None
-        self._reload_pending = False
+        self._proxy = None  # egress.proxy.master.EgressProxy, once it serves the socket
+        self._service = None  # egress.host.service.ProxyService, once serve() began
+        self._reload_pending = False  # a reload asked for before serve() began
         self._bridge = None  # an event loop for the asker, made on the warm proxy's first question
 
     def serve_lazily(self, sock: socket.socket, capture=()) -> None:
@@ -126,9 +126,8 @@ class ProxySession:
     def stop(self) -> None:
         self._stopping.set()
         self._wake_w.send(b"x")
-        proxy = self._proxy
-        if proxy is not None:
-            proxy.stop()
+        if self._service is not None:
+            self._service.stop()
         if self._thread is not None:
             self._thread.join(STOP_WAIT)
         self._wake_r.close()
@@ -139,14 +138,13 @@ class ProxySession:
     def halt(self) -> None:
         """Stop the proxy from its own event loop (the warm proxy's child: no thread to join)."""
         self._stopping.set()
-        if self._proxy is not None:
-            self._proxy.stop()
+        if self._service is not None:
+            self._service.stop()
 
     def request_reload(self) -> None:
         """Re-read the policy files now (thread-safe); before the proxy runs, as soon as it does."""
-        watcher = self._watcher
-        if watcher is not None:
-            watcher.reload_now()
+        if self._service is not None:
+            self._service.reload()
         else:
             self._reload_pending = True
 
@@ -182,52 +180,43 @@ class ProxySession:
             extra.close()
 
     async def serve(self, sock, before_serving: Callable[[], bool] | None = None) -> None:
-        """Build the proxy and serve ``sock`` until stopped.
+        """Build the proxy and serve ``sock`` until stopped (egress.host.service.ProxyService).
 
         ``sock``: a listening socket, or an awaitable giving one (None: do not serve), so the
         proxy can be built before the socket exists. ``before_serving()`` is asked just before
         the socket is served; False stops instead.
         """
+        from egress.host.service import ProxyService
+        from egress.observe.terminal import say
+
+        service = self._service = ProxyService(
+            self.builder, self.prepare, reload=self.reload, paths=self.watch, frozen=self.frozen,
+            report=lambda line: say(f"egress: {line}"), reporter=self.on_event, asker=self.asker,
+            session=self.session_id)
+        if self._reload_pending:
+            service.reload()
         if self._stopping.is_set():
-            return
-        policy, credentials = self.prepare()
-        if self._stopping.is_set():  # the run ended while the policy was built: no proxy to start
-            return
-        proxy = await self.builder.start(policy, credentials, session=self.session_id, asker=self.asker,
-                                         on_event=[self.on_event] if self.on_event is not None else [])
-        del policy  # the engine's from now on: a reload must leave nothing else holding the first
-        engine = self.builder.engine
+            service.stop()
         try:
+            proxy = await service.start()
+            if proxy is None:  # the run ended before its proxy was built
+                return
             if not isinstance(sock, socket.socket):
                 sock = await sock
-            if sock is None or (before_serving is not None and not before_serving()):
-                proxy.stop()
-                await proxy.run_until_stopped()
+            if sock is None or service.stopping or (before_serving is not None and not before_serving()):
+                service.stop()
+                await service.run_until_stopped()
                 return
-            await proxy.serve_socket(sock)
-            if self.capture:
-                await proxy.serve_capture(self.capture)
+            await service.serve(sock, self.capture)
             self._proxy = proxy
-            if self.reload is not None:
-                from egress.host.live import PolicyWatcher
-                from egress.observe.terminal import say
-
-                watcher = PolicyWatcher(engine, self.reload, report=lambda line: say(f"egress: {line}"),
-                                        paths=self.watch, frozen=self.frozen)
-                watcher.start()
-                self._watcher = watcher
-                if self.state is not None:
-                    self.state.on_reload.append(watcher.reload_now)
             if self.state is not None:
+                self.state.on_reload.append(service.reload)
                 self.state.extra["proxy"] = "in-process"  # shown by `egress runs --json`
-                if self._reload_pending:
-                    watcher.reload_now()
             self.started.set()
-            if self._stopping.is_set():  # stop() came while we were starting
-                proxy.stop()
-            await proxy.run_until_stopped()
+            await service.run_until_stopped()  # the last reports reach the terminal before the launcher goes on
         finally:
-            engine.recorder.close()  # the last reports reach the terminal before the launcher goes on
+            if service.engine is not None:
+                service.engine.recorder.close()
 
     # -- in the warm proxy
 

@@ -63,7 +63,15 @@ from collections import deque
 from pathlib import Path
 
 from egress.core.contract import EXIT_LISTEN, EXIT_POLICY, EXIT_STATE, EXIT_WORKERS
-from egress.proxy.build import BuildError, format_address
+from egress.host.live import trim_heap
+from egress.host.service import ProxyService
+from egress.observe.terminal import EventLines
+from egress.policy.loader import PACE, PolicyError, ReadRefused, read_file
+from egress.policy.source import PolicySource
+from egress.proxy import build
+from egress.proxy.build import BuildError, ProxyBuilder, format_address
+from egress.proxy.ca import StateError, ensure_ca
+from egress.serve import single
 
 MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's switch to its multiprocess mode
 START_SECONDS = 60.0  # a worker that serves nothing after this long has failed to start
@@ -119,33 +127,20 @@ def _remove_orphans(where: Path) -> None:
 
 def listening_sockets(host: str, port: int, count: int) -> list[list[socket.socket]]:
     """For each of ``count`` workers, a socket listening with SO_REUSEPORT on every address
-    ``host`` names (as asyncio's servers, so a lone serve, bind each: ``localhost`` may be
-    127.0.0.1 and ::1), all on one port (port 0: the one the first socket got). Raises
-    BuildError (status 4), also when another process listens there too: a second serve of the
-    same user could otherwise join the group and take a share of the connections, where a lone
-    serve would have failed with "address in use"."""
-    workers: list[list[socket.socket]] = [[] for _ in range(count)]
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            for sockets in workers:
-                sock = socket.socket(family, kind, proto)
-                sockets.append(sock)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((address[0], port, *address[2:]))
-                port = sock.getsockname()[1]
-                sock.listen(BACKLOG)
-        others = foreign_listeners([sock for sockets in workers for sock in sockets])
-        if others:
-            raise OSError(f"{others} socket(s) of another process listen there too (SO_REUSEPORT)")
-    except OSError as e:
+    ``host`` names (egress.proxy.build.listening_sockets: as a lone serve binds them), all on
+    one port (port 0: the one the first socket got). Raises BuildError (status 4), also when
+    another process listens there too: a second serve of the same user could otherwise join the
+    group and take a share of the connections, where a lone serve would have failed with
+    "address in use"."""
+    workers = build.listening_sockets(host, port, count, reuse_port=True, backlog=BACKLOG)
+    others = foreign_listeners([sock for sockets in workers for sock in sockets])
+    if others:
+        port = workers[0][0].getsockname()[1]
         for sockets in workers:
             for sock in sockets:
                 sock.close()
-        raise BuildError(EXIT_LISTEN, f"cannot listen on {format_address(host, port)}: {e.strerror or e}") from None
+        raise BuildError(EXIT_LISTEN, f"cannot listen on {format_address(host, port)}: {others} socket(s) of "
+                                      f"another process listen there too (SO_REUSEPORT)")
     return workers
 
 
@@ -161,6 +156,72 @@ def foreign_listeners(sockets: list[socket.socket]) -> int:
 
 
 # ----------------------------------------------------------- the supervisor
+
+
+def serve(source: PolicySource, config, count: int) -> int:
+    """`egress serve --workers N`, N > 1: the supervisor and its N workers, until SIGINT or SIGTERM
+    (SIGHUP reloads every worker); the exit status. Raises BuildError: serve's status for what kept
+    it from starting (the policy: 3, the addresses: 4, the audit log and the CAs: 5)."""
+    import shutil
+
+    directory = private_dir()  # before anything imports prometheus_client
+    try:
+        return _supervise(source, config, count, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        os.environ.pop(MULTIPROC_DIR, None)
+
+
+def _supervise(source: PolicySource, config, count: int, directory: str) -> int:
+    supervisor = Supervisor(source.files, config, count, directory)
+    supervisor.catch_signals()  # first: a SIGTERM from now on still removes the folder
+    try:
+        import json
+
+        from egress.observe.events import Event
+        from egress.observe.metrics import collected
+
+        try:
+            loaded, _ = single.load(source)  # checked here (3); each worker loads its own
+        except PolicyError as e:
+            raise single.unloadable(e, lambda problem: _say(f"egress: {problem}")) from None
+        for warning in loaded.warnings:
+            _say(f"egress: {warning.as_warning()}")
+        # What the start-up line says of it, not the policy: the supervisor decides nothing, and
+        # kept it (~190 MB for 1M entries) beside every worker's own for the proxy's life.
+        from types import SimpleNamespace
+
+        loaded = SimpleNamespace(files=loaded.files, size=loaded.size)
+        trim_heap()
+        supervisor.open()  # the CAs, the audit log (5), the metrics port, the proxy's address (4)
+        supervisor.builder.serve_metrics(collected(directory), supervisor.unready)
+        control_state = single.control_state(source, supervisor.builder.metrics_url)
+        control_state.on_reload.append(lambda: os.kill(os.getpid(), signal.SIGHUP))  # to every worker
+        control_state.on_drop = supervisor.metrics.events_dropped.labels("follower").inc
+        control_state.on_followers = supervisor.following
+        supervisor.on_spawn = lambda slot: control_state.extra.update(workers=supervisor.pids)
+        upstream_errors = EventLines(blocked=False)  # once per host and reason, across workers
+
+        def on_event_lines(data: bytes) -> None:
+            for line in data.decode().splitlines():
+                control_state.publish_line(line)
+                if '"decision":"error"' in line:
+                    upstream_errors(Event(**json.loads(line)))
+
+        if not supervisor.start(on_event_lines, sys.stdout.fileno() if config.audit_log == "-" else None):
+            return supervisor.status
+        control = single.control_server(control_state, config.state)
+        single.say_serving(supervisor.addresses, supervisor.builder, loaded, config)
+        _say(f"egress: {count} workers, pids {', '.join(map(str, supervisor.pids))}")
+        try:
+            return supervisor.wait()
+        finally:
+            if control is not None:
+                control.close()
+    finally:
+        supervisor.close()
+
+
 
 
 class Slot:
@@ -187,8 +248,6 @@ class Supervisor:
     docstring. ``open()`` (in the CLI: BuildError), ``start()``, ``wait()`` -> status, ``close()``."""
 
     def __init__(self, policies: tuple[str, ...], config, count: int, directory: str):
-        from egress.proxy.build import ProxyBuilder
-
         self.policies, self.config, self.count, self.directory = policies, config, count, directory
         self.builder = ProxyBuilder(config._replace(listen=None))  # the audit log, the metrics port, the CAs
         self.slots: list[Slot] = []
@@ -214,14 +273,13 @@ class Supervisor:
         import pickle
 
         from egress.observe.metrics import Metrics, multiprocess_mode
-        from egress.proxy.ca import StateError, ensure_ca
 
         if not multiprocess_mode():  # the workers' sums would still be right; ours would be missing
             raise RuntimeError("prometheus_client was imported before egress.serve.workers.private_dir()")
         self.metrics = Metrics()  # the supervisor's own counts (events its followers missed)
         self.builder.open()
         try:
-            ensure_ca(self.config.state_dir)  # here, once: workers creating it at once would make two
+            ensure_ca(self.config.state)  # here, once: workers creating it at once would make two
         except StateError as e:
             raise BuildError(EXIT_STATE, str(e)) from None
         host, port = self.config.listen
@@ -609,8 +667,6 @@ class TextRecorder:
         return resolved
 
     def __call__(self, path: Path) -> str:
-        from egress.policy.loader import PACE, read_file
-
         text = read_file(path)
         if self.error is None:
             pause = PACE.get() or (lambda: None)
@@ -709,8 +765,6 @@ class LastGood:
     def __call__(self, path: Path) -> str:
         recorded = self._texts.get(str(path.absolute()))
         if recorded is None:
-            from egress.policy.loader import ReadRefused
-
             raise ReadRefused("not part of the last good policy")
         return recorded[1]
 
@@ -725,22 +779,17 @@ class LastGood:
         return time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", when)
 
 
-def load_for_worker(policies: tuple[str, ...], directory: str, report) -> tuple[object, object, bool]:
+def load_for_worker(source: PolicySource, directory: str, report) -> tuple[object, object, bool]:
     """A worker's policy at its start: (policy, credentials, whether it is the last good one).
 
-    The files, as `serve` loads them (egress.policy.settings.load_for_proxy), and their texts kept for
+    The files, as `serve` loads them (egress.serve.single.load), and their texts kept for
     later workers. If they do not load (an edit broke them) and a worker of this serve loaded a
     policy before, that policy, from its texts: a worker restarted after a crash then runs what
     the others run, and its watcher applies the next good edit. ``report(line)`` says so. With no
-    such policy (serve's start): Fatal, status 3, as `serve` itself."""
-    from egress.policy import settings
-    from egress.cli import DEFAULT_POLICY, Fatal
-    from egress.policy.loader import PolicyError
-
-    sources, environ = list(policies) or [DEFAULT_POLICY], dict(os.environ)
+    such policy (serve's start): BuildError, status 3, as `serve` itself."""
     recorder = TextRecorder(directory)
     try:
-        policy, credentials = settings.load_for_proxy(sources, environ, read=recorder)
+        policy, credentials = single.load(source.replace(read=recorder))
     except PolicyError as e:
         recorder.drop()
         problems = e.problems
@@ -751,7 +800,7 @@ def load_for_worker(policies: tuple[str, ...], directory: str, report) -> tuple[
     last = LastGood.read(directory)
     if last is not None:
         try:
-            policy, credentials = settings.load_for_proxy(sources, environ, read=last)
+            policy, credentials = single.load(source.replace(read=last))
         except PolicyError as e:
             problems += e.problems  # the record's too (a stored secret's file gone since): nothing to run
         else:
@@ -761,20 +810,15 @@ def load_for_worker(policies: tuple[str, ...], directory: str, report) -> tuple[
             report(f"policy files do not load ({problems[0]}{more}): running the last good policy "
                    f"from {last.since()}")
             return policy, credentials, True
-    for problem in problems:
-        report(f"policy not loaded: {problem}")
-    raise Fatal(EXIT_POLICY, "the policy cannot be loaded (nothing was started)")
+    raise single.unloadable(PolicyError(problems), lambda problem: report(f"policy not loaded: {problem}"))
 
 
-def reload_for_worker(policies: tuple[str, ...], directory: str, report):
+def reload_for_worker(source: PolicySource, directory: str, report):
     """A worker's live reload (its PolicyWatcher's load, in a thread): as `serve`'s
-    (egress.cli._watch_policy), and the texts of a policy that loads kept as the last good one."""
-    from egress.policy import settings
-    from egress.cli import DEFAULT_POLICY
-
+    (PolicySource.reload), and the texts of a policy that loads kept as the last good one."""
     recorder = TextRecorder(directory)
     try:
-        policy = settings.reloadable(list(policies) or [DEFAULT_POLICY], read=recorder)
+        policy = source.replace(read=recorder).reload()
     except BaseException:
         recorder.drop()
         raise
@@ -846,65 +890,49 @@ def worker(argv: list[str]) -> int:
     import mmap
     import pickle
 
-    from egress.cli import Fatal
-    from egress.host.live import policy_marks
     from egress.proxy.master import configure_logging
 
     spec = pickle.loads(Path(directory, _CONFIG).read_bytes())
-    policies, config = tuple(spec["policies"]), spec["config"]
+    source, config = PolicySource(spec["policies"]), spec["config"]
     configure_logging()
     prefix = f"egress: worker {number}:"
-    try:
-        loaded, credentials, fell_back = load_for_worker(policies, directory, lambda line: _say(f"{prefix} {line}"))
-    except Fatal as e:
-        _say(f"{prefix} {e}")
-        return e.status
-    since = policy_marks(list(policies), loaded)
-    # The engine's alone from its start: a name here kept the first policy for the worker's life
-    # (300k entries: 127 -> 156 MB after the first reload, where `--workers 1` went to 121).
-    first = [loaded]
-    del loaded
+    report = lambda line: _say(f"{prefix} {line}")  # noqa: E731
     with open(Path(directory, _FOLLOWERS), "rb") as f:
         flag = mmap.mmap(f.fileno(), 1, prot=mmap.PROT_READ)
-    from egress.proxy.build import ProxyBuilder
-
     builder = ProxyBuilder(config)
     if audit_fd >= 0:
-        builder.audit = LineWriter(audit_fd)
+        builder.adopt(audit=LineWriter(audit_fd))
     socks = [socket.socket(fileno=int(fd)) for fd in sock_fds.split(",")]
+    fell_back: list[bool] = []
+
+    def load():
+        policy, credentials, last_good = load_for_worker(source, directory, report)
+        fell_back.append(last_good)
+        return policy, credentials
+
+    # as `serve`'s own (egress.serve.single), with each good reload's texts kept
+    service = ProxyService(builder, load, reload=lambda: reload_for_worker(source, directory, report),
+                           paths=source.files, report=report, worker=os.getpid(),
+                           observers={"control": EventForwarder(events_fd, flag)},
+                           stop_on=(signal.SIGTERM,), reload_on=(signal.SIGHUP,))
 
     async def serve() -> None:
-        from egress.host.live import PolicyWatcher
-
-        proxy = await builder.start(first.pop(), credentials)
-        engine = builder.engine
-        engine.recorder.worker = os.getpid()
-        if fell_back:
-            engine.recorder.metrics.policy_load_errors.inc()  # a failed load, as a failed reload is
-        for sock in socks:
-            engine.own_ports.add(sock.getsockname()[1])
-            await proxy.serve_socket(sock)
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, proxy.stop)
-        report = lambda line: _say(f"{prefix} {line}")  # noqa: E731
-        # as `serve`'s own watcher (egress.cli._watch_policy), with each good reload's texts kept
-        watcher = PolicyWatcher(engine, load=lambda: reload_for_worker(policies, directory, report),
-                                report=report, paths=list(policies), since=since)
-        watcher.start()
-        loop.add_signal_handler(signal.SIGHUP, watcher.reload_now)
-        engine.recorder.subscribe(EventForwarder(events_fd, flag), name="control")
+        await service.start(socks)
+        if fell_back[0]:
+            service.engine.recorder.metrics.policy_load_errors.inc()  # a failed load, as a failed reload is
         write_all(ready_fd, b"serving\n")
         os.close(ready_fd)
-        await proxy.run_until_stopped()
+        await service.run_until_stopped()
 
     try:
+        service.load()
         builder.open()
         asyncio.run(serve())
     except BuildError as e:
         _say(f"{prefix} {e}")
         return e.status
     finally:
-        builder.close()  # delivers what the forwarder still holds, closes the audit descriptor
+        service.close()  # delivers what the forwarder still holds, closes the audit descriptor
     return 0
 
 

@@ -41,9 +41,17 @@ import sys
 import threading
 from pathlib import Path
 
-from egress.run.warm import client as warm
+from sandbox.paths import command_writable
+
 from egress.core.contract import EXIT_OK
+from egress.host.service import ProxyService
 from egress.observe.events import HEARD_WAIT
+from egress.policy.source import PolicySource
+from egress.proxy.build import ProxyBuilder
+from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig
+from egress.run.plan import build_policy, load_credentials
+from egress.run.snapshot import PolicySnapshot
+from egress.run.warm import client as warm
 
 REQUEST_WAIT = 30.0  # seconds a child waits for its run's request
 
@@ -79,18 +87,18 @@ def rehearse(state_dir: Path) -> None:
     build took ~5 ms instead of ~10. It runs in a thread of the lowest priority (nice 19, that
     thread only), so it takes no CPU from the commands and launchers around it; the server hands
     a run only to a spare that has finished."""
-    from egress.run.launcher import RunOptions, build_policy, load_credentials
 
-    from egress.proxy.build import ProxyBuilder
-    from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig
+    def load():
+        policy = build_policy(PolicySource(network="allowlist", command_line=True))
+        return policy, load_credentials(policy, {})
 
     async def once() -> None:
-        policy = build_policy(RunOptions(argv=["true"]), "allowlist")
         builder = ProxyBuilder(ProxyConfig(state_dir=state_dir, extra_options=dict(DEFAULT_LIMITS)))
-        proxy = await builder.start(policy, load_credentials(policy, {}), session="rehearsal")
-        proxy.stop()
-        await proxy.run_until_stopped()
-        builder.close()
+        service = ProxyService(builder, load, session="rehearsal")
+        await service.start()
+        service.stop()
+        await service.run_until_stopped()
+        service.close()
 
     failure: list[BaseException] = []
 
@@ -202,28 +210,21 @@ class ChildRun:
             self._exit(code)
 
     def _session(self):
-        """The run's ProxySession, built from the request with the launcher's own functions."""
-        from egress.run.launcher import RunOptions, build_policy, fresh_policy, load_credentials
-        from sandbox.paths import command_writable
-
-        from egress.scan.credentials import Credentials
+        """The run's ProxySession, built from the request: its policy from the run's PolicySource,
+        reading the texts the launcher sealed (egress.run.snapshot), as the in-process path builds it."""
         from egress.run.session import ProxySession
-        from egress.run.snapshot import PolicySnapshot
-        from egress.proxy.build import ProxyBuilder
-        from egress.proxy.config import ProxyConfig
+        from egress.scan.credentials import Credentials
 
         r = self.request
-        options = RunOptions(argv=r["argv"], network=r["network"], policies=r["policies"], allow=r["allow"],
-                             deny=r["deny"])
-        mode = r["mode"]
         trees, read_only = r["snapshot"]["trees"], r["snapshot"]["read_only"]
         reader = PolicySnapshot.sealed(r["snapshot"]["recorded"],
                                        lambda path: command_writable(path, trees, read_only))
+        source = PolicySource(r["policies"], r["allow"], r["deny"], r["mode"], command_line=True, read=reader)
         credentials = Credentials.from_dict(r["credentials"]) if r["credentials"] is not None else None
         environ = dict(os.environ)
 
         def prepare():
-            policy = build_policy(options, mode, reader)
+            policy = build_policy(source)
             self._readable()  # a run that already ended (`true`) need not start a proxy
             return policy, credentials or load_credentials(policy, environ)
 
@@ -236,9 +237,8 @@ class ChildRun:
             audit = os.fdopen(self.fds.pop("audit"), "a", encoding="utf-8", buffering=1)
         metrics = socket.socket(fileno=self.fds.pop("metrics")) if "metrics" in self.fds else None
         builder.adopt(audit=audit, metrics_socket=metrics)
-        return ProxySession(prepare, r["run_id"], builder, on_event=self.send_event,
-                            reload=lambda: fresh_policy(options, mode, reader), watch=r["policies"],
-                            frozen=reader.frozen_files, asker=self.asker)
+        return ProxySession(prepare, r["run_id"], builder, on_event=self.send_event, reload=source.reload,
+                            watch=r["policies"], frozen=reader.frozen_files, asker=self.asker)
 
     def _before_serving(self) -> bool:
         proxy = self.session.builder.proxy
@@ -333,16 +333,21 @@ class ChildRun:
 
 
 class RemoteAsker:
-    """egress.run.ask's interface for the run's proxy: the launcher's asker answers."""
+    """The run's asker (egress.proxy.seams.Asker) in its proxy: the launcher's asker answers."""
 
     def __init__(self, run: ChildRun):
         self.run = run
-        self.granted: set[str] = set()  # a yes is for the rest of the run (egress.run.ask)
+        self.grants: set[str] = set()  # a yes is for the rest of the run (egress.run.ask)
         self._pending: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
 
+    @property
+    def state(self) -> RemoteAsker:
+        """What the run granted, as this proxy has heard it (a reload keeps such a host's tunnels)."""
+        return self
+
     async def ask(self, host: str) -> bool:
-        if host in self.granted:
+        if host in self.grants:
             return True
         if self.run.stopping:
             return False
@@ -354,7 +359,7 @@ class RemoteAsker:
         finally:
             self._pending.pop(request, None)
         if allowed:
-            self.granted.add(host)
+            self.grants.add(host)
         return allowed
 
     def answer(self, request, allowed: bool) -> None:
