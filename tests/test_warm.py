@@ -610,3 +610,30 @@ def test_a_crashed_warm_child_fails_its_runs_connections_and_the_run_says_so(tmp
     assert f"egress: the proxy failed: the warm proxy's process for this run ({child}) ended unexpectedly" in err
     assert alive(server_pid)  # the server and other runs carry on
     assert egress_run(tmp_path, *fetch(url)).stdout == "allowed.test=200\n"
+
+
+def test_the_warm_childs_asker_is_an_asker_as_the_proxy_names_it():
+    # A reload re-decides each live passthrough tunnel and keeps one to a host this run granted
+    # (egress.proxy.seams.Asker: state.grants). The child's asker had no state: in a warm run, the
+    # re-check of a tunnel to a host the new policy no longer allows raised, and the tunnel stayed open.
+    import asyncio
+    import inspect
+    from types import SimpleNamespace
+    from typing import Protocol, runtime_checkable
+
+    from egress.proxy.seams import Asker
+    from egress.run.warm.child import RemoteAsker
+
+    @runtime_checkable
+    class CheckedAsker(Asker, Protocol):
+        """egress.proxy.seams.Asker, checkable at run time."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        asker = RemoteAsker(SimpleNamespace(stopping=False, send=lambda message: loop.call_soon(
+            asker.answer, message["id"], message["host"] == "yes.test")))
+        assert isinstance(asker, CheckedAsker) and inspect.iscoroutinefunction(asker.ask)
+        assert await asker.ask("yes.test") and not await asker.ask("no.test")
+        return asker.state.grants
+
+    assert asyncio.run(main()) == {"yes.test"}
