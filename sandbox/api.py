@@ -23,7 +23,7 @@ optional member its default, and each box inherits sandbox/box.py's BaseBox.
 tests/sandbox/test_conformance.py holds every one to the same promises.
 
 Protocols only, for readers, mypy and the tests: nothing on `egress run`'s start-up path imports
-this module, because `typing` is not otherwise imported there (3 ms).
+this module, because `typing` is not otherwise imported there.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import socket
 
 from egress.core.contract import PROXY_USER
 
-TYPE_CHECKING = False  # typing's own costs 3 ms on egress run's path; mypy reads this name as True
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
     from collections.abc import Iterable
 

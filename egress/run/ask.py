@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from egress.observe import terminal
 
-TYPE_CHECKING = False  # typing's own costs 3 ms on egress run's path; mypy reads this name as True
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
     import asyncio
 
