@@ -1,7 +1,7 @@
 """The `egress` command's entry point: `egress run` starts without importing click when it can.
 
-Importing click (and what it brings: inspect, typing, enum...) is ~20 ms of a ~60 ms
-`egress run -- true`. So an `egress run` whose options are all in the table below, written as
+Importing click (and what it brings: inspect, typing, enum...) was a third of an `egress run --
+true` (afa2038; bench/README.md, "Launcher"). So an `egress run` whose options are all in the table below, written as
 click takes them (``--opt value`` or ``--opt=value``, options before the command, ``--``
 optional), with values click would accept unchanged, is parsed here and run at once. Anything
 else goes to click (egress.cli) exactly as typed: another command, ``--help``, an option not

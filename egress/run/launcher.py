@@ -30,7 +30,7 @@ from egress.run.plan import build_policy as _build
 from egress.run.plan import choose_provider, load_credentials, plan
 from egress.run.prepare import prepare
 
-TYPE_CHECKING = False  # typing costs ~3 ms on egress run's path (sandbox/api.py); mypy reads True
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
     from sandbox.api import Platform
 
@@ -57,8 +57,8 @@ def main(options: RunOptions):
     except LaunchError as e:
         say(f"egress: {e}")
         sys.exit(e.status)
-    # Everything the run made is gone (run cleans up before returning); skip the
-    # interpreter's teardown, which took 20 ms, and 0.2-0.3 s once mitmproxy was loaded.
+    # Everything the run made is gone (run cleans up before returning); skip the interpreter's
+    # teardown, longer still once mitmproxy was loaded (bench/README.md, "Launcher": os._exit).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

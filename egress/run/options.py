@@ -29,12 +29,10 @@ class LaunchError(Exception):
 
 
 class RunOptions:
-    """What `egress run` was asked to do. A plain class: a dataclass's import and generated
-    methods cost ~10 ms of a ~40 ms `egress run -- true`. Its folders (project, add_dirs, the
-    proxy's state_dir) are str, as both parsers (egress.entry, click) give them, or made str
-    from a caller's PathLike: `egress run` never imports pathlib, whose import (with urllib.parse,
-    ipaddress, fnmatch and ntpath) cost ~4-5 ms of every run (bench/README.md, "Launch without
-    pathlib and json")."""
+    """What `egress run` was asked to do. A plain class: `egress run` imports no dataclasses
+    (bench/README.md, "Launcher"). Its folders (project, add_dirs, the proxy's state_dir) are str,
+    as both parsers (egress.entry, click) give them, or made str from a caller's PathLike:
+    `egress run` never imports pathlib (bench/README.md, "Launch without pathlib and json")."""
 
     __slots__ = ("argv", "network", "policies", "allow", "deny", "project", "add_dirs", "timeout",
                  "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",

@@ -82,7 +82,7 @@ class Relay:
         return stat.S_ISCHR(out.st_mode) and stat.S_ISCHR(err.st_mode) and out.st_rdev == err.st_rdev
 
     def start(self) -> None:
-        import threading  # here: the launcher's path to the sandbox's fork has no use for it (~0.5 ms)
+        import threading  # here: the launcher's path to the sandbox's fork has no use for it
 
         # Our copies of the write ends go: the pipes end when the command's side closes.
         for pipe, sink in zip(self._pipes, (sys.stdout, sys.stderr), strict=True):
@@ -99,7 +99,7 @@ class Relay:
             from egress.agent.output_cap import CappedStream
 
             factory = None
-            if self.detector is not None:  # only then: importing the detector costs ~20 ms
+            if self.detector is not None:  # only then: a run without --redact never imports the detector
                 from egress.scan.detect import StreamRedactor
 
                 detector = self.detector

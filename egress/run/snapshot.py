@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 # pathlib's Path (the policy loader's paths, in the annotations) is imported only where one is made:
 # `egress run` never imports pathlib (egress.proxy.ca says why).
-TYPE_CHECKING = False  # typing costs ~3 ms on egress run's path (sandbox/api.py); mypy reads True
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
     from pathlib import Path
 
-# egress.policy is imported only when needed: every `egress run` makes a PolicySnapshot,
-# most never load a policy file, and that import costs ~20 ms.
+# egress.policy's loader is imported only when needed: every `egress run` makes a PolicySnapshot,
+# most never load a policy file (the loader's imports: bench/README.md, "Launcher").
 
 REFUSED = "inside a folder the command can write; only files read when the run started are used"
 
