@@ -29,6 +29,7 @@ from egress.policy.source import PolicySource
 from egress.proxy.ca import StateError, ensure_ca
 from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig  # the limits addon's options and their defaults
 
+
 class Fatal(Exception):
     """A failure that ends the command with a one-line reason and a documented status."""
 
@@ -375,8 +376,7 @@ def _parse_overrides(values: tuple[str, ...]) -> dict:
 def serve(policies, listen, auth, workers, proxy) -> None:
     """Run the proxy until SIGINT or SIGTERM."""
     from egress.proxy.build import BuildError
-    from egress.serve import single
-    from egress.serve import workers as several
+    from egress.serve import single, workers as several
 
     config = proxy._replace(listen=_parse_address(listen, "--listen"), auth=_parse_auth(auth))
     # Passthrough CONNECTs answered before mitmproxy (egress.proxy.fastpath); EGRESS_PASSTHROUGH_FRONT=off

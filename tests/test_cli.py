@@ -7,7 +7,6 @@ import socket
 import subprocess
 
 import pytest
-
 from conftest import clean_env, egress_command
 
 

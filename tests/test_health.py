@@ -17,12 +17,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import DEFAULT_POLICY, proxied_session
+from test_workers import children, wait_for
+
 from egress.policy import settings
 from egress.proxy.build import ProxyBuilder
 from egress.proxy.config import ProxyConfig
-from test_workers import children, wait_for
 
 linux_only = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="--workers needs Linux (SO_REUSEPORT)")
 

@@ -53,13 +53,6 @@ KNOWN_LAZY: set[tuple[str, str]] = {
     ("egress.observe.terminal", "egress.core.reasons"),
     ("egress.policy.loader", "egress.agent.commands"),
     ("egress.policy.loader", "egress.agent.output_cap"),
-    ("egress.proxy.build", "egress.proxy.ca"),
-    ("egress.proxy.build", "egress.proxy.trust"),
-    ("egress.proxy.master", "egress.proxy.fastpath"),
-    ("egress.run.session", "egress.observe.terminal"),
-    ("egress.run.warm.client", "egress"),
-    ("egress.run.warm.client", "sandbox"),
-    ("egress.serve.workers", "egress"),
 }
 
 # Outside modules that cost nothing to have imported (the interpreter loads them at start).

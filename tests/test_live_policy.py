@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_POLICY, EchoServer as Echo, proxied_session
 
 
@@ -124,11 +123,11 @@ def test_an_edit_during_egress_run_applies_to_the_commands_next_request(tmp_path
 def test_the_watcher_reloads_for_live_files_and_reports_frozen_ones_once(tmp_path):
     import asyncio
 
-    from egress.proxy.engine import Engine
-    from egress.observe.events import Recorder
     from egress.host.live import PolicyWatcher
+    from egress.observe.events import Recorder
     from egress.observe.metrics import Metrics
     from egress.policy.loader import load_policy
+    from egress.proxy.engine import Engine
     from egress.proxy.resolver import Resolver
 
     frozen, live = tmp_path / "frozen.toml", tmp_path / "live.toml"
@@ -169,7 +168,7 @@ def test_reload_by_control_command_and_doctor_sees_the_proxy(proxy_factory):
     assert result.returncode == 0, result.stderr
     wait_for(lambda: any("policy reloaded" in line for line in proxy.stderr_lines), "the reload")
     doctor = subprocess.run([*egress_command(), "doctor"], capture_output=True, text=True, timeout=60, env=env)
-    line = next(l for l in doctor.stdout.splitlines() if "control sockets" in l)
+    line = next(each for each in doctor.stdout.splitlines() if "control sockets" in each)
     assert f"serve-{proxy.process.pid}" in line and "metrics http://127.0.0.1:" in line
 
 
@@ -201,8 +200,8 @@ def test_after_a_reload_the_first_policy_is_freed_though_start_up_objects_are_fr
     import gc
     import weakref
 
-    from egress.policy import settings
     from egress.host.live import PolicyWatcher
+    from egress.policy import settings
     from egress.proxy.build import ProxyBuilder
     from egress.proxy.config import ProxyConfig
 
@@ -238,11 +237,11 @@ def test_an_old_policy_still_held_elsewhere_is_left_whole(tmp_path):
     # can reach it: one still held must go on answering as it did.
     import asyncio
 
-    from egress.proxy.engine import Engine
-    from egress.observe.events import Recorder
     from egress.host.live import PolicyWatcher
+    from egress.observe.events import Recorder
     from egress.observe.metrics import Metrics
     from egress.policy.loader import load_policy
+    from egress.proxy.engine import Engine
     from egress.proxy.resolver import Resolver
 
     path = tmp_path / "policy.toml"
@@ -293,7 +292,7 @@ def test_a_reload_asked_for_is_never_lost(monkeypatch):
         try:
             for asked in range(1, 201):
                 threading.Thread(target=lambda: (time.sleep(random.random() * 0.002), watcher.reload_now())).start()
-                await asyncio.wait_for(until(lambda: len(forced) >= asked), 10)  # a lost one never comes
+                await asyncio.wait_for(until(lambda asked=asked: len(forced) >= asked), 10)  # a lost one never comes
         finally:
             work.cancel()
             watcher.stop()
@@ -310,12 +309,12 @@ def test_an_edit_made_while_the_proxy_starts_is_not_lost(tmp_path):
     # in between used to become the watcher's starting point, and never applied.
     import asyncio
 
-    from egress.proxy.engine import Engine
-    from egress.observe.events import Recorder
     from egress.core.hosts import parse_host
     from egress.host.live import PolicyWatcher, policy_marks
+    from egress.observe.events import Recorder
     from egress.observe.metrics import Metrics
     from egress.policy.loader import load_policy
+    from egress.proxy.engine import Engine
     from egress.proxy.resolver import Resolver
 
     path = tmp_path / "policy.toml"

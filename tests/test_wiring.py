@@ -11,18 +11,17 @@ import asyncio
 import ipaddress
 import json
 import socket
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import requests
+from test_dns import DnsServer
 
-from egress.policy import settings
 from egress.core.contract import EXIT_LISTEN, EXIT_STATE
+from egress.policy import settings
 from egress.proxy.build import BuildError, ProxyBuilder
 from egress.proxy.config import ProxyConfig
-from test_dns import DnsServer
 
 POLICY = {"allow": ["named.test", "silent.test", "override.test"], "allow_private": ["127.0.0.1/32"]}
 

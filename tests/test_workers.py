@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_POLICY, clean_env, egress_command, proxied_session, start_proxy, stop_proxy
 
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="--workers needs Linux (SO_REUSEPORT)")
@@ -464,7 +463,7 @@ def test_a_worker_that_keeps_dying_stops_serve_loudly(two, broken):
         [pid] = [p for p in children(proxy.process.pid) if p not in proxy.workers[1:]]
         os.kill(pid, signal.SIGKILL)
         if death < RESTARTS:
-            wait_for(lambda: sum("serving again" in line for line in proxy.stderr_lines) == death + 1,
+            wait_for(lambda death=death: sum("serving again" in line for line in proxy.stderr_lines) == death + 1,
                      f"restart {death + 1}")
     assert proxy.process.wait(30) == 6
     last = [line for line in proxy.stderr_lines if "stopping every worker" in line]

@@ -47,6 +47,10 @@ from collections.abc import Callable
 
 from egress.proxy.ca import StateDir
 
+TYPE_CHECKING = False  # typing is not imported on egress run's path (egress.run.launcher); mypy reads True
+if TYPE_CHECKING:
+    import queue
+
 # Every `egress run` makes a RunState and a ControlServer before its command's first connection;
 # queue and egress.core.hosts are imported where they are first needed (a follower, a grant), and
 # socketserver not at all: together ~6 ms of `egress run -- true`. So is json (with re: ~3-5 ms),

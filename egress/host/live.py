@@ -25,9 +25,8 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Callable
 
 POLL_SECONDS = 1.0
 
@@ -147,7 +146,7 @@ class PolicyWatcher:
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             # The event, not how the wait ended: a request that came while wait_for was timing
             # out (it awaits the cancelled wait) ended as a timeout, and was then cleared unseen.

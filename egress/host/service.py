@@ -22,13 +22,16 @@ It imports nothing heavy: mitmproxy comes with the builder's start().
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from egress.host.control import RunState
 from egress.host.live import PolicyWatcher, policy_marks
 from egress.proxy.build import ProxyBuilder
 from egress.proxy.seams import Asker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from egress.proxy.master import EgressProxy
 
 Observer = Callable[[object], None]  # called with every event (egress.observe.events.Recorder.subscribe)
 
@@ -68,7 +71,7 @@ class ProxyService:
         self.worker = worker
         self.control = control
         self.stop_on, self.reload_on = tuple(stop_on), tuple(reload_on)
-        self.proxy = None  # egress.proxy.master.EgressProxy, once built
+        self.proxy: EgressProxy | None = None  # once built
         self.watcher: PolicyWatcher | None = None
         self.stopping = False
         self._loaded: list = []  # [(policy, credentials)] from load() until start() hands it on
@@ -132,10 +135,13 @@ class ProxyService:
     async def serve(self, sock, capture=()) -> None:
         """Also serve ``sock``, a listening socket that is not this proxy's own address (a run's,
         made inside its sandbox), and ``capture``, [(tag, socket)] of the sandbox's transparent
-        capture (egress.proxy.capture)."""
-        await self.proxy.serve_socket(sock)
+        capture (egress.proxy.capture). After start()."""
+        proxy = self.proxy
+        if proxy is None:
+            raise RuntimeError("serve() before start() built the proxy")
+        await proxy.serve_socket(sock)
         if capture:
-            await self.proxy.serve_capture(capture)
+            await proxy.serve_capture(capture)
 
     def reload(self) -> None:
         """Re-read the policy now (thread-safe); before the watcher runs, as soon as it does."""

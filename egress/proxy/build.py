@@ -22,7 +22,15 @@ import socket
 import sys
 
 from egress.core.contract import EXIT_LISTEN, EXIT_STATE
+from egress.proxy.ca import StateError, ensure_ca
 from egress.proxy.config import ProxyConfig
+from egress.proxy.trust import TrustError, UpstreamTrust, upstream_trust
+
+TYPE_CHECKING = False  # typing is not imported on egress run's path (egress.run.launcher); mypy reads True
+if TYPE_CHECKING:
+    from egress.observe.metrics import Metrics
+    from egress.proxy.engine import Engine
+    from egress.proxy.master import EgressProxy
 
 
 class BuildError(Exception):
@@ -43,10 +51,10 @@ class ProxyBuilder:
     def __init__(self, config: ProxyConfig):
         self.config = config
         self.audit = None  # the audit log's stream
-        self.metrics = None  # egress.observe.metrics.Metrics: made by serve_metrics() or start()
-        self.trust = None  # egress.proxy.trust.UpstreamTrust: checked by open()
-        self.engine = None  # set by start()
-        self.proxy = None  # set by start()
+        self.metrics: Metrics | None = None  # made by serve_metrics() or start()
+        self.trust: UpstreamTrust | None = None  # the upstream CAs: checked by open()
+        self.engine: Engine | None = None  # set by start()
+        self.proxy: EgressProxy | None = None  # set by start()
         self.bound: list[tuple[str, int]] = []  # where start() listens
         self._metrics_socket: socket.socket | None = None
         self._metrics_server = None
@@ -58,8 +66,6 @@ class ProxyBuilder:
         metrics port, as configured. Raises BuildError."""
         config = self.config
         if self.trust is None:
-            from egress.proxy.trust import TrustError, upstream_trust
-
             try:
                 self.trust = upstream_trust(config.upstream_ca)
             except TrustError as e:
@@ -127,11 +133,9 @@ class ProxyBuilder:
         Raises BuildError.
         """
         from egress.observe.events import Recorder
-        from egress.proxy.ca import StateError, ensure_ca
         from egress.proxy.engine import Engine, Redactor
         from egress.proxy.master import EgressProxy
         from egress.proxy.resolver import Resolver
-        from egress.proxy.trust import TrustError
 
         self.serve_metrics()
         config = self.config
@@ -142,11 +146,9 @@ class ProxyBuilder:
         listening = [sock for family in listening_sockets(*config.listen) for sock in family] if config.listen else []
         sockets = [*listening, *sockets]
         try:
-            recorder = Recorder(self._metrics(), self.audit, session=session)
-            # Until egress.observe.events takes them as arguments: set here, before anything records.
-            recorder.worker = worker
-            if credentials is not None:
-                recorder.clean = Redactor(credentials)  # no event depends on an addon to be clean
+            # no event depends on an addon to be clean: the redactor is the recorder's from the start
+            recorder = Recorder(self._metrics(), self.audit, session=session, worker=worker,
+                                clean=Redactor(credentials) if credentials is not None else None)
             for callback in on_event:  # a run's (ProxySession's) reporter: its clients' answers wait for it
                 recorder.subscribe(callback, name="run" if session else "subscriber", heard=bool(session))
             resolver = Resolver(dict(config.resolve), timeout=config.dns_timeout, nameserver=config.dns_server)

@@ -40,7 +40,7 @@ class StateDir(namedtuple("StateDir", ("root",))):
     __slots__ = ()
 
     @classmethod
-    def of(cls, given: str | os.PathLike | None = None) -> StateDir:
+    def of(cls, given: StateDir | str | os.PathLike | None = None) -> StateDir:
         """``given`` (--state-dir, a ProxyConfig's state_dir), else the default, read now."""
         if isinstance(given, StateDir):
             return given
@@ -64,16 +64,16 @@ class StateDir(namedtuple("StateDir", ("root",))):
         return os.path.join(self.ca, f"{CA_BASENAME}-ca-cert.pem")
 
 
-def ca_dir(base: str | os.PathLike | None = None) -> str:
+def ca_dir(base: StateDir | str | os.PathLike | None = None) -> str:
     return StateDir.of(base).ca
 
 
-def ca_cert_path(base: str | os.PathLike | None = None) -> str:
+def ca_cert_path(base: StateDir | str | os.PathLike | None = None) -> str:
     """The CA certificate (PEM) clients must trust to accept intercepted TLS."""
     return StateDir.of(base).ca_cert
 
 
-def ensure_ca(base: str | os.PathLike | None = None) -> str:
+def ensure_ca(base: StateDir | str | os.PathLike | None = None) -> str:
     """Create the CA on first use; return the certificate's path. Raises StateError."""
     state = StateDir.of(base)
     directory, cert = state.ca, state.ca_cert

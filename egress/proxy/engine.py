@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Collection
-from typing import Callable
+from collections.abc import Callable, Collection
 
-from egress.observe.events import Event, Recorder
+from egress.observe.events import Recorder, refusal_event
 from egress.policy.matcher import Decision, Policy
 from egress.proxy.flowstate import ConnState
 from egress.proxy.resolver import Resolver
@@ -71,10 +70,7 @@ class Engine:
 
     def record_refusal(self, client: str, method: str, decision: Decision):
         """The refusal's event; the Telling its answer waits on, if a run's reporter listens."""
-        return self.recorder.record(Event(
-            client=client, method=method, host=decision.host, port=decision.port,
-            decision="block", reason=decision.reason,
-            rule=str(decision.rule) if decision.rule else None, detail=decision.detail))
+        return self.recorder.record(refusal_event(client, method, decision))
 
 
 def client_label(peername) -> str:
@@ -98,7 +94,8 @@ class Redactor:
 
     def __init__(self, credentials: Credentials):
         self.labelled = [(s.label, s.value) for s in credentials.secrets]
-        self.labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered]
+        self.labelled += [(f"{PLACEHOLDER_LABEL}:{s.label}", s.placeholder) for s in credentials.brokered
+                          if s.placeholder]
         self.ignore_kinds = frozenset(credentials.ignore_kinds)
         self._host_secrets: HostSecrets | None = None
         self._cleaned: dict[str, str] = {}

@@ -27,16 +27,17 @@ from egress.proxy import mitm
 from egress.proxy.addons.address_guard import AddressGuard
 from egress.proxy.addons.credential_guard import CredentialGuard
 from egress.proxy.addons.injection_label import InjectionLabel
-from egress.proxy.addons.line_first import LineFirst
 from egress.proxy.addons.limits import Limits, raise_fd_limit
+from egress.proxy.addons.line_first import LineFirst
 from egress.proxy.addons.policy_guard import PolicyGuard
 from egress.proxy.addons.reporter import Reporter
 from egress.proxy.addons.tunnels import Passthrough, ProtocolGuard
 from egress.proxy.addons.upstream_errors import UpstreamErrors
 from egress.proxy.addons.upstream_timeout import UpstreamTimeout
-from egress.proxy.engine import Engine
-from egress.proxy.trust import UpstreamTrust, proxy_locations, upstream_trust
 from egress.proxy.config import ProxyConfig
+from egress.proxy.engine import Engine
+from egress.proxy.fastpath import Front
+from egress.proxy.trust import UpstreamTrust, proxy_locations, upstream_trust
 
 STREAM_LARGE_BODIES = "1m"
 DRAIN_SECONDS = 2.0  # at stop, how long client connections may take to end once told to
@@ -105,8 +106,6 @@ class EgressProxy:
         self.stopping = False  # stop() was called: /readyz says so while connections drain
         self.front = None
         if config.front:
-            from egress.proxy.fastpath import Front
-
             self.front = Front(engine, mitm.regular_handler(self.proxyserver), limits, credential_guard)
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 

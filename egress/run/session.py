@@ -35,6 +35,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from egress.observe.terminal import say
+
+TYPE_CHECKING = False  # typing is not imported on egress run's path (egress.run.launcher); mypy reads True
+if TYPE_CHECKING:
+    from egress.host.service import ProxyService
+
 WARM_START_WAIT = 5.0  # seconds for a server started by this run to listen (its interpreter's start)
 WARM_SERVE_WAIT = 60.0  # seconds for the warm proxy to serve once it has the run (imports if it just started)
 STOP_WAIT = 10.0  # seconds stop() waits for the last events
@@ -91,7 +97,7 @@ class ProxySession:
         self._sock: socket.socket | None = None
         self.capture: list[tuple[str, socket.socket]] = []  # transparent capture's sockets (egress.proxy.capture)
         self._proxy = None  # egress.proxy.master.EgressProxy, once it serves the socket
-        self._service = None  # egress.host.service.ProxyService, once serve() began
+        self._service: ProxyService | None = None  # once serve() began
         self._reload_pending = False  # a reload asked for before serve() began
         self._bridge = None  # an event loop for the asker, made on the warm proxy's first question
 
@@ -187,7 +193,6 @@ class ProxySession:
         the socket is served; False stops instead.
         """
         from egress.host.service import ProxyService
-        from egress.observe.terminal import say
 
         service = self._service = ProxyService(
             self.builder, self.prepare, reload=self.reload, paths=self.watch, frozen=self.frozen,
@@ -232,8 +237,6 @@ class ProxySession:
         finally:
             self.warm.close()
         if self.warm.note:
-            from egress.observe.terminal import say
-
             say(f"egress: {self.warm.note}; this run's proxy starts in its own process")
         if outcome == "fallback" and not self._stopping.is_set():
             try:

@@ -62,6 +62,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+import egress
 from egress.core.contract import EXIT_LISTEN, EXIT_POLICY, EXIT_STATE, EXIT_WORKERS
 from egress.host.live import trim_heap
 from egress.host.service import ProxyService
@@ -293,8 +294,6 @@ class Supervisor:
         flag.write_bytes(b"\0")
         with open(flag, "r+b") as f:
             self._followers = mmap.mmap(f.fileno(), 1)
-        import egress
-
         # The workers import the egress this process runs, whatever their working folder holds
         # (-P keeps it off sys.path; the folder egress came from goes first).
         root = str(Path(egress.__file__).resolve().parents[1])

@@ -41,8 +41,6 @@ import sys
 import threading
 from pathlib import Path
 
-from sandbox.paths import command_writable
-
 from egress.core.contract import EXIT_OK
 from egress.host.service import ProxyService
 from egress.observe.events import HEARD_WAIT
@@ -52,6 +50,7 @@ from egress.proxy.config import DEFAULT_LIMITS, ProxyConfig
 from egress.run.plan import build_policy, load_credentials
 from egress.run.snapshot import PolicySnapshot
 from egress.run.warm import client as warm
+from sandbox.paths import command_writable
 
 REQUEST_WAIT = 30.0  # seconds a child waits for its run's request
 
@@ -75,7 +74,7 @@ def run_child(conn: socket.socket, identity: dict) -> int:
                          "message": "the launcher and the warm server are not the same egress"})
         return 1
     conn.settimeout(None)
-    named = dict(zip(request["fds"], fds))
+    named = dict(zip(request["fds"], fds, strict=True))  # the Reader took as many as it names
     take_over(request, named)
     return ChildRun(conn, reader, request, named).serve()
 
@@ -172,7 +171,9 @@ class ChildRun:
         """On the recorder's reporter thread. A refusal or an upstream failure returns once the
         launcher says its line is written (at most HEARD_WAIT), since its client's answer waits
         for this (egress.proxy.addons.line_first)."""
-        fields = dataclasses.asdict(event)
+        # plain values: marshal takes no str subclass (the decision, a Verdict)
+        fields = {name: str(value) if isinstance(value, str) else value
+                  for name, value in dataclasses.asdict(event).items()}
         if event.decision == "allow" or self.stopping:
             self.send({"op": "event", "event": fields})
             return
@@ -259,7 +260,7 @@ class ChildRun:
                 break
             message, fds = got
             if message.get("op") == "stdio":
-                take_stdio(dict(zip(message.get("fds", []), fds)))
+                take_stdio(dict(zip(message.get("fds", []), fds, strict=True)))
                 break
             self._dispatch(message, fds)
         self._readable()  # anything after it (a stop)

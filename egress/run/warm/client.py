@@ -40,9 +40,10 @@ import marshal
 import os
 import socket
 import sys
-import time
 import zlib
 
+import egress
+import sandbox
 from egress.proxy.ca import StateDir
 
 # Paths are str here: `egress run` reads this module, and never imports pathlib (egress.proxy.ca says why).
@@ -65,9 +66,6 @@ def installation() -> dict:
     """What makes a server's code ours: the interpreter as invoked (a venv's python names the venv,
     so its mitmproxy; resolving the link would name only the base interpreter), its prefix, and
     where egress and sandbox come from."""
-    import egress
-    import sandbox
-
     return {"python": os.path.abspath(sys.executable), "prefix": sys.prefix,
             "egress": os.path.dirname(os.path.realpath(egress.__file__)),
             "sandbox": os.path.dirname(os.path.realpath(sandbox.__file__))}

@@ -63,14 +63,16 @@ def log(message: str) -> None:
 
 
 def code_folders() -> list[Path]:
-    """Where the code a run's proxy executes lives, besides mitmproxy and the interpreter."""
+    """Where the code a run's proxy executes lives, besides mitmproxy and the interpreter: every
+    package folder of egress and sandbox (egress/ itself held only its top modules once the
+    layers became packages, and an edit below it went unseen), and the built-in policies."""
     import egress
     import sandbox
-
     from egress.policy.loader import builtin_dir
 
-    package = Path(egress.__file__).parent
-    return [package, package / "addons", Path(sandbox.__file__).parent, builtin_dir()]
+    roots = [Path(egress.__file__).parent, Path(sandbox.__file__).parent]
+    packages = sorted(Path(folder) for root in roots for folder, _, files in os.walk(root) if "__init__.py" in files)
+    return [*packages, builtin_dir()]
 
 
 def code_fingerprint(folders: list[Path]) -> tuple:
@@ -109,18 +111,19 @@ def warm_up(state_dir: Path) -> None:
 
     import dns.asyncresolver  # noqa: F401
 
+    # Imported for their import's sake: a run's child would otherwise import them after the fork.
     import egress.run.launcher  # noqa: F401  the run's policy functions
     import sandbox.paths  # noqa: F401
-
-    from egress.run import ask, session, snapshot
-    from egress.scan import credentials, detect
-    from egress.host import live
-    from egress.proxy import mitm, master as proxy
-    from egress.policy import settings  # noqa: F401
-    from egress.proxy.addons import credential_guard  # noqa: F401
-    from egress.policy.loader import _builtin_sets
     from egress.core.public_suffix import registrable_domain, suffix_rules
+    from egress.host import live, service  # noqa: F401
+    from egress.policy import settings  # noqa: F401
+    from egress.policy.loader import _builtin_sets
+    from egress.proxy import master, mitm  # noqa: F401
+    from egress.proxy.addons import credential_guard  # noqa: F401
     from egress.proxy.ca import StateDir
+    from egress.run import ask, session, snapshot  # noqa: F401
+    from egress.run.warm import child  # noqa: F401  the run's side, with everything it imports
+    from egress.scan import credentials, detect  # noqa: F401
 
     suffix_rules()  # every policy entry is checked against the public suffix list
     registrable_domain("example.com")  # every refusal's metric label (tldextract builds a trie)
@@ -197,26 +200,33 @@ class Server:
             except InterruptedError:
                 continue
             if self._wake_r in ready:
-                try:
-                    while os.read(self._wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                self._drain_wake()
             if self.spare is not None and self.spare[1] in ready:
-                try:
-                    word = self.spare[1].recv(1)
-                except OSError:
-                    word = b""
-                if word == b"R":
-                    self.spare_ready = True
-                else:  # it closed its end without a word: it is ending; reaped as a spare, not a run
-                    self._lost_spares.add(self.spare[0])
-                    self.spare[1].close()
-                    self.spare, self.spare_ready = None, False
-                    self._spare_due = time.monotonic() + 1.0
+                self._spare_spoke()
             if self.listener in ready:
                 self._accept()
         self.shutdown()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _spare_spoke(self) -> None:
+        """The spare said it has rehearsed, or closed its end without a word (it is ending)."""
+        try:
+            word = self.spare[1].recv(1)
+        except OSError:
+            word = b""
+        if word == b"R":
+            self.spare_ready = True
+        else:  # reaped as a spare, not a run
+            self._lost_spares.add(self.spare[0])
+            self.spare[1].close()
+            self.spare, self.spare_ready = None, False
+            self._spare_due = time.monotonic() + 1.0
 
     _last_exit = 0.0
 
