@@ -9,12 +9,18 @@ its control socket fed, its observers told, its signals answered, until it stops
     await service.run_until_stopped()   # stop() (thread-safe) or a stop signal ends it
     service.close()                     # once the loop has ended
 
-Four callers, which differ only in where the sockets, the observers and the policy come from:
+Its callers differ only in where the sockets, the observers and the policy come from:
 `egress serve` (egress.serve.single: its address, its control socket and stderr), each worker of
 `egress serve --workers N` (egress.serve.workers: sockets and an audit stream from the
-supervisor, events to it), and a run's proxy in this process or in the warm proxy's child
+supervisor, events to it), a run's proxy in this process or in the warm proxy's child
 (egress.run.session.ProxySession.serve: a socket made inside the sandbox, handed over once the
-proxy is built, an asker, and the run's reporter).
+proxy is built, an asker, and the run's reporter), and the warm spare's rehearsal of a run
+(egress.run.warm.child.rehearse). The policy is a ``load()`` of (policy, credentials) and a
+``reload()`` of the policy: egress.policy.source.PolicySource's, with the credentials read as
+serve reads them (egress.serve.single.load) or as a run brokers them (egress.run.plan).
+
+The builder is handed in, not made here: `egress run` opens it (audit log, metrics port, upstream
+CAs) before its command starts, and builds the proxy only when the command first connects.
 
 It imports nothing heavy: mitmproxy comes with the builder's start().
 """
@@ -29,11 +35,10 @@ from egress.host.live import PolicyWatcher, policy_marks
 from egress.proxy.build import ProxyBuilder
 from egress.proxy.seams import Asker
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # egress.observe.events brings prometheus_client, which serve's supervisor imports late
 if TYPE_CHECKING:
+    from egress.observe.events import Observer
     from egress.proxy.master import EgressProxy
-
-Observer = Callable[[object], None]  # called with every event (egress.observe.events.Recorder.subscribe)
 
 
 class ProxyService:
