@@ -11,7 +11,6 @@ else ``~/.local/state/egress``. Its folders:
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 # Paths are str here, not pathlib's: `egress run` reads this module before its command starts, and
 # importing pathlib (with urllib.parse, ipaddress, fnmatch, ntpath) cost ~4-5 ms of every run.
@@ -31,13 +30,30 @@ def state_dir() -> str:
     return os.path.join(base, "egress")
 
 
-class StateDir(namedtuple("StateDir", ("root",))):
+class StateDir:
     """The state folder and its folders, as str paths; ``StateDir.of(given)`` (None: the default).
 
-    A namedtuple, as egress.proxy.config.ProxyConfig (every `egress run` makes one).
+    A plain class, not a dataclass nor a namedtuple: every `egress run` makes one, and both cost
+    more to define than this whole module (egress.proxy.config says what a dataclass cost).
     """
 
-    __slots__ = ()
+    __slots__ = ("root",)
+    root: str
+
+    def __init__(self, root: str):
+        object.__setattr__(self, "root", root)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a StateDir does not change")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, StateDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        return f"StateDir({self.root!r})"
 
     @classmethod
     def of(cls, given: StateDir | str | os.PathLike | None = None) -> StateDir:
