@@ -23,19 +23,17 @@ import os
 import sys
 
 from egress.observe.terminal import say
-from egress.policy.source import PolicySource
 from egress.run.execute import execute
 from egress.run.options import LaunchError, RunOptions
-from egress.run.plan import build_policy as _build
-from egress.run.plan import choose_provider, load_credentials, plan
+from egress.run.plan import choose_provider, plan
 from egress.run.prepare import prepare
 
 TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
     from sandbox.api import Platform
 
-# RunOptions, LaunchError and load_credentials are also the warm proxy's child's (egress.run.warm.child)
-__all__ = ["LaunchError", "RunOptions", "build_policy", "fresh_policy", "load_credentials", "main", "run"]
+# RunOptions and LaunchError live in egress.run.options; named here too, for the CLI's callers
+__all__ = ["LaunchError", "RunOptions", "main", "run"]
 
 
 def run(options: RunOptions, platform: Platform | None = None) -> int:
@@ -62,22 +60,3 @@ def main(options: RunOptions):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-
-
-# The run's policy as the warm proxy's child builds it (egress.run.warm.child), until it reads
-# egress.policy.source's PolicySource itself.
-
-
-def build_policy(options: RunOptions, mode: str, read=None):
-    """The run's policy: built-in 'dev' (allowlist mode), the user's files, then --allow/--deny.
-    Raises LaunchError."""
-    return _build(_source(options, mode, read))
-
-
-def fresh_policy(options: RunOptions, mode: str, read=None):
-    """The run's policy, as build_policy, raising PolicyError (for live reloads)."""
-    return _source(options, mode, read).reload()
-
-
-def _source(options: RunOptions, mode: str, read=None) -> PolicySource:
-    return PolicySource(options.policies, options.allow, options.deny, mode, command_line=True, read=read)
