@@ -24,6 +24,14 @@ from __future__ import annotations
 
 from egress.core.contract import DEFAULT_NETWORK, NETWORK_MODES
 
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any, NoReturn
+
+    from egress.policy.loader import Reader
+    from egress.policy.matcher import Policy
+
 BUILTIN = "dev"  # the built-in set (policies/default.toml): serve's without files, a run's in allowlist mode
 COMMAND_LINE = "<command line>"  # where a run's flags stand in the loader's problems
 
@@ -41,22 +49,24 @@ class PolicySource:
     deny: tuple[str, ...]
     network: str | None
     command_line: bool
-    read: object
+    read: Reader | None
 
-    def __init__(self, files=(), allow=(), deny=(), network: str | None = None, *,
-                 command_line: bool = False, read=None):
+    def __init__(self, files: Iterable[str] = (), allow: Iterable[str] = (), deny: Iterable[str] = (),
+                 network: str | None = None, *, command_line: bool = False, read: Reader | None = None):
         if network is not None and network not in NETWORK_MODES:
             raise ValueError(f"network must be one of {', '.join(NETWORK_MODES)}, not {network!r}")
         if (allow or deny) and not command_line:
             raise ValueError("--allow and --deny stand in a run's command line: command_line=True")
-        for name, value in (("files", tuple(files)), ("allow", tuple(allow)), ("deny", tuple(deny)),
-                            ("network", network), ("command_line", command_line), ("read", read)):
+        values: tuple[tuple[str, object], ...] = (
+            ("files", tuple(files)), ("allow", tuple(allow)), ("deny", tuple(deny)), ("network", network),
+            ("command_line", command_line), ("read", read))
+        for name, value in values:
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(f"a PolicySource does not change: use .replace({name}=...)")
 
-    def replace(self, **changes) -> PolicySource:
+    def replace(self, **changes: Any) -> PolicySource:
         """This source with some fields changed (another reader, the mode once decided)."""
         fields = {name: getattr(self, name) for name in self.__slots__}
         fields.update(changes)
@@ -67,14 +77,14 @@ class PolicySource:
         """Whether the user named any policy: files, --allow or --deny."""
         return bool(self.files or self.allow or self.deny)
 
-    def decided(self, own=None) -> PolicySource:
+    def decided(self, own: Policy | None = None) -> PolicySource:
         """This source with its network mode decided: the one given, else ``own``'s `network` key
         (:meth:`own`'s policy), else allowlist."""
         if self.network is not None:
             return self
         return self.replace(network=(own.network if own is not None else None) or DEFAULT_NETWORK)
 
-    def load(self):
+    def load(self) -> Policy:
         """The policy (egress.policy.matcher.Policy). Raises egress.policy.loader.PolicyError."""
         from egress.policy import settings
 
@@ -90,7 +100,7 @@ class PolicySource:
         policy.allow_all = self.network == "all"  # the run's mode, whatever a file's `network` key says
         return policy
 
-    def reload(self):
+    def reload(self) -> Policy:
         """A live reload's policy: :meth:`load` again. serve's also refuses a policy whose stored
         secrets cannot be read now (egress.policy.settings.reloadable says why); a run's proxy
         keeps the credentials it started with and reads no secret again, as it never has."""
@@ -103,7 +113,7 @@ class PolicySource:
             policy.allow_all = self.network == "all"
         return policy
 
-    def own(self):
+    def own(self) -> Policy | None:
         """The user's own files and flags alone, without the built-in set (what they say of the
         network mode, the profile, the guardrails); None if the user named none. Raises PolicyError."""
         if not self.given:
@@ -114,13 +124,13 @@ class PolicySource:
             return settings.load(list(self.files), self.read).policy
         return self._command_line(list(self.files))
 
-    def _command_line(self, include: list[str]):
+    def _command_line(self, include: list[str]) -> Policy:
         from egress.policy import settings
 
         return settings.from_mapping({"include": include, "allow": list(self.allow), "deny": list(self.deny)},
                                      path=COMMAND_LINE, read=self.read).policy
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, PolicySource) and all(
             getattr(self, name) == getattr(other, name) for name in self.__slots__)
 

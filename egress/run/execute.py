@@ -26,7 +26,9 @@ from sandbox.spec import SandboxError
 
 TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
 if TYPE_CHECKING:
+    from egress.proxy.build import ProxyBuilder
     from egress.run.plan import RunPlan
+    from egress.run.warm.client import Handover
     from sandbox.api import Box
 
 
@@ -41,10 +43,12 @@ def execute(prepared: Prepared) -> int:
         if plan.platform.holds_until_ready:  # its sandbox is made meanwhile (sandbox/linux.py)
             prepared.write_files()
         if plan.networked:
+            builder = prepared.builder
+            assert builder is not None  # prepare opens one for every networked run
             trees = seal_policy(prepared)
             if plan.where == "warm":
-                handover = offer_warm(prepared, trees)
-            proxy = RunProxy(prepared, handover)
+                handover = offer_warm(prepared, builder, trees)
+            proxy = RunProxy(prepared, builder, handover)
         command_started(box, plan)
         if proxy is not None:
             session = proxy.serve(box)
@@ -65,9 +69,10 @@ def start_sandbox(prepared: Prepared) -> Box:
     """The command's sandbox, started: where the platform holds the command back until
     box.ready() (Linux), the sandbox is made while this process sets up its side (the files the
     command's environment names, the proxy). Raises LaunchError."""
-    plan = prepared.plan
+    plan, spec, listener = prepared.plan, prepared.spec, prepared.listener
+    assert spec is not None and listener is not None  # prepare made both
     try:
-        box = plan.platform.start(prepared.spec, prepared.listener)
+        box = plan.platform.start(spec, listener)
     except SandboxError as e:
         raise sandbox_failure(e, plan) from None
     prepared.listener = None  # the box holds its socket now
@@ -94,12 +99,12 @@ def seal_policy(prepared: Prepared) -> list[str]:
     return trees
 
 
-def offer_warm(prepared: Prepared, trees: list[str]):
+def offer_warm(prepared: Prepared, builder: ProxyBuilder, trees: list[str]) -> Handover | None:
     """The run's request to the warm proxy, sent now if it runs (see egress.run.warm.client.Handover); None
     if it cannot be used (the run's proxy then starts in this process)."""
     from egress.run.warm.client import Handover, installation
 
-    plan, builder = prepared.plan, prepared.builder
+    plan = prepared.plan
     options, credentials = plan.options, plan.credentials
     # stdout and stderr go when the run's child says it serves (egress.run.session): a child holding
     # them while it builds a proxy that a `true` never uses kept whoever reads egress's output
@@ -126,12 +131,13 @@ class RunProxy:
     the lines it says (EGRESS_BLOCKED and EGRESS_UPSTREAM_ERROR, once per host and reason) and who
     answers "allow this host for this run?"."""
 
-    def __init__(self, prepared: Prepared, handover):
+    def __init__(self, prepared: Prepared, builder: ProxyBuilder, handover: Handover | None):
         from egress.host.control import ControlServer, RunState
 
         self.prepared = prepared
+        self.builder = builder
         self.handover = handover
-        builder, options = prepared.builder, prepared.plan.options
+        options = prepared.plan.options
         if handover is None:  # else the warm proxy serves them (or this process, if it falls back)
             builder.serve_metrics()  # its port was bound before the command started; threads only now
         self.state = RunState(prepared.run_id, options.argv)
@@ -153,7 +159,7 @@ class RunProxy:
 
         prepared = self.prepared
         plan = prepared.plan
-        session = ProxySession(plan.policy_and_credentials, prepared.run_id, prepared.builder,
+        session = ProxySession(plan.policy_and_credentials, prepared.run_id, self.builder,
                                on_event=self.on_event, reload=plan.source.reload,
                                watch=list(plan.options.policies), frozen=plan.reader.frozen_files,
                                asker=self.asker, state=self.state, warm=self.handover)

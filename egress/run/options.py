@@ -12,12 +12,17 @@ import os
 from egress.core.contract import EXIT_LAUNCHER
 from egress.proxy.config import ProxyConfig
 
+TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this name as True
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
+
 DEFAULT_PROXY = ProxyConfig()  # immutable: one default serves every RunOptions
 
 # `egress run --agent` (or a policy's `profile = "agent"`): what an agent harness would otherwise
 # set by hand. Each can still be set on its own (--timeout, --max-output 0, --ask tty).
 # (It also turns on --headless, --redact and --guard-commands.)
-AGENT_PROFILE = {"max_output": 256 * 1024, "timeout": 120.0}
+AGENT_PROFILE: dict[str, Any] = {"max_output": 256 * 1024, "timeout": 120.0}
 
 
 class LaunchError(Exception):
@@ -38,14 +43,14 @@ class RunOptions:
                  "fs_confinement", "proxy", "redact", "ask", "proxy_mode", "agent", "max_output", "guard_commands",
                  "provider", "image", "mounts", "persist", "read", "allow_hooks")
 
-    def __init__(self, argv: list[str], network: str | None = None, policies: list[str] = (),
-                 allow: list[str] = (), deny: list[str] = (), project: str | os.PathLike | None = None,
-                 add_dirs: list[str | os.PathLike] = (), timeout: float | None = None, fs_confinement: bool = True,
-                 proxy: ProxyConfig = DEFAULT_PROXY, redact: bool = False, ask: str | None = None,
-                 proxy_mode: str | None = None, agent: bool = False, max_output: int | None = None,
-                 guard_commands: bool = False, provider: str | None = None, image: str | None = None,
-                 mounts: list[str] = (), persist: list[str] = (), read: list[str | os.PathLike] = (),
-                 allow_hooks: bool = False):
+    def __init__(self, argv: Iterable[str], network: str | None = None, policies: Iterable[str] = (),
+                 allow: Iterable[str] = (), deny: Iterable[str] = (), project: str | os.PathLike | None = None,
+                 add_dirs: Iterable[str | os.PathLike] = (), timeout: float | None = None,
+                 fs_confinement: bool = True, proxy: ProxyConfig = DEFAULT_PROXY, redact: bool = False,
+                 ask: str | None = None, proxy_mode: str | None = None, agent: bool = False,
+                 max_output: int | None = None, guard_commands: bool = False, provider: str | None = None,
+                 image: str | None = None, mounts: Iterable[str] = (), persist: Iterable[str] = (),
+                 read: Iterable[str | os.PathLike] = (), allow_hooks: bool = False):
         self.argv = list(argv)
         self.network = network  # None: the policy files' `network` key, else "allowlist"
         self.policies = list(policies)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from egress.core.contract import NETWORK_MODES, PROXY_MODE_ENV, PROXY_MODES
+from egress.core.contract import DEFAULT_NETWORK, NETWORK_MODES, PROXY_MODE_ENV, PROXY_MODES
 from egress.observe.terminal import say
 from egress.policy.source import PolicySource
 from egress.proxy.ca import StateDir
@@ -32,35 +32,29 @@ if TYPE_CHECKING:
 
 
 class RunPlan:
-    """One run, decided (see the module). Its fields do not change once plan() returns; ``reader``
-    (the run's PolicySnapshot) records the policy files read, for execute to seal."""
+    """One run, decided (see the module). Its fields do not change once plan() returns."""
 
-    __slots__ = ("options", "platform", "project", "where", "source", "user", "environ", "policy", "credentials")
+    __slots__ = ("options", "platform", "project", "where", "mode", "source", "reader", "user", "environ", "policy",
+                 "credentials")
 
-    def __init__(self, options: RunOptions, platform: Platform, project: str, where: str, source: PolicySource,
-                 user, environ: dict[str, str], policy=None, credentials=None):
+    def __init__(self, options: RunOptions, platform: Platform, project: str, where: str, mode: str,
+                 source: PolicySource, reader: PolicySnapshot, user, environ: dict[str, str], policy=None,
+                 credentials=None):
         self.options = options  # settled: the agent profile and the policy's guardrails applied
         self.platform = platform
         self.project = project  # the project folder, resolved
         self.where = where  # the run's proxy: "warm" (the per-user warm proxy's child) or "lazy"
-        self.source = source  # the run's policy, its network mode decided, read through the run's PolicySnapshot
+        self.mode = mode  # the network mode: allowlist, all or off
+        self.source = source  # the run's policy, in that mode, read through ``reader``
+        self.reader = reader  # the run's PolicySnapshot: the policy files read, sealed by execute
         self.user = user  # the user's own files and flags, loaded (None: none named)
         self.environ = environ  # the caller's environment, as the run started
         self.policy = policy  # loaded with the plan where the command's start needs it, else None
         self.credentials = credentials  # the same
 
     @property
-    def mode(self) -> str:
-        """The network mode: allowlist, all or off."""
-        return self.source.network
-
-    @property
     def networked(self) -> bool:
         return self.mode != "off"
-
-    @property
-    def reader(self) -> PolicySnapshot:
-        return self.source.read
 
     @property
     def state_dir(self) -> str:
@@ -132,21 +126,23 @@ def plan(options: RunOptions, platform: Platform, environ=None, tell: Callable[[
     check_options(options)
     where = proxy_mode(options, platform, environ)
     project = check_folders(options)
+    reader = PolicySnapshot()
     given = PolicySource(options.policies, options.allow, options.deny, options.network, command_line=True,
-                         read=PolicySnapshot())
+                         read=reader)
     user = user_policy(given)
     options = options.settled(user)
     if options.guard_commands:
         guard_command(options, user, tell)
     source = given.decided(user)
+    mode = source.network or DEFAULT_NETWORK  # decided: never None here
     # The full policy and the credentials are needed before the command starts only when
     # secrets are brokered (the command's environment holds placeholders) or output is
     # redacted; otherwise they are built when the proxy starts, so a command that opens
     # no connection never pays for them (the user's own files were checked just above).
     eager = options.redact or (user is not None and bool(user.credential_tables))
-    policy = build_policy(source) if source.network != "off" and eager else None
+    policy = build_policy(source) if mode != "off" and eager else None
     credentials = load_credentials(policy, environ) if eager else None
-    return RunPlan(options, platform, project, where, source, user, environ, policy, credentials)
+    return RunPlan(options, platform, project, where, mode, source, reader, user, environ, policy, credentials)
 
 
 def check_options(options: RunOptions) -> None:
@@ -294,7 +290,8 @@ def container_table(policies: list[str]) -> dict:
             continue  # the policy loader says what is wrong with it
         if table is None:
             continue
-        known = {"image": str, "mounts": list, "persist": list, "cpus": (str, int, float), "memory": str}
+        known: dict[str, type | tuple[type, ...]] = {"image": str, "mounts": list, "persist": list,
+                                                     "cpus": (str, int, float), "memory": str}
         for key, value in table.items():
             if key not in known or not isinstance(value, known[key]):
                 raise LaunchError(f"{name}: [container] {key}: expected one of "

@@ -30,7 +30,7 @@ TYPE_CHECKING = False  # egress run's path imports no typing; mypy reads this na
 if TYPE_CHECKING:
     from egress.proxy.build import ProxyBuilder
     from egress.run.relay import TerminalGuard
-    from sandbox.api import Box
+    from sandbox.api import Box, Listener
     from sandbox.spec import SandboxSpec
 
 
@@ -45,7 +45,7 @@ class Prepared:
         self.plan = plan
         self.run_id = run_id
         self.tmpdir = tmpdir  # the run's private folder: the command's TMPDIR, its sockets, the trust bundle
-        self.listener = None  # where the proxy listens, as the command is told (until a box takes it)
+        self.listener: Listener | None = None  # where the proxy listens, as the command is told (until a box takes it)
         self.builder: ProxyBuilder | None = None  # networked runs: the proxy's, opened (no thread yet)
         self.egress_ca: str | None = None  # the CA's certificate (networked runs)
         self.ca_bundle: str | None = None  # the trust bundle the command is told about
@@ -61,8 +61,10 @@ class Prepared:
         """The trust bundle (the upstream roots and egress's CA) and the clients' configuration
         files. Raises LaunchError."""
         if self.ca_bundle is not None:
+            builder, egress_ca = self.builder, self.egress_ca
+            assert builder is not None and builder.trust is not None and egress_ca is not None  # made with it
             try:
-                environment.trust_bundle(self.builder.trust.roots, self.egress_ca, self.ca_bundle)
+                environment.trust_bundle(builder.trust.roots, egress_ca, self.ca_bundle)
             except OSError as e:
                 raise LaunchError(str(e)) from None
         environment.write_files(self.files)
@@ -88,12 +90,12 @@ def prepare(plan: RunPlan) -> Prepared:
     run_id = os.urandom(6).hex()
     made = Prepared(plan, run_id, _private_folder(f"egress-run-{run_id}-"))
     try:
-        made.listener = listen(plan)
+        listener = made.listener = listen(plan)
         if plan.networked:
-            made.builder = open_builder(plan, made.listener)
+            made.builder = open_builder(plan, listener)
             made.egress_ca = make_ca(plan)
             made.ca_bundle = os.path.join(made.tmpdir, "ca-bundle.pem")
-        made.env = plan.environment(made.tmpdir, made.listener, made.ca_bundle, made.files)
+        made.env = plan.environment(made.tmpdir, listener, made.ca_bundle, made.files)
         # Where the platform holds the command back until box.ready() (Linux), execute writes them
         # while its sandbox is made
         if not plan.platform.holds_until_ready:
@@ -109,14 +111,14 @@ def prepare(plan: RunPlan) -> Prepared:
         refusal = secret_file_refusal(plan.credentials, made.writable_anywhere, made.own_code)
         if refusal is not None:
             raise LaunchError(refusal)
-        made.spec = plan.sandbox_spec(made.env, made.tmpdir, made.listener, made.own_code, made.outputs)
+        made.spec = plan.sandbox_spec(made.env, made.tmpdir, listener, made.own_code, made.outputs)
     except BaseException:
         made.close()
         raise
     return made
 
 
-def listen(plan: RunPlan):
+def listen(plan: RunPlan) -> Listener:
     """Where the proxy listens, as the command is told (the platform's listener). Raises LaunchError."""
     try:
         return plan.platform.listener(plan.networked)
@@ -124,7 +126,7 @@ def listen(plan: RunPlan):
         raise LaunchError(f"cannot listen for the run's proxy: {e.strerror or e}") from None
 
 
-def open_builder(plan: RunPlan, listener) -> ProxyBuilder:
+def open_builder(plan: RunPlan, listener: Listener) -> ProxyBuilder:
     """The run's proxy builder (egress.proxy.build), asking for the listener's secret if it has one,
     opened: the upstream CAs, the audit log and the metrics port, before the command runs; no
     thread yet. Raises LaunchError."""
