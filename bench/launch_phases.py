@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import warm_bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ("egress.entry,egress.run.launcher,sandbox.providers,egress.run.snapshot,egress.proxy.ca,egress.proxy.build,"
+MODULES = ("egress.entry,egress.run.launcher,egress.run.plan,egress.run.prepare,egress.run.execute,sandbox.providers,egress.run.snapshot,egress.proxy.ca,egress.proxy.build,"
            "egress.proxy.trust,sandbox.spec,sandbox.paths,sandbox.linux,egress.run.warm.client,egress.host.control,egress.run.session,egress.run.ask")
 
 WRAPPER = r'''
@@ -61,9 +61,12 @@ def timed(owner, attr, label, child=False):
 
 L, E, W, K, S, X = (m[n] for n in ("egress.run.launcher", "sandbox.environment", "egress.proxy.build", "egress.host.control",
                                    "egress.run.session", "sandbox.linux"))
-for name in ("_private_folder", "protect_own_code", "seal_policy", "offer_warm", "_asker", "_write_files",
-             "_remove_tree"):
-    timed(L, name, name)
+PREP, EXEC = m["egress.run.prepare"], m["egress.run.execute"]  # the run's steps (egress run = plan -> prepare -> execute)
+for name in ("_private_folder", "protect_own_code", "_remove_tree"):
+    timed(PREP, name, name)
+timed(PREP.Prepared, "write_files", "write_files")
+for name in ("seal_policy", "offer_warm", "asker"):
+    timed(EXEC, name, name)
 timed(E, "command_environment", "command_environment")
 timed(W.ProxyBuilder, "open", "ProxyBuilder.open")
 timed(X, "begin", "sandbox begin (fork)")

@@ -87,6 +87,7 @@ for name in ("egress.cli", "egress.run.launcher", "sandbox.linux", "egress.proxy
 import json, os, shutil, tempfile
 import egress.cli as C, egress.host.control as K, egress.run.session as P, egress.proxy.ca as S, egress.proxy.build as W
 import sandbox.environment as E, egress.run.launcher as L, sandbox.linux as X
+import egress.run.prepare as PREP, egress.run.execute as EXEC
 
 def timed(owner, attr, label):
     fn = getattr(owner, attr, None)
@@ -102,16 +103,16 @@ def timed(owner, attr, label):
     setattr(owner, attr, wrapper)
 
 timed(L, "run", "launcher.run (all)")
-timed(L, "policy_reader", "policy reader (snapshot)")
+timed(L, "plan", "plan (options, policy snapshot)")
 timed(tempfile, "mkdtemp", "mkdtemp")
 timed(W.ProxyBuilder, "open", "ProxyBuilder.open (audit log, metrics port)")
 timed(S, "ensure_ca", "ensure_ca (existing CA)")
 timed(E, "trust_bundle", "trust_bundle (system CAs + egress CA -> run tmpdir)")
 timed(E, "command_environment", "command_environment")
-timed(L, "protect_own_code", "protect_own_code")
+timed(PREP, "protect_own_code", "protect_own_code")
 timed(X, "start", "sandbox start (fork, namespaces, lo, Landlock, spawn)")
 timed(K.ControlServer, "__init__", "control socket (bind, thread)")
-timed(L, "seal_policy", "seal_policy")
+timed(EXEC, "seal_policy", "seal_policy")
 timed(P.ProxySession, "__init__", "ProxySession() + serve_lazily (thread)")
 timed(P.ProxySession, "serve_lazily", "ProxySession() + serve_lazily (thread)")
 timed(X.Sandbox, "wait", "wait for the command to end")
