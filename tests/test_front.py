@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from conftest import EchoServer as Echo, assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
+from conftest import EchoServer as Echo
+from conftest import assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
 
 NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}
@@ -143,7 +143,7 @@ def raw(proxy, data: bytes, *, then: bytes = b"", shut: bool = False, wait: floa
             while chunk := sock.recv(65536):
                 out += chunk
             out += b"<EOF>"
-        except socket.timeout:
+        except TimeoutError:
             out += b"<open>"
         except ConnectionResetError:
             out += b"<reset>"
@@ -663,7 +663,7 @@ def pushed_until_blocked(proxy, port: int, cap: int) -> int:
         try:
             while pushed < cap:
                 pushed += sock.send(chunk)
-        except socket.timeout:
+        except TimeoutError:
             pass
         return pushed
     finally:
@@ -782,7 +782,7 @@ class Unanswered:
         probe.settimeout(0.5)
         try:
             probe.connect(("127.0.0.1", self.port))
-        except socket.timeout:
+        except TimeoutError:
             pass
         else:
             self.close()

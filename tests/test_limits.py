@@ -14,9 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import conftest
+import pytest
 from conftest import DEFAULT_POLICY, proxied_session
 
 

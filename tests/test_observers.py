@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from egress.core.reasons import Verdict
-from egress.observe import events
 from egress.host.control import RunState
+from egress.observe import events
 from egress.observe.events import Event, Recorder
 from egress.observe.metrics import Metrics
 

@@ -11,7 +11,6 @@ import ssl
 import threading
 
 import pytest
-
 from conftest import proxied_session, run_curl
 
 
@@ -568,7 +567,7 @@ def _read_all(sock) -> bytes:
     while True:
         try:
             chunk = sock.recv(65536)
-        except (ConnectionResetError, ssl.SSLError, socket.timeout):
+        except (TimeoutError, ConnectionResetError, ssl.SSLError):
             break
         if not chunk:
             break

@@ -29,8 +29,9 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from egress.core.public_suffix import registrable_domain
 from egress.core.reasons import ALLOWED, Verdict
@@ -117,7 +118,7 @@ class Telling:
         """Until the line is written, or HEARD_WAIT has passed (the observer is then stalled)."""
         try:
             await asyncio.wait_for(asyncio.shield(self.future), HEARD_WAIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.observer.stalled = True
 
 

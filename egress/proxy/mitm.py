@@ -19,11 +19,10 @@ import socket
 import time
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 import wsproto.handshake
-from dataclasses import dataclass
-
 from mitmproxy import addonmanager as _addonmanager
 from mitmproxy import certs, connection, ctx, http
 from mitmproxy import exceptions as _exceptions
@@ -567,9 +566,9 @@ def splice(client: connection.Client, server: connection.Server, count=None) -> 
         transports.append(transport)
     watchdog = handler.timeout_watchdog
     ends = [_Splice(t, t.get_protocol(), watchdog, count, from_client) for t, from_client in
-            zip(transports, (True, False))]
+            zip(transports, (True, False), strict=True)]
     ends[0].peer, ends[1].peer = transports[1], transports[0]
-    for transport, end in zip(transports, ends):
+    for transport, end in zip(transports, ends, strict=True):
         transport.set_protocol(end)
     return True
 

@@ -15,10 +15,10 @@ import json
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
-from egress.proxy.engine import Engine
 from egress.observe.events import Recorder
 from egress.observe.metrics import Metrics
 from egress.policy.loader import policy_from_mapping
+from egress.proxy.engine import Engine
 from egress.proxy.resolver import Resolver
 
 POLICY = {

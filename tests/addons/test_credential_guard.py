@@ -23,26 +23,29 @@ import wsproto
 import wsproto.events as ws_events
 import zstandard
 from mitmproxy import http
-from mitmproxy.flow import Error
 from mitmproxy.addons import proxyserver
+from mitmproxy.flow import Error
 from mitmproxy.proxy import commands, context, events
-from mitmproxy.proxy.layers.http import (HttpRequestHeadersHook, HttpRequestHook, HttpResponseHeadersHook,
-                                         HttpResponseHook)
+from mitmproxy.proxy.layers.http import (
+    HttpRequestHeadersHook,
+    HttpRequestHook,
+    HttpResponseHeadersHook,
+    HttpResponseHook,
+)
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 from mitmproxy.websocket import WebSocketData
+from test_body_forms import brotli_with_metadata, gzip_with, zstd_with_skippable
 
-from egress.proxy.addons import credential_guard
-from egress.proxy.addons.credential_guard import CredentialGuard
-from egress.scan.credentials import Credentials, StoredSecret
-from egress.proxy.engine import Engine
-from egress.proxy.flowstate import flow_state
 from egress.core.hosts import parse_host
 from egress.observe.metrics import Metrics
 from egress.policy.loader import policy_from_mapping
+from egress.proxy.addons import credential_guard
+from egress.proxy.addons.credential_guard import CredentialGuard
+from egress.proxy.engine import Engine
+from egress.proxy.flowstate import flow_state
 from egress.proxy.resolver import Resolver
-
-from test_body_forms import brotli_with_metadata, gzip_with, zstd_with_skippable
+from egress.scan.credentials import Credentials, StoredSecret
 
 from .helpers import KeepingRecorder
 

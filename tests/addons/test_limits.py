@@ -6,14 +6,15 @@ import pytest
 from mitmproxy import options
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.context import Context
-from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
+from mitmproxy.proxy.layers.http import HttpLayer, HTTPMode
 from mitmproxy.proxy.layers.http._base import ReceiveHttp
 from mitmproxy.proxy.layers.http._events import RequestHeaders
 from mitmproxy.test import tflow
 
 from egress.proxy.addons.limits import Limits, StrictHttp1Server
 
-from .helpers import context, events as audit_events, make_engine, run
+from .helpers import context, make_engine, run
+from .helpers import events as audit_events
 
 
 def test_connections_past_the_cap_are_refused_and_their_place_given_back():

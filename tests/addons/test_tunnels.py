@@ -16,12 +16,12 @@ from mitmproxy.proxy.layers.http import HttpErrorHook, HttpResponseHeadersHook
 from mitmproxy.proxy.layers.websocket import WebsocketLayer
 from mitmproxy.test import taddons, tflow
 
-from egress.proxy.addons.reporter import Reporter
-from egress.proxy.addons.tunnels import ProtocolGuard
-from egress.proxy.mitm import websocket_layer
-from egress.proxy.engine import Engine
 from egress.observe.metrics import Metrics
 from egress.policy.loader import policy_from_mapping
+from egress.proxy.addons.reporter import Reporter
+from egress.proxy.addons.tunnels import ProtocolGuard
+from egress.proxy.engine import Engine
+from egress.proxy.mitm import websocket_layer
 from egress.proxy.resolver import Resolver
 
 from .helpers import KeepingRecorder
