@@ -30,8 +30,9 @@ import socket
 import struct
 from collections.abc import Callable
 
-from egress.observe.events import Event
 from egress.core.hosts import InvalidHost, parse_host
+from egress.policy.matcher import Decision
+from egress.proxy.refusal import refuse_connection
 
 FIRST_BYTES_WAIT = 2.0  # seconds a captured connection may stay silent before it is named and refused
 FIRST_BYTES_MAX = 16384  # bytes read to find the TLS SNI or the HTTP Host header
@@ -310,8 +311,7 @@ class Capture:
 
     def _block(self, client: str, method: str, host: str, port: int | None, reason: str, detail: str):
         """Record the refusal; the egress.observe.events.Telling to await before the client learns of it, if any."""
-        return self.record(Event(client=client, method=method, host=host, port=port, decision="block",
-                                 reason=reason, detail=detail))
+        return refuse_connection(self.record, client, Decision(host, port, False, reason, detail=detail), method=method)
 
     # -- TCP
 
@@ -339,12 +339,16 @@ class Capture:
         self._unnamed[id(conn)] = (client, name, port)
         try:
             first = await asyncio.wait_for(self._first_bytes(loop, conn), FIRST_BYTES_WAIT)
-        except (asyncio.TimeoutError, OSError):
+        except (TimeoutError, OSError):
             pass
-        finally:
-            if self._unnamed.pop(id(conn), None) is None:  # named by close() meanwhile
+        except BaseException:  # cancelled: by close(), which named it, this ends here
+            if self._unnamed.pop(id(conn), None) is None:
                 conn.close()
                 return
+            raise
+        if self._unnamed.pop(id(conn), None) is None:  # named by close() meanwhile
+            conn.close()
+            return
         if not (is_tls(first) or is_http(first)):
             telling = self._block(client, "TCP", name, port, "not-http", guess_protocol(first, port))
             if telling is not None:  # the run's line first, then the reset (egress.proxy.addons.line_first)

@@ -1,32 +1,42 @@
-"""A guard that raises must refuse, never let through.
+"""The one wrapper of every guard hook: a refusal is carried out, a guard that breaks refuses.
 
 mitmproxy runs each addon hook inside ``safecall``: an exception is logged as an
 "Addon error" and the flow goes on as if the hook had not been there. Measured: a
 Host port of 5000 digits made the policy guard's int() raise ValueError, and the
 request was forwarded. Every hook of a guard is therefore decorated::
 
-    from ..failclosed import fail_closed
+    from egress.proxy.failclosed import guard
+    from egress.proxy.refusal import Refused
 
     class MyGuard:
         def __init__(self, engine): self.engine = engine
 
-        @fail_closed
-        async def requestheaders(self, flow): ...
+        @guard
+        async def requestheaders(self, flow):
+            if ...:
+                raise Refused(decision)            # Stage.HEAD: the refusal is the answer
 
-and an exception (any ``Exception``; cancellation passes) in it ends what the hook
-was looking at:
+and what the hook raises (or the awaitable it returns, when it hands mitmproxy one) is caught:
 
-* an HTTP flow: refused with reason ``guard-error`` through :func:`egress.proxy.refusal.refuse`
-  (one event; the refusal response while the request can still be answered, else killed);
-* a server connection (``server_connect`` ...): its ``error`` is set, so it is never
-  opened, and the client connection is closed;
-* a client connection (``client_connected``): refused (``client.error``);
-* ``next_layer``: the connection gets a layer that closes it;
-* anything with a ``context`` (TLS hooks): its client connection is closed.
+* :class:`egress.proxy.refusal.Refused` first: :func:`egress.proxy.refusal.refuse` for the
+  hook's data, at the refusal's stage (one event; the answer, a kill, a close or a 1008);
+* any other ``Exception`` second (cancellation passes), which ends what the hook was
+  looking at, fail closed:
 
-The addon needs an ``engine`` attribute for the event (without one the flow is still
-killed). The exception is logged once, with the hook's name, its type and its
-message passed through the credential redactor.
+  * an HTTP flow: refused with reason ``guard-error`` (one event; the refusal response while
+    the request can still be answered, else killed);
+  * a server connection (``server_connect`` ...): its ``error`` is set, so it is never
+    opened, and the client connection is closed;
+  * a client connection (``client_connected``): refused (``client.error``);
+  * ``next_layer``: the connection gets a layer that closes it;
+  * anything with a ``context`` (TLS hooks): its client connection is closed.
+
+  The exception is logged once, with the hook's name, its type and its message passed
+  through the credential redactor. A refusal that itself fails is such an exception.
+
+The addon needs an ``engine`` attribute to refuse and record (without one a flow is still
+killed). tests/proxy/test_guard_hooks.py checks that every hook of every addon in
+egress/proxy/addons carries this wrapper.
 """
 
 from __future__ import annotations
@@ -39,32 +49,65 @@ from mitmproxy import connection, http
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
+from egress.policy.matcher import Decision
 from egress.proxy import refusal
 from egress.proxy.flowstate import flow_state
+from egress.proxy.refusal import Refused, Stage
 
 logger = logging.getLogger("egress")
 
 GUARD_ERROR = "guard-error"
 
 
-def fail_closed(hook):
-    """Decorate an addon hook (sync or async) so that an exception refuses instead of passing."""
+def guard(hook):
+    """Decorate an addon hook (sync or async) so that a :class:`Refused` it raises is carried out
+    and any other exception refuses instead of passing."""
     if inspect.iscoroutinefunction(hook):
         @functools.wraps(hook)
         async def guarded(self, data):
             try:
-                return await hook(self, data)
+                try:
+                    return await hook(self, data)
+                except Refused as refused:
+                    _carry_out(self, data, refused)
             except Exception as e:
                 fail(self, hook.__qualname__, data, e)
     else:
         @functools.wraps(hook)
         def guarded(self, data):
             try:
-                return hook(self, data)
+                try:
+                    result = hook(self, data)
+                except Refused as refused:
+                    _carry_out(self, data, refused)
+                    return None
             except Exception as e:
                 fail(self, hook.__qualname__, data, e)
-    guarded.fail_closed = True
+                return None
+            if result is not None and inspect.isawaitable(result):
+                # work handed to mitmproxy to await (a large body scanned between looks): what it
+                # raises there would be logged as an "Addon error" and let through
+                return _awaited(self, hook.__qualname__, data, result)
+            return result
+    guarded.guarded = True
     return guarded
+
+
+async def _awaited(addon, where: str, data, awaitable):
+    try:
+        try:
+            return await awaitable
+        except Refused as refused:
+            _carry_out(addon, data, refused)
+    except Exception as e:
+        fail(addon, where, data, e)
+
+
+def _carry_out(addon, data, refused: Refused) -> None:
+    engine = getattr(addon, "engine", None)
+    if engine is None:
+        raise TypeError(f"{type(addon).__name__} refused without an engine to refuse with")
+    refusal.refuse(engine, data, refused.decision, refused.stage, status=refused.status, method=refused.method)
 
 
 def fail(addon, where: str, data, error: Exception) -> None:
@@ -88,11 +131,10 @@ def _refuse(engine, where: str, data, error: Exception) -> str:
         if engine is None:
             refusal.close(data.client_conn, data.server_conn) if not data.killable else data.kill()
             return "the flow was killed"
-        from egress.policy.matcher import Decision
-
         request = data.request
+        stage = Stage.HEAD if data.response is None else Stage.RESPONSE
         refusal.refuse(engine, data, Decision(request.host or "unknown", request.port, False, GUARD_ERROR,
-                                              detail=detail))
+                                              detail=detail), stage, after_allow=False)
         if data.response is not None and not flow_state(data).refused and data.killable:
             data.kill()  # already reported (say, as allowed): the event stands, the flow still stops
             return "the flow was killed"

@@ -15,10 +15,10 @@ mitmproxy path would answer with 200 and relay untouched is served here:
   ``limits.bad_head`` refuses, parsed by mitmproxy's own ``http1.read_request_head`` (as
   StrictHttp1Server parses it) and passed by its ``validate_request`` (as HttpStream checks it),
   HTTP/1.1, no body headers, no proxy authentication configured;
-* the host: ``Policy.decide`` allows it, ``Policy.passthrough`` names it, the credential
-  guard finds no credential in it (``HostSecrets.first``);
-* its address: known without a query (``Resolver.cached``), accepted by
-  ``Policy.choose_address``, not this proxy's own port (``address_guard.checked_without_query``);
+* the host: ``Policy.passthrough`` names it (the front can only relay);
+* the CONNECT decision, mitmproxy's path's own (egress.proxy.connect.decide_connect: every
+  check of CONNECT_CHECKS, the policy, a credential in the name, the address), allows it
+  without waiting: its address known without a query (``Resolver.cached``);
 * the client is within ``egress_max_client_connections`` (``Limits.admit``).
 
 Everything else -- plain HTTP, intercepted CONNECTs, anything malformed, split over more
@@ -30,10 +30,11 @@ per-client count and its head-timeout clock are carried over (``Limits.carry``),
 from the accept, as they did.
 
 A tunnel served here does what the mitmproxy path does, in its order: the same ``allow``
-event (Reporter's fields), 200 with mitmproxy's bytes, the head timeout until the client's
-first bytes, the policy looked at again if a reload replaced it meanwhile (``Front.recheck``:
-denied, off passthrough or its address no longer accepted, the connection is closed with one
-block event, nothing dialled; mitmproxy's Passthrough looks again at that point too), then
+event (egress.observe.events.allow_connect, as the Reporter's), 200 with mitmproxy's bytes,
+the head timeout until the client's first bytes, the policy looked at again if a reload
+replaced it meanwhile (egress.proxy.connect.recheck, as mitmproxy's Passthrough looks again at
+that point: denied, off passthrough or its address no longer accepted, the connection is
+closed with one block event, nothing dialled), then
 the upstream dialled at the pinned address (no event if that fails: the
 client's connection is closed, as mitmproxy closes it; no dial timeout, as mitmproxy has none:
 the kernel's SYN retries or the idle timeout end a dial nobody answers, and a client's reset
@@ -53,12 +54,12 @@ import time
 from mitmproxy.net.http import http1
 from mitmproxy.proxy.layers.http import HTTPMode, validate_request
 
-from egress.proxy.addons.address_guard import checked_without_query
-from egress.proxy.addons.limits import bad_head
-from egress.proxy.engine import client_label
-from egress.observe.events import Event
 from egress.core.hosts import InvalidHost, parse_host
-from egress.policy.matcher import Decision
+from egress.observe.events import allow_connect
+from egress.proxy.addons.limits import bad_head
+from egress.proxy.connect import Allowed, ConnectContext, decide_connect, recheck
+from egress.proxy.engine import client_label
+from egress.proxy.refusal import refuse_connection
 
 logger = logging.getLogger("egress")
 
@@ -78,10 +79,11 @@ class Front:
     """The listener in front of mitmproxy's handler (``handle_stream(reader, writer)``)."""
 
     def __init__(self, engine, handle_stream, limits, credential_guard=None):
+        """``credential_guard``: unused (the CONNECT decision reads host names through the engine,
+        egress.proxy.connect.check_name); taken while egress.proxy.master passes it."""
         self.engine = engine
         self.handle_stream = handle_stream
         self.limits = limits
-        self.find_credential = credential_guard.host_secrets.first if credential_guard is not None else None
         metrics = engine.recorder.metrics
         self.upload, self.download = metrics.passthrough_upload, metrics.passthrough_download
         self.open: set[_Conn] = set()  # connections held here: waiting for a head, or relayed
@@ -121,7 +123,7 @@ class Front:
         for conn in list(self.open):
             conn.close()
 
-    def _protocol(self) -> "_Conn":
+    def _protocol(self) -> _Conn:
         return _Conn(self)
 
     # ----------------------------------------------------------------- deciding
@@ -156,51 +158,37 @@ class Front:
             host = parse_host(written)
         except InvalidHost:
             return None
-        if self.find_credential is not None and self.find_credential(written) is not None:
+        if engine.policy.passthrough(host, port) is None:  # mitmproxy's path intercepts it
             return None
-        policy = engine.policy
-        decision = policy.decide(host, port)
-        if not decision.allowed or policy.passthrough(host, port) is None:
+        allowed = decide_connect(engine, ConnectContext(host, port, written))
+        if not isinstance(allowed, Allowed):  # refused, or decided only with a wait: mitmproxy's path
             return None
-        ip = checked_without_query(engine, host, port)
-        if ip is None:
-            return None
-        return host, port, decision.rule, ip
+        if allowed.lookup is not None:  # served here: mitmproxy's path will not observe it
+            engine.recorder.metrics.dns_lookup.observe(allowed.lookup)
+        return host, port, allowed.rule, allowed.address
 
     def recheck(self, host, port: int, ip):
         """None if the policy in force still lets this tunnel's first bytes go to ``ip`` untouched;
         else the refusal. The decision was made at the CONNECT, the dial waits for the client's
-        first bytes (up to the head timeout): a reload in between must apply to it."""
-        policy = self.engine.policy
-        decision = policy.decide(host, port)
-        if not decision.allowed:
-            return decision
-        if policy.passthrough(host, port) is None:  # mitmproxy would intercept it now
-            return Decision(host.name, port, False, "protocol",
-                            detail="no longer on the passthrough list (the policy was reloaded after the CONNECT)")
-        chosen = policy.choose_address(host, port, [ip])
-        return chosen if isinstance(chosen, Decision) else None
+        first bytes (up to the head timeout): a reload in between must apply to it. A host taken
+        off passthrough is refused: mitmproxy's path would intercept it now, this one cannot."""
+        return recheck(self.engine, host, port, ip, relay_only=True)
 
     def policy_changed(self) -> None:
         """Close every tunnel held here whose host or address the policy now in force refuses,
         one block event each, as egress.proxy.addons.tunnels closes mitmproxy's: a relay has no next
         request to decide again at (red-team P8). One only taken off passthrough is left to _dial."""
-        policy = self.engine.policy
         for conn in list(self.open):
             if conn.state is not OPEN and conn.state is not CONNECTING and conn.state is not RELAY:
                 continue
-            refusal = policy.decide(conn.host, conn.port)
-            if refusal.allowed:
-                refusal = policy.choose_address(conn.host, conn.port, [conn.ip])
-            if isinstance(refusal, Decision) and not refusal.allowed:
-                self.engine.record_refusal(client_label(conn.peername), "TUNNEL", refusal)
+            refusal = recheck(self.engine, conn.host, conn.port, conn.ip)
+            if refusal is not None:
+                refuse_connection(self.engine.recorder.record, client_label(conn.peername), refusal)
                 conn.close()
 
     def record(self, peername, host, port: int, rule) -> None:
         """The event Reporter.http_connect records for an allowed CONNECT."""
-        self.engine.recorder.record(Event(
-            client=client_label(peername), method="CONNECT", host=host.name, port=port, decision="allow",
-            reason="allowed", rule=str(rule) if rule is not None else None, detail=""))
+        allow_connect(self.engine.recorder, client_label(peername), host.name, port, rule)
 
 
 class _Conn(asyncio.Protocol):
@@ -363,7 +351,7 @@ class _Conn(asyncio.Protocol):
         if front.engine.policy_generation != self.generation:
             refusal = front.recheck(self.host, self.port, self.ip)
             if refusal is not None:  # one block event, the connection closed, nothing dialled
-                front.engine.record_refusal(client_label(self.peername), "TUNNEL", refusal)
+                refuse_connection(front.engine.recorder.record, client_label(self.peername), refusal)
                 self.close()
                 return
         self.state = CONNECTING

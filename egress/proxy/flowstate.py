@@ -15,8 +15,13 @@ Every addon reads and writes this state; no string keys remain in flow.metadata 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from egress.core.hosts import Host, IPAddress
+
+if TYPE_CHECKING:
+    from egress.observe.events import Telling
+    from egress.policy.matcher import Decision, Rule
 
 KEY = "egress"
 
@@ -24,7 +29,7 @@ KEY = "egress"
 class FlowState:
     host: Host | None = None  # the destination in canonical form, parsed once per request
     port: int | None = None
-    rule: object = None  # the policy entry that allowed it (formatted only when an event is written)
+    rule: Rule | None = None  # the policy entry that allowed it (formatted only when an event is written)
     refused: bool = False  # a guard refused it: its answer is the refusal, nothing goes upstream
     reported: bool = False  # its one event has been recorded
     sent: int = 0  # request body bytes relayed upstream
@@ -37,7 +42,11 @@ class FlowState:
     client_tail: bytes = b""  # the end of the client's last WebSocket messages: a token split across them
     whole: bool = False  # the response body is read whole, not streamed (addons.injection_label)
     injection: str | None = None  # the injection label the response got, if any
-    telling: object = None  # egress.observe.events.Telling: the run's line about its refusal, awaited before the answer
+    telling: Telling | None = None  # the run's line about its refusal, awaited before the answer (addons.line_first)
+    # a WebSocket's frames as the credential guard reads them: None, no reader (websocket_start found
+    # no layer: a refusal closes the connections); False, read; True, a 1008 close is due at the next frame
+    websocket_close: bool | None = None
+    refused_dial: bool = False  # refused at its server's dial: its answer is the refusal, not an upstream error
 
     @property
     def host_name(self) -> str | None:
@@ -76,4 +85,8 @@ class ConnState:
     # hook takes it (egress.proxy.addons.upstream_errors): (code, detail, mitmproxy's message)
     open_failure: tuple[str, str, str] | None = None
     authenticated: bool = False  # its first request carried the proxy's secret (egress.proxy.auth)
-    telling: object = None  # egress.observe.events.Telling: the run's line about its refusal, awaited before the answer
+    # host name -> the Engine.policy_generation that checked its pin (egress.proxy.connect.remember)
+    pinned_under: dict[str, int] = field(default_factory=dict)
+    # a dial refused at server_connect, until its flow's error hook takes it (egress.proxy.refusal)
+    dial_refusal: Decision | None = None
+    telling: Telling | None = None  # the run's line about its refusal, awaited before the answer (addons.line_first)

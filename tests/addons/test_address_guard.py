@@ -102,8 +102,7 @@ def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_aga
     async def go():
         with context(proxyserver.Proxyserver(), policy, address):
             connect = connect_flow("allowed.test")
-            await policy.http_connect(connect)
-            await address.http_connect(connect)
+            await policy.http_connect(connect)  # the CONNECT decision: its address pinned (egress.proxy.connect)
             assert connect.response is None
             inside = request_flow("https://allowed.test/", client_conn=connect.client_conn)
             await policy.requestheaders(inside)
@@ -121,3 +120,47 @@ def test_after_a_reload_a_request_in_a_tunnel_has_its_pinned_address_checked_aga
     assert flow.response.headers["Connection"] == "close"
     assert [e["reason"] for e in events(engine)] == ["private-address"]
     assert engine.conn(flow.client_conn).pins == {}
+
+
+def test_a_dial_refused_at_server_connect_is_answered_with_the_refusal_not_an_upstream_error():
+    # A connection no request pinned (should not happen) is checked at its dial: refused there
+    # (Stage.SERVER_CONNECT), the flow that waited on it is refused with one event and answered
+    # 403 by egress's HTTP/1 side. Before: server.error only, filed by UpstreamErrors as
+    # connect-failed, a 502 EGRESS_UPSTREAM_ERROR.
+    from types import SimpleNamespace
+
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    from egress.proxy.addons.reporter import Reporter
+    from egress.proxy.addons.upstream_errors import UpstreamErrors
+
+    from .test_limits import answer, strict_server
+
+    engine = make_engine()
+    address, errors, reporter = AddressGuard(engine), UpstreamErrors(engine), Reporter(engine)
+    flow = request_flow("http://private.test/")  # allowed, resolves to 10.1.2.3: not allow_private
+    server = tflow.tserver_conn()
+    server.address, server.error = ("private.test", 80), None
+
+    async def go():
+        with context(proxyserver.Proxyserver(), address, errors, reporter):
+            data = ServerConnectionHookData(server=server, client=flow.client_conn)
+            await address.server_connect(data)
+            errors.server_connect_error(data)
+            flow.error = tflow.terr(f"Connection killed: {server.error}")
+            errors.error(flow)
+            reporter.error(flow)
+
+    run(go)
+    assert server.error.startswith("EGRESS_BLOCKED private.test: resolves to 10.1.2.3, private;")
+    assert engine.conn(flow.client_conn).open_failure is None  # not an upstream failure
+    assert flow_state(flow).refused_dial and flow_state(flow).upstream_error is None
+    [event] = events(engine)
+    assert (event["method"], event["host"], event["decision"], event["reason"]) == (
+        "GET", "private.test", "block", "private-address")
+    # egress's HTTP/1 side answers the flow's connection error with the refusal
+    http1 = strict_server(engine)
+    http1.http_layer.streams[1] = SimpleNamespace(flow=flow)
+    sent = answer(list(http1.send(ResponseProtocolError(1, f"Connection killed: {server.error}", 502))))
+    assert sent.startswith(b"HTTP/1.1 403") and b"X-Egress-Blocked: private.test; reason=private-address" in sent
+    assert b"EGRESS_UPSTREAM_ERROR" not in sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from mitmproxy import flow as mflow
+from mitmproxy.addons import proxyserver
 
 from egress.proxy.addons.policy_guard import PolicyGuard
 from egress.proxy.flowstate import flow_state
@@ -16,7 +17,7 @@ def check(flow_factory, hook: str = "requestheaders"):
     guard = PolicyGuard(engine)
 
     async def go():
-        with context(guard):
+        with context(proxyserver.Proxyserver(), guard):  # a CONNECT's address must not be the proxy's own
             flow = flow_factory(engine)
             await getattr(guard, hook)(flow)
             return flow
@@ -123,8 +124,8 @@ def test_a_guard_that_raises_refuses_instead_of_passing(monkeypatch):
 def test_ip_literals_and_localhost_names_are_never_offered_for_a_grant():
     # Loopback by definition (RFC 6761) like an IP literal: asking would offer what the address
     # guard refuses anyway. NeverAsk says its notice the first time it is asked anything.
-    from egress.run.ask import NeverAsk
     from egress.host.control import RunState
+    from egress.run.ask import NeverAsk
 
     said: list[str] = []
     engine = make_engine()
@@ -138,7 +139,7 @@ def test_ip_literals_and_localhost_names_are_never_offered_for_a_grant():
             return flow
 
     for url in ("http://localhost/", "http://api.localhost/", "http://127.0.0.1/", "http://[::1]/"):
-        assert run(lambda: go(url)).response.status_code == 403
+        assert run(lambda url=url: go(url)).response.status_code == 403
     assert said == []
     assert run(lambda: go("http://blocked.test/")).response.status_code == 403
     assert len(said) == 1  # a name: asked (and, headless, kept blocked)

@@ -43,7 +43,10 @@ Its scanning runs for a few ms in each of mitmproxy's synchronous calls and goes
 reads, while that connection is read no further (_Relay); its decoder and scanners are let
 go as soon as it ends, is refused, or its flow fails.
 
-Every refusal of this guard goes through :meth:`CredentialGuard._refuse`.
+Every refusal of this guard is made by :meth:`CredentialGuard._refusal` (reason ``credential``, the
+detail naming the kind and where, never the value): raised from a hook, carried out by
+egress.proxy.refusal at its stage (the request answered, the response killed, a stream's
+connections closed, a WebSocket closed with 1008).
 """
 
 from __future__ import annotations
@@ -62,17 +65,19 @@ from collections import deque
 import wsproto.events
 from mitmproxy import http
 
-from egress.proxy import mitm, refusal
+from egress.policy.loader import policy_from_mapping
+from egress.policy.matcher import Decision
+from egress.proxy import mitm
+from egress.proxy.connect import ConnectContext
+from egress.proxy.engine import Engine
+from egress.proxy.failclosed import guard
+from egress.proxy.flowstate import flow_state
+from egress.proxy.mitm import websocket_layer
+from egress.proxy.refusal import Refused, Stage, refuse
 from egress.scan.credentials import Credentials, StoredSecret
 from egress.scan.decode import KNOWN_CODINGS, ContentDecoder, UndecodableBody, WindowTooLarge, codings
 from egress.scan.detect import Detector, Finding
-from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
-from egress.proxy.flowstate import flow_state
 from egress.scan.host_secrets import HostSecrets
-from egress.policy.matcher import Decision
-from egress.policy.loader import policy_from_mapping
-from egress.proxy.mitm import websocket_layer
 
 ECHO_METHODS = {"TRACE", "TRACK"}
 BODY_SCAN_LIMIT = 64 * 2**20  # decoded bytes; a bigger (bomb) body is refused
@@ -120,7 +125,6 @@ STREAM_END = 0.05
 STREAM_QUEUE = 4 * 2**20
 WS_TAIL = 4096  # bytes of the client's last WebSocket messages read again with the next one
 CLEAN_CACHED = 256  # characters: longer texts are cleaned each time, not kept
-_CLOSE = "egress.websocket_close"  # flow metadata: close this WebSocket at the next frame
 
 
 class CredentialGuard:
@@ -155,6 +159,9 @@ class CredentialGuard:
         engine.recorder.clean = self.clean
         self._cleaned: dict[str, str] = {}
         self.host_secrets = HostSecrets(self.detector, self.ignore_kinds)
+        # A CONNECT's host name is read in its decision (egress.proxy.connect.check_name), on both
+        # of serve's paths; until the engine takes the reader as an argument, it is given here.
+        engine.host_names = self
         # For each bound secret, the hosts it may reach, with the policy's own matching rules.
         self._bindings = [(s, policy_from_mapping({"allow": list(s.hosts)}, path=f"<{s.label} hosts>"))
                           for s in credentials.secrets if s.hosts]
@@ -179,15 +186,18 @@ class CredentialGuard:
                 self._cleaned[text] = cached
         return cached
 
-    @fail_closed
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        # Before any DNS query: a lookup of <token>.attacker.example would carry the token out.
-        if flow.response is None:
-            finding = self.host_secrets.first(flow.request.host)
-            if finding is not None:
-                self._refuse(flow, flow.request.host, f"{finding.kind} in the host name")
+    def connect_refusal(self, ctx: ConnectContext) -> Decision | None:
+        """A CONNECT's refusal for a credential in its host name as the client wrote it, or None
+        (egress.proxy.connect.check_name: before any DNS query, a lookup of
+        <token>.attacker.example would carry the token out)."""
+        finding = self.host_secrets.first(ctx.written)
+        if finding is None:
+            return None
+        detail = f"{finding.kind} in the host name"
+        detail += self._placeholder_note(ctx.written, detail)
+        return Decision(ctx.written, ctx.port, False, "credential", detail=detail)
 
-    @fail_closed
+    @guard
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
@@ -197,15 +207,14 @@ class CredentialGuard:
         if intercepted and self._substitute_head(flow, bound):
             flow_state(flow).substituted = True
             if flow.request.method.upper() in ECHO_METHODS:
-                self._refuse(flow, host, f"a brokered secret in the request ({flow.request.method} would echo it back)")
-                return
+                raise self._refusal(flow, host,
+                                    f"a brokered secret in the request ({flow.request.method} would echo it back)")
         found = self._scan_head(flow, host, bound)
-        if found and not self._act_on_head(flow, host, found):
-            return
+        if found:
+            self._act_on_head(flow, host, found)
         transfer = [c.strip().lower() for c in flow.request.headers.get("transfer-encoding", "").split(",") if c.strip()]
         if any(c not in ("chunked", "identity") for c in transfer):
-            self._refuse(flow, host, f"an unreadable body (transfer-encoding {', '.join(transfer)!r})")
-            return
+            raise self._refusal(flow, host, f"an unreadable body (transfer-encoding {', '.join(transfer)!r})")
         has_body = transfer or flow.request.headers.get("content-length", "0").strip() not in ("", "0")
         if not has_body:
             return
@@ -213,8 +222,7 @@ class CredentialGuard:
         encoding = flow.request.headers.get("content-encoding", "")
         unknown = [c for c in codings(encoding) if c not in KNOWN_CODINGS]
         if unknown:
-            self._refuse(flow, host, f"an unreadable body (content-encoding {unknown[0]!r} is unknown)")
-            return
+            raise self._refusal(flow, host, f"an unreadable body (content-encoding {unknown[0]!r} is unknown)")
         # A large upload is scanned as it streams. So is one of unknown length (chunked):
         # mitmproxy would switch it to streaming past 1 MiB, after this hook, unscanned.
         if flow.request.stream or (transfer and "content-length" not in flow.request.headers):
@@ -222,7 +230,7 @@ class CredentialGuard:
                                    content_type=flow.request.headers.get("content-type", ""))
             flow.request.stream = _Relay(self, flow, host, scan)
 
-    @fail_closed
+    @guard
     def request(self, flow: http.HTTPFlow):
         if flow.response is not None or flow.request.stream or not flow.request.raw_content:
             return None
@@ -234,7 +242,7 @@ class CredentialGuard:
             return None
         return _drive(work)
 
-    @fail_closed
+    @guard
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # A host a brokered secret is bound to holds the real value: it was sent it, and may
         # give it back on any later request, not only in an echo of this one (an issue, a
@@ -252,23 +260,21 @@ class CredentialGuard:
         left = self.echo_detector.scan(b"\n".join([status, *(b for field in response.headers.fields for b in field)]))
         if left:
             where = "the status line" if left[0].start < len(status) else "a response header"
-            self._refuse(flow, host, f"{left[0].kind} given back in {where}", stage="response")
-            return
+            raise self._refusal(flow, host, f"{left[0].kind} given back in {where}", Stage.RESPONSE)
         encoding = response.headers.get("content-encoding", "")
         try:
             scan = _BodyScan(self.echo_detector, encoding, frozenset(), frozenset(), self._budget(streamed=True),
                              content_type=response.headers.get("content-type", ""))
         except UndecodableBody as e:
-            self._refuse(flow, host, f"a brokered response that cannot be read (content-encoding {encoding!r}: {e})",
-                         stage="response")
-            return
+            raise self._refusal(flow, host, f"a brokered response that cannot be read (content-encoding {encoding!r}: "
+                                            f"{e})", Stage.RESPONSE) from None
         # The body is read as a client might read it other than as labelled: a coded body's
         # bytes as sent (the scan does), and an unlabelled body that starts like gzip, zlib or
         # zstd, decoded.
         also = [] if scan.decoder is not None else [_Sniffed(self.echo_detector, lambda: self._budget(streamed=True))]
         response.stream = _Relay(self, flow, host, scan, echo=True, also=also)
 
-    @fail_closed
+    @guard
     def response(self, flow: http.HTTPFlow) -> None:
         # Trailers go to the client after this hook (HTTP/2): read as the headers were.
         response = flow.response
@@ -281,8 +287,9 @@ class CredentialGuard:
         left = self.echo_detector.scan(b"\n".join(b for field in response.trailers.fields for b in field))
         if left:
             response.trailers = None
-            self._refuse(flow, host, f"{left[0].kind} given back in a response trailer", stage="response")
+            raise self._refusal(flow, host, f"{left[0].kind} given back in a response trailer", Stage.RESPONSE)
 
+    @guard
     def error(self, flow: http.HTTPFlow) -> None:
         # A flow that failed (its client gone mid-upload, a connection cut): its body's
         # decoder and scanners go now, not when the collector finds the flow.
@@ -292,18 +299,18 @@ class CredentialGuard:
             if isinstance(relay, _Relay):
                 relay.drop()
 
-    @fail_closed
+    @guard
     def websocket_start(self, flow: http.HTTPFlow) -> None:
         # Messages come to websocket_message; ping, pong and close frames come to no hook:
         # read them (and close the WebSocket when told to) where mitmproxy takes the frames.
         ws = websocket_layer(flow)
         if ws is None:
             return  # websocket_message falls back to closing the connections
-        flow.metadata[_CLOSE] = False
+        flow_state(flow).websocket_close = False
         for conn, from_client in ((ws.client_ws, True), (ws.server_ws, False)):
             conn.events = _guard_frames(self, flow, from_client, conn.events)
 
-    @fail_closed
+    @guard
     def websocket_message(self, flow: http.HTTPFlow):
         message = flow.websocket.messages[-1]
         if message.injected:
@@ -380,14 +387,14 @@ class CredentialGuard:
         allowed = {s.label for s in bound}
         return [f for f in findings if f.kind not in allowed and f.kind not in self.ignore_kinds]
 
-    def _budget(self, streamed: bool, flow: http.HTTPFlow | None = None) -> "_Budget":
+    def _budget(self, streamed: bool, flow: http.HTTPFlow | None = None) -> _Budget:
         """The budget of what ``flow``'s client sends (its bytes' earnings, then its client's
         bucket), or, without a flow, of what a server sends (SCAN_BURST of its own)."""
         if flow is None:
             return _Budget(self.burst, self.per_byte, self.burst)
         return _Budget(0.0, self.per_byte, self.burst if streamed else float("inf"), self._bucket(flow))
 
-    def _bucket(self, flow: http.HTTPFlow) -> "_Bucket":
+    def _bucket(self, flow: http.HTTPFlow) -> _Bucket:
         peer = flow.client_conn.peername
         address = peer[0] if peer else ""
         bucket = self._buckets.get(address)
@@ -402,7 +409,7 @@ class CredentialGuard:
         return bucket
 
     def _body_scan(self, flow: http.HTTPFlow, bound: list[StoredSecret], encoding: str, streamed: bool,
-                   keep: bool = False, **readings) -> "_BodyScan":
+                   keep: bool = False, **readings) -> _BodyScan:
         """A scan of what ``flow``'s client sends."""
         return _BodyScan(self.detector, encoding, frozenset(s.label for s in bound), self.ignore_kinds,
                          self._budget(streamed, flow), keep, **readings)
@@ -442,12 +449,11 @@ class CredentialGuard:
     def _must_refuse(self, kind: str) -> bool:
         return self.action == "block" or kind.startswith(PLACEHOLDER_LABEL + ":")
 
-    def _act_on_head(self, flow: http.HTTPFlow, host: str, found) -> bool:
-        """Refuse or mask what was found in the URL and headers; False if refused."""
+    def _act_on_head(self, flow: http.HTTPFlow, host: str, found) -> None:
+        """Refuse (raise) or mask what was found in the URL and headers."""
         for where, finding, field in found:
             if self._must_refuse(finding.kind) or field is None:
-                self._refuse(flow, host, f"{finding.kind} in {where}")
-                return False
+                raise self._refusal(flow, host, f"{finding.kind} in {where}")
         path = flow.request.path.encode("utf-8", "surrogateescape")
         path_findings = [f for _, f, field in found if field == "path"]
         if path_findings:
@@ -459,7 +465,6 @@ class CredentialGuard:
             fields[index] = (name, _mask(value, header_findings))
         flow.request.headers.fields = tuple(fields)
         self._record_mask(flow, [f for _, f, _ in found], ", ".join(sorted({w for w, _, _ in found})))
-        return True
 
     def _check_body(self, flow: http.HTTPFlow):
         """A buffered request body: swap placeholders on their own hosts, then refuse or mask.
@@ -492,20 +497,16 @@ class CredentialGuard:
                     # not reach (inside base64, say) may not
                     findings = yield from self._body_scan(flow, bound, "", streamed=False).run(body)
         except UndecodableBody as e:
-            self._refuse(flow, host, f"an unreadable body (content-encoding {encoding!r}: {e})")
-            return
+            raise self._refusal(flow, host, f"an unreadable body (content-encoding {encoding!r}: {e})") from None
         except _OverBudget as e:
-            self._refuse(flow, host, f"a body that could not be scanned in time ({e})")
-            return
+            raise self._refusal(flow, host, f"a body that could not be scanned in time ({e})") from None
         except _Elsewhere as e:
-            self._refuse(flow, host, f"{e.kind} in the body ({e.form})")
-            return
+            raise self._refusal(flow, host, f"{e.kind} in the body ({e.form})") from None
         if not findings:
             return
         refused = [f for f in findings if self._must_refuse(f.kind)]
         if refused:
-            self._refuse(flow, host, f"{refused[0].kind} in the body")
-            return
+            raise self._refusal(flow, host, f"{refused[0].kind} in the body")
         flow.request.content = _mask(body, findings)
         self._record_mask(flow, findings, "the body")
 
@@ -525,8 +526,7 @@ class CredentialGuard:
                 findings = [f for f in findings if f.end > len(tail)]  # the tail's own were read before
                 if findings:
                     where = "across WebSocket messages" if findings[0].start < len(tail) else "in a WebSocket message"
-                    self._refuse_message(flow, message, host, f"{findings[0].kind} {where}")
-                    return
+                    raise self._message_refusal(flow, message, host, f"{findings[0].kind} {where}")
                 joined = tail + message.content if tail else message.content
                 # cut at a multiple of 4 bytes from where the messages start: UTF-16/32 stays in step
                 cut = max(0, len(joined) - self._client_tail)
@@ -543,20 +543,22 @@ class CredentialGuard:
                 content = None if across else self._put_back(tail + message.content, findings, 0)
                 if content is None:
                     where = "across WebSocket messages" if across else "in a WebSocket message"
-                    self._refuse_message(flow, message, host, f"{(across or findings)[0].kind} given back {where}")
-                    return
+                    raise self._message_refusal(flow, message, host,
+                                                f"{(across or findings)[0].kind} given back {where}")
                 if findings:
                     message.content = content[len(tail):]
                 state.echo_tail = content[-self._echo_tail:]
         except _OverBudget as e:
-            self._refuse_message(flow, message, host, f"a WebSocket message that could not be scanned in time ({e})")
+            raise self._message_refusal(flow, message, host,
+                                        f"a WebSocket message that could not be scanned in time ({e})") from None
         except _Elsewhere as e:
             given = "" if message.from_client else "given back "
-            self._refuse_message(flow, message, host, f"{e.kind} {given}in a WebSocket message ({e.form})")
+            raise self._message_refusal(flow, message, host,
+                                        f"{e.kind} {given}in a WebSocket message ({e.form})") from None
 
-    def _refuse_message(self, flow, message, host: str, detail: str) -> None:
+    def _message_refusal(self, flow, message, host: str, detail: str) -> Refused:
         message.drop()
-        self._refuse(flow, host, detail, stage="websocket")
+        return self._refusal(flow, host, detail, Stage.WEBSOCKET)
 
     def _check_frame(self, flow: http.HTTPFlow, from_client: bool, payload: bytes) -> bool:
         """A ping, pong or close payload: False if it may not pass."""
@@ -577,7 +579,7 @@ class CredentialGuard:
             findings = [Finding(e.kind, 0, len(payload))]
         if findings:
             where = "a WebSocket control frame" if from_client else "a WebSocket control frame from the server"
-            self._refuse(flow, _host(flow), f"{findings[0].kind} in {where}", stage="websocket")
+            self._refuse(flow, _host(flow), f"{findings[0].kind} in {where}", Stage.WEBSOCKET)
         return not findings
 
     def _put_back(self, data: bytes, findings, offset: int) -> bytes | None:
@@ -602,34 +604,26 @@ class CredentialGuard:
 
     # ---------------------------------------------------------------- outcomes
 
-    def _refuse(self, flow: http.HTTPFlow, host: str, detail: str, stage: str = "request") -> None:
-        """Every refusal of this guard: one event (reason=credential, the detail naming the
-        kind and where, never the value), then the flow stopped as its stage allows:
+    def _refusal(self, flow: http.HTTPFlow, host: str, detail: str, stage: Stage = Stage.HEAD) -> Refused:
+        """This guard's refusal (reason ``credential``, the detail naming the kind and where,
+        never the value), to raise from a hook; at ``stage`` (egress.proxy.refusal.Stage):
 
-        * ``request``: nothing has left; the client gets the documented 403 (a body still
-          to come is dropped: egress.proxy.mitm.answer_before_streamed_body);
-        * ``stream``: an upload is under way; both connections are closed;
-        * ``response``: a response to the command; killed before its body (or, streaming,
-          both connections closed);
-        * ``websocket``: a close frame (1008) to both sides at the next frame.
+        * HEAD: nothing has left; the client gets the documented 403 (a body still to come is
+          dropped: egress.proxy.mitm.answer_before_streamed_body);
+        * STREAM: a body is relayed as it is scanned; both connections are closed;
+        * RESPONSE: a response to the command; killed before its body (streaming, closed);
+        * WEBSOCKET: a close frame (1008) to both sides at the next frame.
+
+        The first refusal of a flow stands, even after the flow was reported as allowed.
         """
-        method = "WEBSOCKET" if stage == "websocket" else flow.request.method
         detail += self._placeholder_note(host, detail)
-        # One event, through the one refusal function (the first refusal of a flow stands, even
-        # after the flow was reported as allowed); this guard stops the flow itself, as its
-        # stage allows.
-        refusal.refuse(self.engine, flow, Decision(host, flow.request.port, False, "credential", detail=detail),
-                       how=refusal.NONE, method=method, after_allow=True)
-        flow_state(flow).refused = True
-        host = self.clean(host)
-        if stage == "request":
-            flow.response = refusal.refusal(host, "credential", detail)
-        elif stage == "websocket" and flow.metadata.get(_CLOSE) is not None:
-            flow.metadata[_CLOSE] = True
-        elif stage == "response" and flow.killable and not callable(flow.response.stream):
-            flow.kill()
-        else:
-            _abort(flow)
+        return Refused(Decision(host, flow.request.port, False, "credential", detail=detail), stage)
+
+    def _refuse(self, flow: http.HTTPFlow, host: str, detail: str, stage: Stage) -> None:
+        """:meth:`_refusal`, carried out where no hook is there to raise it to (a stream
+        function, a WebSocket frame)."""
+        refused = self._refusal(flow, host, detail, stage)
+        refuse(self.engine, flow, refused.decision, refused.stage)
 
     def _placeholder_note(self, host: str, detail: str) -> str:
         """For a placeholder refused on its own host: where that secret is swapped in, so the
@@ -1262,7 +1256,7 @@ class _Relay:
         self.stopped = True
         self.held, self.held_len = [], 0
         self.drop()
-        self.guard._refuse(self.flow, self.host, detail, stage="response" if self.echo else "stream")
+        self.guard._refuse(self.flow, self.host, detail, Stage.STREAM)
         return []
 
     def drop(self) -> None:
@@ -1361,25 +1355,27 @@ class _Sniffed:
         return self.scan.releasable
 
 
-def _guard_frames(guard: CredentialGuard, flow: http.HTTPFlow, from_client: bool, events):
+def _guard_frames(checker: CredentialGuard, flow: http.HTTPFlow, from_client: bool, events):
     """``events`` of one side's wsproto connection, with its ping, pong and close payloads
-    checked, and a close (1008, policy violation) put in when the guard asks for one."""
+    checked, and a close (1008, policy violation) put in when a refusal asks for one
+    (FlowState.websocket_close, set by egress.proxy.refusal at Stage.WEBSOCKET)."""
+    state = flow_state(flow)
+
     def guarded():
         for event in events():
-            if flow.metadata.get(_CLOSE):
+            if state.websocket_close:
                 break
             payload = None
             if isinstance(event, (wsproto.events.Ping, wsproto.events.Pong)):
                 payload = bytes(event.payload)
             elif isinstance(event, wsproto.events.CloseConnection):
                 payload = (event.reason or "").encode()
-            if payload and not guard._check_frame(flow, from_client, payload):
+            if payload and not checker._check_frame(flow, from_client, payload):
                 break
             yield event
-            if flow.metadata.get(_CLOSE):  # set by websocket_message while this event was out
+            if state.websocket_close:  # set by websocket_message while this event was out
                 break
-        if flow.metadata.get(_CLOSE):
-            flow.metadata[_CLOSE] = "sent"
+        if state.websocket_close:
             yield wsproto.events.CloseConnection(1008, "egress: refused (credential)")
     return guarded
 
@@ -1455,8 +1451,3 @@ def _mask(data: bytes, findings) -> bytes:
         last = finding.end
     out.append(data[last:])
     return b"".join(out)
-
-
-def _abort(flow: http.HTTPFlow) -> None:
-    """Close both sides of a flow whose bytes are already moving."""
-    mitm.close_connections(flow, flow.server_conn, flow.client_conn)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from mitmproxy import http
 
 from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
+from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import flow_state, refused
 
 LABEL_MAX_BYTES = 256 * 1024
@@ -42,7 +42,7 @@ class InjectionLabel:
 
             self.enabled = bool(ctx.options.egress_label_injection)
 
-    @fail_closed
+    @guard
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
         if not self.enabled or response is None or refused(flow) or response.stream:
@@ -57,7 +57,7 @@ class InjectionLabel:
         if 0 < length <= LABEL_MAX_BYTES:
             flow_state(flow).whole = True  # read whole (bounded), scored in `response`
 
-    @fail_closed
+    @guard
     def response(self, flow: http.HTTPFlow) -> None:
         state = flow_state(flow)
         if not state.whole or refused(flow) or flow.response is None:

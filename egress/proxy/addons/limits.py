@@ -79,21 +79,27 @@ from mitmproxy import connection, ctx
 from mitmproxy.connection import ConnectionState
 from mitmproxy.net.http import http1, status_codes, url
 from mitmproxy.proxy import commands, events, layer
-from mitmproxy.proxy.layers.http import HTTPMode, HttpLayer
-from mitmproxy.proxy.layers.http._base import ReceiveHttp
-from mitmproxy.proxy.layers.http._events import (RequestHeaders, RequestProtocolError, ResponseData,
-                                                  ResponseHeaders, ResponseProtocolError)
 from mitmproxy.proxy.layers import TCPLayer
+from mitmproxy.proxy.layers.http import HttpLayer, HTTPMode
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import (
+    RequestHeaders,
+    RequestProtocolError,
+    ResponseData,
+    ResponseHeaders,
+    ResponseProtocolError,
+)
 from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server, make_body_reader
 
-from egress.proxy import mitm, auth as proxyauth
-from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
-from egress.proxy.flowstate import KEY, ConnState, flow_state
 from egress.core.hosts import InvalidHost, parse_authority
 from egress.policy.matcher import Decision
+from egress.proxy import auth as proxyauth
+from egress.proxy import mitm
+from egress.proxy.engine import Engine
+from egress.proxy.failclosed import guard
+from egress.proxy.flowstate import KEY, ConnState, flow_state
 from egress.proxy.reclaim import Reclaimer
-from egress.proxy.refusal import ANSWER, NONE, refuse, upstream_error
+from egress.proxy.refusal import Stage, refuse, upstream_error
 
 logger = logging.getLogger("egress")
 
@@ -198,7 +204,7 @@ class Limits:
 
     # ------------------------------------------------------------- connections
 
-    @fail_closed
+    @guard
     def client_connected(self, client: connection.Client) -> None:
         self.reclaimer.opened()
         state = self.engine.conn(client)
@@ -239,6 +245,7 @@ class Limits:
         it again, so the limit and the head timeout run from when it was accepted."""
         self.carried[(peername, sockname)] = (counted, since)
 
+    @guard
     def client_disconnected(self, client: connection.Client) -> None:
         state = self.engine.connections.get(client)
         if state is not None and state.counted is not None:
@@ -247,7 +254,7 @@ class Limits:
         self.engine.forget(client)
         self.reclaimer.closed_one()
 
-    @fail_closed
+    @guard
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         chosen = nextlayer.layer
         if isinstance(chosen, TCPLayer):  # a relay (passthrough): no request head to wait for
@@ -264,7 +271,7 @@ class Limits:
     def _http1_server(self, context, http_layer: HttpLayer) -> StrictHttp1Server:
         return StrictHttp1Server(context, self, http_layer)
 
-    @fail_closed
+    @guard
     def websocket_start(self, flow) -> None:
         self.engine.conn(flow.client_conn).waiting_since = None
 
@@ -400,9 +407,12 @@ class StrictHttp1Server(Http1Server):
         yield from super().send(event)
 
     def _upstream_answer(self, stream_id: int):
-        """egress's answer for the flow of ``stream_id`` when its upstream failure has a code."""
+        """egress's answer for the flow of ``stream_id`` when its upstream failure has a code, or
+        when its dial was refused (the refusal, egress.proxy.refusal.take_dial_refusal)."""
         flow = getattr(self.http_layer.streams.get(stream_id), "flow", None)
         state = flow.metadata.get(KEY) if flow is not None else None
+        if state is not None and state.refused_dial:
+            return flow.response
         if state is None or state.upstream_error is None or state.refused:
             return None
         clean = self.limits.engine.recorder.clean
@@ -509,7 +519,7 @@ class StrictHttp1Server(Http1Server):
         if status == 431:
             self.limits.metrics.connections_limited.labels("head-size").inc()
         response = refuse(self.limits.engine, self.context.client, Decision(host, port, False, reason, detail=detail),
-                          status=status, method=method)
+                          Stage.LAYER, status=status, method=method)
         self.conn_state.waiting_since = None
         yield commands.SendData(self.conn, http1.assemble_response(response))
         yield commands.CloseConnection(self.conn)
@@ -525,9 +535,9 @@ class StrictHttp1Server(Http1Server):
             return None
         state = flow_state(flow)
         host = state.host_name or flow.request.host or "unknown"
-        return refuse(self.limits.engine, flow, Decision(host, flow.request.port, False, "protocol",
-                                                         detail=message[:200]), status=400,
-                      how=ANSWER if answer else NONE, after_allow=not answer)
+        response = refuse(self.limits.engine, flow, Decision(host, flow.request.port, False, "protocol",
+                                                             detail=message[:200]), Stage.LAYER, status=400)
+        return response if answer else None
 
 
 class StrictHttp1Client(Http1Client):

@@ -25,6 +25,7 @@ from mitmproxy import http
 from mitmproxy.proxy import layer
 
 from egress.proxy.engine import Engine
+from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import KEY
 
 
@@ -43,11 +44,13 @@ class LineFirst:
     def __init__(self, engine: Engine):
         self.engine = engine
 
+    @guard
     def _flow_answer(self, flow: http.HTTPFlow):
         return _held(flow.metadata.get(KEY))
 
     # Every flow hook after which mitmproxy may send a refusal, an upstream failure, or close on a kill.
     http_connect = requestheaders = request = responseheaders = response = error = _flow_answer
 
+    @guard
     def next_layer(self, nextlayer: layer.NextLayer):  # a tunnel refused as not HTTP: closed after
         return _held(self.engine.connections.get(nextlayer.context.client))

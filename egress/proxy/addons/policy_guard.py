@@ -1,6 +1,8 @@
 """Refuse destinations the policy does not allow, before any DNS query or connection.
 
-* CONNECT: decided in ``http_connect``; a refusal is the CONNECT's answer.
+* CONNECT: decided whole in ``http_connect``, by the checks serve's front reads too
+  (egress.proxy.connect: the policy, a credential in the name, the address to dial); a
+  refusal is the CONNECT's answer.
 * Plain HTTP (absolute-form): decided in ``requestheaders``.
 * Inside a tunnel: each request is decided again (the policy may have changed)
   and everything that names a host must name the tunnel's host: the TLS SNI, the
@@ -18,31 +20,41 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from egress.core.addresses import known_addresses
-from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
-from egress.proxy.flowstate import FlowState, flow_state
 from egress.core.hosts import Host, InvalidHost, parse_authority, parse_host
 from egress.policy.matcher import Decision
-from egress.proxy.refusal import refuse
+from egress.proxy.connect import ConnectContext, Refusal, UpstreamFailure, Wait, check_policy, remember, settle_connect
+from egress.proxy.engine import Engine
+from egress.proxy.failclosed import guard
+from egress.proxy.flowstate import FlowState, flow_state
+from egress.proxy.refusal import Refused, upstream_failure
 
 
 class PolicyGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @fail_closed
+    @guard
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         state = flow_state(flow)
-        decision = await self._decide(state, flow.request.host, flow.request.port)
-        if not decision.allowed:
-            refuse(self.engine, flow, decision)
+        written, port = flow.request.host, flow.request.port
+        try:
+            host = parse_host(written)
+        except InvalidHost as e:
+            raise Refused(Decision(written[:300], port, False, "invalid-host", detail=str(e))) from None
+        state.host, state.port = host, port
+        engine, conn = self.engine, self.engine.conn(flow.client_conn)
+        ctx = ConnectContext(host, port, written, conn.pins.get(host.name), conn.pinned_under.get(host.name))
+        outcome = await settle_connect(engine, ctx)
+        remember(engine, conn, ctx, outcome)
+        if isinstance(outcome, Refusal):
+            raise Refused(outcome.decision)
+        if isinstance(outcome, UpstreamFailure):
+            upstream_failure(engine, flow, host.name, outcome.code, outcome.message)
             return
-        conn = self.engine.conn(flow.client_conn)
-        conn.tunnel, conn.tunnel_generation = (state.host, flow.request.port), self.engine.policy_generation
-        self._remember(flow, state, decision)
+        conn.tunnel, conn.tunnel_generation = (host, port), engine.policy_generation
+        state.rule = outcome.rule  # formatted only when an event is written (the Reporter's)
 
-    @fail_closed
+    @guard
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         state = flow_state(flow)
         if flow.error is not None:  # mitmproxy refused it already; egress answers 400 (egress/proxy/mitm.py)
@@ -51,8 +63,7 @@ class PolicyGuard:
             host = flow.request.host or (tunnel[0].name if tunnel is not None else "") or "unknown"
             # mitmproxy's hint ("Disable the validate_inbound_headers option...") is no option of egress's
             detail = flow.error.msg.split(" Disable the ", 1)[0]
-            refuse(self.engine, flow, Decision(host, flow.request.port, False, "protocol", detail=detail[:200]))
-            return
+            raise Refused(Decision(host, flow.request.port, False, "protocol", detail=detail[:200]))
         tunnel = self.engine.conn(flow.client_conn).tunnel
         if tunnel is not None:
             host, port = tunnel
@@ -65,26 +76,20 @@ class PolicyGuard:
             if decision.allowed:
                 decision = self._misdirected(flow, state.host, decision.port, in_tunnel=False) or decision
         if not decision.allowed:
-            refuse(self.engine, flow, decision)
-            return
+            raise Refused(decision)
         self._remember(flow, state, decision)
 
     async def _decide(self, state: FlowState, host: str | Host, port: int) -> Decision:
-        """The policy's answer; a not-allowed *name* may still be granted for this run (never an IP
-        literal or a localhost name: their addresses are known, and special, so never offered)."""
+        """The policy's answer, as a CONNECT's (egress.proxy.connect.check_policy): a not-allowed
+        name may still be granted for this run."""
         if not isinstance(host, Host):
             try:
                 host = parse_host(host)
             except InvalidHost as e:
                 return Decision(host[:300], port, False, "invalid-host", detail=str(e))
         state.host, state.port = host, port
-        decision = self.engine.policy.decide(host, port)
-        asker = self.engine.asker
-        if decision.allowed or decision.reason != "not-allowed" or asker is None:
-            return decision
-        if known_addresses(host) is not None or not await asker.ask(decision.host):
-            return decision
-        return Decision(decision.host, port, True, "allowed", detail="allowed for this run")
+        answer = check_policy(self.engine, ConnectContext(host, port, host.name))
+        return await answer.settle() if isinstance(answer, Wait) else answer
 
     @staticmethod
     def _misdirected(flow: http.HTTPFlow, host: Host, port: int, in_tunnel: bool) -> Decision | None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from mitmproxy import connection, http
 from mitmproxy.proxy import server_hooks
 
+from egress.core.reasons import ALLOWED, Verdict
+from egress.observe.events import Event, allow_connect
 from egress.proxy.engine import Engine, client_label
-from egress.observe.events import Event
-from egress.proxy.failclosed import fail_closed
+from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import flow_state, masked, refused
 
 
@@ -23,40 +24,46 @@ class Reporter:
         self.engine = engine
         self.metrics = engine.recorder.metrics
 
+    @guard
     def client_connected(self, client: connection.Client) -> None:
         self.metrics.open_connections.inc()
 
+    @guard
     def client_disconnected(self, client: connection.Client) -> None:
         self.metrics.open_connections.dec()
 
+    @guard
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         server = data.server
         if server.timestamp_start and server.timestamp_tcp_setup:
             self.metrics.upstream_connect.observe(server.timestamp_tcp_setup - server.timestamp_start)
 
-    @fail_closed
+    @guard
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        if flow.response is None and not refused(flow):
-            self._record(flow, "allow", "allowed")
+        state = flow_state(flow)
+        if flow.response is None and not state.refused and not state.reported:
+            state.reported = True
+            allow_connect(self.engine.recorder, client_label(flow.client_conn.peername),
+                          state.host_name or flow.request.host, flow.request.port, state.rule)
 
-    @fail_closed
+    @guard
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.request.stream:  # a large upload, streamed (maybe through a guard's function)
             flow.request.stream = _Counter(flow, "sent", self.metrics.upload, flow.request.stream)
 
-    @fail_closed
+    @guard
     def request(self, flow: http.HTTPFlow) -> None:
         if not flow.request.stream and flow.request.raw_content:
             size = len(flow.request.raw_content)
             flow_state(flow).sent = size
             self.metrics.upload.inc(size)
 
-    @fail_closed
+    @guard
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None and not refused(flow) and not flow_state(flow).whole:
             flow.response.stream = _Counter(flow, "received", self.metrics.download, flow.response.stream)
 
-    @fail_closed
+    @guard
     def response(self, flow: http.HTTPFlow) -> None:
         if refused(flow):
             return
@@ -65,25 +72,26 @@ class Reporter:
             state.received = len(flow.response.raw_content)
             self.metrics.download.inc(state.received)
         if state.upstream_error:
-            self._record(flow, "error", state.upstream_error, detail=state.upstream_detail)
+            self._record(flow, Verdict.ERROR, state.upstream_error, detail=state.upstream_detail)
         else:
             what = masked(flow)
             detail = f"masked {what}" if what else ""
             if state.injection:
                 detail = "; ".join(filter(None, (detail, f"injection signals: {state.injection}")))
-            self._record(flow, "allow", "allowed", detail=detail)
+            self._record(flow, Verdict.ALLOW, ALLOWED, detail=detail)
 
-    @fail_closed
+    @guard
     def error(self, flow: http.HTTPFlow) -> None:
         if refused(flow) or flow.error is None:
             return
         state = flow_state(flow)
         if state.upstream_error:  # named by UpstreamErrors (or UpstreamTimeout)
-            self._record(flow, "error", state.upstream_error, detail=(state.upstream_detail or flow.error.msg)[:300])
+            self._record(flow, Verdict.ERROR, state.upstream_error,
+                         detail=(state.upstream_detail or flow.error.msg)[:300])
         else:  # the client went away before the answer was complete: allowed, not an upstream failure
-            self._record(flow, "allow", "allowed", detail=f"not completed: {flow.error.msg[:200]}")
+            self._record(flow, Verdict.ALLOW, ALLOWED, detail=f"not completed: {flow.error.msg[:200]}")
 
-    def _record(self, flow: http.HTTPFlow, decision: str, reason: str, detail: str = "") -> None:
+    def _record(self, flow: http.HTTPFlow, decision: Verdict, reason: str, detail: str = "") -> None:
         state = flow_state(flow)
         if state.reported:
             return

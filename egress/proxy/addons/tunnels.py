@@ -23,14 +23,15 @@ from __future__ import annotations
 from mitmproxy import http
 from mitmproxy.proxy import layer
 
-from egress.proxy import mitm, refusal
-from egress.proxy.refusal import NONE, refuse
-from egress.proxy.mitm import becomes_websocket
-from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
-from egress.proxy.flowstate import flow_state
 from egress.core.hosts import InvalidHost, parse_host
 from egress.policy.matcher import Decision
+from egress.proxy import mitm
+from egress.proxy.connect import recheck
+from egress.proxy.engine import Engine
+from egress.proxy.failclosed import guard
+from egress.proxy.flowstate import flow_state
+from egress.proxy.mitm import becomes_websocket
+from egress.proxy.refusal import Refused, Stage, refuse
 
 
 class Passthrough:
@@ -50,12 +51,12 @@ class Passthrough:
             host, port = state.tunnel
             refused = self._refusal_since_connect(client, host, port)
             if refused is not None:
-                refuse(self.engine, client, refused, how=refusal.CLOSE, method="TUNNEL")
+                refuse(self.engine, client, refused, Stage.CONNECTION)
 
     def _count(self, from_client: bool, n: int) -> None:
         (self._sent if from_client else self._received).inc(n)
 
-    @fail_closed
+    @guard
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         context = nextlayer.context
         if nextlayer.layer is not None or context.server.address is None or context.client.tls:
@@ -69,39 +70,26 @@ class Passthrough:
             return
         refused = self._refusal_since_connect(context.client, host, port)
         if refused is not None:
-            refuse(self.engine, context.client, refused, how=NONE, method="TUNNEL")
-            nextlayer.layer = mitm.closing_layer(context)
-            return
+            raise Refused(refused, Stage.CONNECTION)
         nextlayer.layer = mitm.opaque_relay(context, self._count)
 
     def _refusal_since_connect(self, client, host, port: int):
         """The policy's refusal of a tunnel whose CONNECT an earlier policy allowed; None if the
-        policy is the same or still allows it. The relay starts at the client's first bytes, up to
-        the head timeout after the 200: measured, 8 CONNECTs held across a reload that denied the
-        host (left on passthrough) were all relayed. A host refused as only not-allowed stays open
-        if this run granted it (a grant is the asker's, not the policy's)."""
+        policy is the same or still allows it (egress.proxy.connect.recheck: its host, and the
+        address pinned for it, which the relay would dial). The relay starts at the client's
+        first bytes, up to the head timeout after the 200: measured, 8 CONNECTs held across a
+        reload that denied the host (left on passthrough) were all relayed."""
         state = self.engine.connections.get(client)
         if state is None or state.tunnel_generation in (None, self.engine.policy_generation):
             return None
-        policy = self.engine.policy
-        decision = policy.decide(host, port)
-        if not decision.allowed:
-            asker = self.engine.asker
-            if decision.reason == "not-allowed" and asker is not None and host.name in asker.state.grants:
-                return None
-            return decision
-        # the address pinned at the CONNECT, which the relay would dial: a new policy may refuse it
-        # (allow_private withdrawn, the address denied) though it still allows the name
-        pinned = state.pins.get(host.name)
-        chosen = policy.choose_address(host, port, [pinned]) if pinned is not None else None
-        return chosen if isinstance(chosen, Decision) else None
+        return recheck(self.engine, host, port, state.pins.get(host.name))
 
 
 class ProtocolGuard:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @fail_closed
+    @guard
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         chosen = nextlayer.layer
         if not mitm.is_opaque(chosen):
@@ -110,10 +98,9 @@ class ProtocolGuard:
         name, port, *_ = context.server.address or ("unknown", 0)
         decision = Decision(name, port, False, "protocol",
                             detail="add the host to passthrough to relay it untouched")
-        refusal.refuse(self.engine, context.client, decision, how=refusal.NONE, method="TUNNEL")
-        nextlayer.layer = mitm.closing_layer(context)
+        raise Refused(decision, Stage.CONNECTION)  # the connection gets a layer that closes it
 
-    @fail_closed
+    @guard
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         # After a 101, mitmproxy relays what follows as raw TCP unless it makes a WebSocket of
         # it, by its own test (below): anything else is refused, one event.
@@ -126,5 +113,4 @@ class ProtocolGuard:
             detail = f"upgrade to {upgrade!r}"
         decision = Decision(flow_state(flow).host_name or flow.request.host, flow.request.port,
                             False, "protocol", detail=detail)
-        refusal.refuse(self.engine, flow, decision, how=refusal.KILL)
-        flow_state(flow).refused = True  # keeps the reporter from adding an upstream error for the killed flow
+        raise Refused(decision, Stage.RESPONSE)  # killed: no upstream error is added for it

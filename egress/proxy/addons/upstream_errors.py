@@ -16,11 +16,13 @@ allowed request is classified from the hook that saw it:
 
 One destination is known to fail before it is dialled: this proxy's own listening address
 (a name, allowed and ``allow_private``, that resolves to the loopback address and port the
-proxy listens on). Dialled, it would come back here, again and again; AddressGuard refuses
-the dial in ``server_connect``, which made it a ``connect-failed`` 502 (after a 200 for a
-CONNECT). It is not an upstream that failed but a destination egress will not serve: it is
-refused (``private-address``, 403, the address in the detail) at the CONNECT or the request
-head, once AddressGuard has pinned the address, before anything is dialled.
+proxy listens on). Dialled, it would come back here, again and again. It is not an upstream
+that failed but a destination egress will not serve: it is refused (``private-address``, 403,
+the address in the detail) at the CONNECT or the request head, by the address check
+(egress.proxy.connect.own_address), before anything is dialled. A dial a guard still refuses at ``server_connect``
+(AddressGuard, Stage.SERVER_CONNECT) is no upstream failure either: ``server_connect_error``
+leaves it, and the flow's ``error`` hook refuses the flow for it (egress.proxy.refusal.
+take_dial_refusal): the client gets the 403 refusal, not a ``connect-failed`` 502.
 
 A flow that ended because its *client* went away is not an upstream failure: it gets no
 code, and the Reporter records it as the allowed request it was.
@@ -48,11 +50,9 @@ from mitmproxy.tls import TlsData
 
 from egress.proxy import mitm
 from egress.proxy.engine import Engine
-from egress.proxy.failclosed import fail_closed
+from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import flow_state, refused
-from egress.policy.matcher import Decision
-from egress.proxy.refusal import refuse
-from egress.proxy.addons.address_guard import dials_itself
+from egress.proxy.refusal import take_dial_refusal
 
 # OpenSSL verification results that mean "no trusted CA signed this chain" (x509_vfy.h):
 # UNABLE_TO_GET_ISSUER_CERT, DEPTH_ZERO_SELF_SIGNED_CERT, SELF_SIGNED_CERT_IN_CHAIN,
@@ -68,41 +68,23 @@ class UpstreamErrors:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @fail_closed
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        self._refuse_own_address(flow)
-
-    @fail_closed
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
-        self._refuse_own_address(flow)
-
-    def _refuse_own_address(self, flow: http.HTTPFlow) -> None:
-        """Refuse a flow whose pinned address is this proxy's own listener (a loop, not an upstream)."""
-        if flow.response is not None or refused(flow):
-            return
-        state = flow_state(flow)
-        if state.host is None or state.port is None:
-            return
-        ip = self.engine.conn(flow.client_conn).pins.get(state.host.name)
-        if ip is not None and dials_itself(self.engine, ip, state.port):
-            where = f"[{ip}]:{state.port}" if ip.version == 6 else f"{ip}:{state.port}"
-            refuse(self.engine, flow, Decision(state.host.name, state.port, False, "private-address",
-                                               detail=f"resolves to {where}, this proxy's own listening address"))
-
-    @fail_closed
+    @guard
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        conn = self.engine.conn(data.client)
+        if conn.dial_refusal is not None:  # refused by a guard (egress.proxy.refusal): not an upstream failure
+            return
         message = data.server.error or "the connection could not be opened"
-        self.engine.conn(data.client).open_failure = ("connect-failed", message, message)
+        conn.open_failure = ("connect-failed", message, message)
 
-    @fail_closed
+    @guard
     def tls_failed_server(self, data: TlsData) -> None:
         message = data.conn.error or "the TLS handshake failed"
         code, detail = classify_tls_failure(message, _verify_result(data))
         self.engine.conn(data.context.client).open_failure = (code, detail, message)
 
-    @fail_closed
+    @guard
     def error(self, flow: http.HTTPFlow) -> None:
-        if refused(flow) or flow.error is None:
+        if refused(flow) or flow.error is None or take_dial_refusal(self.engine, flow):
             return
         state = flow_state(flow)
         conn = self.engine.connections.get(flow.client_conn)

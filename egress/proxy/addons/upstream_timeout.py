@@ -21,7 +21,7 @@ import asyncio
 from mitmproxy import connection, http
 
 from egress.proxy import mitm, refusal
-from egress.proxy.failclosed import fail_closed
+from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import flow_state
 
 
@@ -30,15 +30,17 @@ class UpstreamTimeout:
         self.seconds = seconds
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
-    @fail_closed
+    @guard
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is None and self.seconds > 0:
             loop = asyncio.get_running_loop()
             self._timers[flow.id] = loop.call_later(self.seconds, self._expire, flow)
 
+    @guard
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self._cancel(flow)
 
+    @guard
     def error(self, flow: http.HTTPFlow) -> None:
         self._cancel(flow)
 
