@@ -11,8 +11,8 @@ import logging
 import weakref
 from collections.abc import Callable, Collection
 
-from egress.observe.events import Recorder, refusal_event
-from egress.policy.matcher import Decision, Policy
+from egress.observe.events import Recorder
+from egress.policy.matcher import Policy
 from egress.proxy.flowstate import ConnState
 from egress.proxy.resolver import Resolver
 from egress.proxy.seams import Asker
@@ -67,10 +67,6 @@ class Engine:
                 watcher()
             except Exception:  # one watcher's bug must not keep the others from closing theirs
                 logging.getLogger("egress").exception("closing what the reloaded policy refuses failed")
-
-    def record_refusal(self, client: str, method: str, decision: Decision):
-        """The refusal's event; the Telling its answer waits on, if a run's reporter listens."""
-        return self.recorder.record(refusal_event(client, method, decision))
 
 
 def client_label(peername) -> str:
