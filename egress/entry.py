@@ -6,7 +6,7 @@ click takes them (``--opt value`` or ``--opt=value``, options before the command
 optional), with values click would accept unchanged, is parsed here and run at once. Anything
 else goes to click (egress.cli) exactly as typed: another command, ``--help``, an option not
 in the table, a value click would refuse or convert (so click's errors stay click's). Both
-parsers make the same RunOptions: tests/test_entry.py holds them to it on a table of real
+parsers make the same RunOptions: tests/run/test_entry.py holds them to it on a table of real
 command lines.
 """
 

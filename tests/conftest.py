@@ -105,12 +105,35 @@ SHARED_ENV = "EGRESS_TEST_SHARED"  # a folder for the whole run (every xdist wor
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: starts real processes (tests/conftest.py E2E); -m 'not e2e' leaves them out")
     if not hasattr(config, "workerinput"):  # the controller, or a serial run: before any worker starts
         import tempfile
 
         shared = tempfile.mkdtemp(prefix="egress-tests-")
         os.chmod(shared, 0o755)  # user_venv: other users run egress from inside it
         os.environ[SHARED_ENV] = shared
+
+
+# Test files that start real processes (egress serve or run, servers, clients, sandboxes, containers):
+# their tests carry the `e2e` marker. `./scripts/test -m "not e2e"` runs the rest, in process.
+E2E = {
+    "test_brokered_secrets", "test_cli", "test_conformance", "test_control_auth", "test_credentials",
+    "test_default_deny", "test_deny_by_address", "test_deploy", "test_dns", "test_doctor", "test_escapes",
+    "test_front", "test_grants", "test_guardrails", "test_linux", "test_live_policy", "test_proxy",
+    "test_run_capture", "test_body_forms", "test_decode_forms", "test_host_secrets",
+    "test_providers", "test_run", "test_run_clients", "test_run_confinement", "test_run_escapes",
+    "test_run_toolchains", "test_scan_budget", "test_seccomp_escapes", "test_upstream", "test_warm",
+    "test_workers",
+}
+E2E_PATHS = {"tests/proxy/test_limits.py"}  # (tests/proxy/addons/test_limits.py runs in process)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parents[1]
+    for item in items:
+        path = Path(item.path)
+        if path.stem in E2E or str(path.relative_to(root)) in E2E_PATHS:
+            item.add_marker(pytest.mark.e2e)
 
 
 def pytest_unconfigure(config):
@@ -452,7 +475,7 @@ def egress_command() -> list[str]:
 
 
 # `egress serve` runs as many workers as CPUs unless told; the tests that are not about workers
-# run one process, as they were written for (tests/test_workers.py is about them).
+# run one process, as they were written for (tests/serve/test_workers.py is about them).
 # EGRESS_TEST_WORKERS=N runs every serve of the suite with N workers instead.
 TEST_WORKERS = os.environ.get("EGRESS_TEST_WORKERS", "1")
 

@@ -1,4 +1,4 @@
-"""The layer rule, held by walking the AST of every module (as tests/test_contract.py does for exit statuses).
+"""The layer rule, held by walking the AST of every module (as tests/core/test_contract.py does for exit statuses).
 
 egress's packages are layers (docs/architecture.md, "The house"); each may import only layers
 below it:

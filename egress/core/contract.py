@@ -1,7 +1,7 @@
 """Values other programs rely on, defined once: exit statuses and network modes.
 
 The README documents both; the CLI, the policy loader, the launcher and the
-sandbox take them from here (a bare 125 elsewhere is a bug: tests/test_contract.py).
+sandbox take them from here (a bare 125 elsewhere is a bug: tests/core/test_contract.py).
 No imports: sandbox/linux.py reads this on the path of every `egress run`.
 """
 

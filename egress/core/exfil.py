@@ -9,7 +9,7 @@ gone, so base64 reads as its lower-case letters and digits, with ``-`` and ``_``
 that, and why, in a few words; None if it does not.
 
 Rules, over the parts of each label between hyphens and underscores ("runs"), measured on the
-tables in tests/test_exfil.py (real CDN, cloud, registry, mirror and cluster names that must
+tables in tests/core/test_exfil.py (real CDN, cloud, registry, mirror and cluster names that must
 pass; encoder output that must not):
 
 * A label directly under a public suffix (either section of the list: ``cloudfront.net``,

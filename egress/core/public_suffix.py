@@ -14,7 +14,7 @@ started). :func:`is_public_suffix` is asked for every entry of every policy, on 
 path of each `egress run --policy/--allow`, where the public API costs too much:
 importing tldextract imports requests, and its first answer builds a trie, many times what
 reading the same snapshot into three sets costs (docs/decisions/public-suffixes.md). So
-:func:`suffix_rules` reads the snapshot file tldextract ships; tests/test_public_suffix.py
+:func:`suffix_rules` reads the snapshot file tldextract ships; tests/core/test_public_suffix.py
 checks that both give the same answer for every rule of the list, except where tldextract's
 trie misses a wildcard rule that also has children (``*.customer-oci.com`` beside
 ``*.ocs.customer-oci.com``: the list makes ``ocs.customer-oci.com`` a suffix, tldextract says

@@ -155,7 +155,7 @@ class EntryError(ValueError):
 
 # The common entry: a plain lower-case ASCII name (hosts.py's own pattern), optionally with a
 # leading '*.' and a ':port'. Its parts are the very result of the general path (split_host_port
-# and parse_host would return them unchanged; tests/test_policy.py checks the two agree) in a
+# and parse_host would return them unchanged; tests/policy/test_policy.py checks the two agree) in a
 # fraction of the time. A loader reads a batch of entries at once (:func:`plain_parts`): one
 # findall over the batch's lines costs less than a match per entry (bench/README.md, Policy).
 # Anything else (upper case, IDN, IP, CIDR, spaces, errors) takes the general path.

@@ -23,7 +23,7 @@ leaves the whole array to tomllib; its string entries' lines are then found by s
 the text for each entry, in order, from its key on. A bare carriage return anywhere, a key
 taken twice, or a list key in a table leaves the whole file to tomllib.
 
-Why the arrays taken read as tomllib reads them (tests/test_policy_text.py compares both
+Why the arrays taken read as tomllib reads them (tests/policy/test_policy_text.py compares both
 on tables of tricky cases and on thousands of generated texts): tomllib parses the text
 with each taken array's body replaced by a random marker, ``key = ["marker"]``. The prefix
 up to the first ``key = [`` is the same text in both, so tomllib is in the same state

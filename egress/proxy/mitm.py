@@ -5,7 +5,7 @@ mitmproxy documents hooks, flows, connections, ``ctx``, ``proxy.context``,
 a chosen set of mitmproxy's own addons, serves sockets it did not open, closes or
 feeds live connections, and picks protocol layers. Those parts of mitmproxy are
 internal and may change in any release, so they are used only through the
-functions below, and tests/test_mitm.py pins each one against the installed
+functions below, and tests/proxy/test_mitm.py pins each one against the installed
 mitmproxy (an upgrade that changes one fails there, not in production).
 
 Imported only when a proxy starts: importing mitmproxy costs ~0.5 s.

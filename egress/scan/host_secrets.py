@@ -26,8 +26,8 @@ A name is read three ways, and every finding counts:
 
 The labels above the public suffix, not above the allowed parent: this module does not know the
 policy, and a public suffix is where nobody's data starts (``<token>.s3.amazonaws.com`` is a
-bucket name anyone can ask for). The real names of tests/test_exfil.py and the look-alikes of
-tests/test_host_secrets.py (``asiapacific…``, ``accademia2024…``) have no finding.
+bucket name anyone can ask for). The real names of tests/core/test_exfil.py and the look-alikes of
+tests/scan/test_host_secrets.py (``asiapacific…``, ``accademia2024…``) have no finding.
 
 Not read: a token cut by hyphens, or encoded in a way the detector does not decode (base32;
 base64 whose case DNS took away). ``network = "all"`` refuses names shaped like that as

@@ -3,7 +3,7 @@ run through mitmproxy's path (the addons' http_connect hooks, in the proxy's ord
 serve's front (Front.check), which must agree: what one refuses, the other does not serve;
 what one allows on passthrough, the other serves at the same address, under the same rule.
 
-tests/test_front.py keeps the end-to-end cases: the bytes, events and metrics of real tunnels.
+tests/proxy/test_front.py keeps the end-to-end cases: the bytes, events and metrics of real tunnels.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every hook of every addon in egress/proxy/addons carries the guard wrapper (an AST walk, as
-tests/test_contract.py walks exit statuses).
+tests/core/test_contract.py walks exit statuses).
 
 mitmproxy logs what a hook raises as an "Addon error" and goes on as if the hook had not been
 there: a hook without egress.proxy.failclosed.guard fails open, and a Refused it raises is

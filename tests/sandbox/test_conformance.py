@@ -1,6 +1,6 @@
 """One conformance suite for every sandbox `egress run` can hold a command in (sandbox/api.py), run
 against each one this machine can run: the Linux namespace sandbox, podman and docker (a rootful
-podman and a dockerd of the test's own, started as tests/test_providers.py starts them),
+podman and a dockerd of the test's own, started as tests/sandbox/test_providers.py starts them),
 --provider local, and macOS Seatbelt through the stand-in sandbox-exec of tests/sandbox/test_macos.py.
 As httpjail's platform_tests! runs one suite against each jail, each promise here is one test,
 parametrized over the providers.

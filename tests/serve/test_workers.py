@@ -384,7 +384,7 @@ def test_a_worker_that_cannot_start_stops_serve_with_its_status(tmp_path):
     # The supervisor checks the policy first (3); here a worker meets what only it does: an
     # unloadable module. Simulated with a PYTHONPATH whose egress.serve.workers fails to import.
     site = tmp_path / "site"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     import shutil
 
     shutil.copytree(repo / "egress", site / "egress", ignore=shutil.ignore_patterns("__pycache__"))

@@ -230,7 +230,7 @@ def test_direct_connections_to_host_loopback_fail_and_noproxy_by_name_goes_throu
                         f"http://127.0.0.1:{http_upstream.port}/small")
     assert direct.returncode != 0  # the sandbox's own loopback: nothing listens there
     assert http_upstream.connections == 0
-    # A client that ignores the proxy is captured (tests/test_run_capture.py): held to the policy.
+    # A client that ignores the proxy is captured (tests/run/test_run_capture.py): held to the policy.
     by_name = egress_run(tmp_path, "curl", "-sS", "--max-time", "5", "--noproxy", "*",
                          http_upstream.url("allowed.test"))
     assert by_name.stdout == "hello from upstream\n", by_name.stderr
@@ -399,7 +399,7 @@ def test_raw_tcp_udp_and_dns_escapes_never_arrive(tmp_path, test_host):
         print(" ".join(results))
     """)
     result = egress_run(tmp_path, sys.executable, "-c", script)
-    # Captured (tests/test_run_capture.py): the TCP connect reaches egress, which names and closes
+    # Captured (tests/run/test_run_capture.py): the TCP connect reaches egress, which names and closes
     # it; the DNS query reaches egress's stub; the other datagram is refused in the namespace.
     assert result.stdout.split() == ["udp-sent", "udp-failed:1", "tcp-connected"], result.stdout
     assert "EGRESS_BLOCKED 198.51.100.2:8080 (only HTTP(S) passes:" in result.stderr

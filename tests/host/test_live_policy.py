@@ -177,7 +177,7 @@ def test_a_reinstall_under_a_running_serve_keeps_its_built_in_sets(proxy_factory
     # the serve's next reload must still know `dev`, never look for ./dev in its cwd.
     import shutil
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     site = tmp_path / "site"
     for package in ("egress", "sandbox"):
         shutil.copytree(repo / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))

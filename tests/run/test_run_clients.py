@@ -313,7 +313,7 @@ def test_a_node_command_that_failed_going_around_the_proxy_gets_a_hint(tmp_path)
     # NO_PROXY sends fetch() around the proxy whatever node's version: as node 20 does for every host.
     direct = egress_run(tmp_path, node, "-e", FETCH, "https://direct.test/", env={"NO_PROXY": "direct.test"})
     assert direct.returncode == 3, direct.stderr
-    # Captured (tests/test_run_capture.py): no longer around the proxy, so a line, not the hint,
+    # Captured (tests/run/test_run_capture.py): no longer around the proxy, so a line, not the hint,
     # which is left for kernels without nf_tables (the capture then is not made).
     assert "EGRESS_BLOCKED direct.test (not on the allow list)" in direct.stderr
     assert not HINT.findall(direct.stderr), direct.stderr

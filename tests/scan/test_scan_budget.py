@@ -1,7 +1,7 @@
 """One client's scanning is bounded, and nothing of a body outlives it (issue 26, item 3: the
 review's P11, P9's second half and P10's cache).
 
-A real proxy in this process (egress.proxy.build.ProxyBuilder, as tests/test_wiring.py builds
+A real proxy in this process (egress.proxy.build.ProxyBuilder, as tests/proxy/test_wiring.py builds
 it), real clients on sockets in threads, two client addresses (127.0.0.1 and 127.0.0.2), a
 real upstream on 127.0.0.1. What is read from the running proxy: the credential guard's own
 accounting of scan time per client address, the decoders of its bodies (weak references,

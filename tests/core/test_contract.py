@@ -10,7 +10,7 @@ import pytest
 
 from egress.core import contract
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for folder in ("egress", "sandbox") for p in (ROOT / folder).rglob("*.py"))
 STATUS_VALUES = {value for name, value in vars(contract).items() if name.startswith("EXIT_")}
 # Calls whose argument is an exit status (the process's, or one a caller will exit with).

@@ -39,7 +39,7 @@ from conftest import DEFAULT_POLICY, proxied_session
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (installed with the test extras) reads the manifests")
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 PROMETHEUS = DEPLOY / "prometheus"
 RULES = PROMETHEUS / "alerts.yml"

@@ -486,7 +486,7 @@ def test_a_held_back_chunked_upload_reaches_upstream_whole(guarded, test_ca):
 
 def test_a_streamed_base64_token_never_leaves(guarded, test_ca):
     # Where the proxy's chunks cut a base64 run decided what the old stream window decoded
-    # (tests/addons/test_credential_guard.py tries every split); here every alignment of
+    # (tests/proxy/addons/test_credential_guard.py tries every split); here every alignment of
     # the run through the real proxy, read as TLS records give it.
     for pad in range(4):
         head = b'{"file": "' + b" " * pad

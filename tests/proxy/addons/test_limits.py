@@ -117,7 +117,7 @@ def test_an_unparsable_request_line_is_egress_refusal_not_mitmproxys_bare_400():
 
 
 def test_every_upstream_response_is_read_by_the_strict_client():
-    # mitmproxy makes its Http1Client by its module-level name (pinned in tests/test_mitm.py)
+    # mitmproxy makes its Http1Client by its module-level name (pinned in tests/proxy/test_mitm.py)
     from mitmproxy.proxy.layers import http as http_layers
 
     from egress.proxy.addons.limits import StrictHttp1Client

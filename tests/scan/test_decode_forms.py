@@ -4,7 +4,7 @@ parts and MIME words (P4); and a zstd body whose window is over RFC 9659's 8 MiB
 before it takes memory (P9). Real clients (requests, raw sockets), real upstreams on
 127.0.0.1; every token is made up.
 
-tests/test_detect.py holds the same forms at the detector, span for span, and the ordinary
+tests/scan/test_detect.py holds the same forms at the detector, span for span, and the ordinary
 text that must pass.
 """
 

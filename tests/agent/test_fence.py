@@ -18,7 +18,7 @@ from conftest import DEFAULT_POLICY, clean_env, egress_command
 from egress.agent.fence import fence, score, strip_hidden
 from egress.agent.write_guard import WriteRefused, clobbers, guarded_write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def egress(tmp_path: Path, *args: str, stdin: bytes = b"", env=None) -> subprocess.CompletedProcess:

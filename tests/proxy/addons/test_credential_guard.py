@@ -1,7 +1,7 @@
 """The credential guard in process, as mitmproxy drives it: real flows (mitmproxy.test.tflow),
 the real addon manager (mitmproxy.test.taddons), a real WebSocket layer fed real frames.
 
-The end-to-end tests (tests/test_credentials.py) prove the same through a real proxy;
+The end-to-end tests (tests/scan/test_credentials.py) prove the same through a real proxy;
 these pin each seam: one event recorded, the flow refused, the client closed, nothing
 relayed that was not scanned. Every token is made up.
 """
