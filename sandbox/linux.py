@@ -86,8 +86,12 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from egress.core.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from egress.core.contract import EXIT_LAUNCHER as EXIT_SANDBOX  # the sandbox failing is the launcher failing
+from egress.core.contract import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_LAUNCHER as EXIT_SANDBOX,  # the sandbox failing is the launcher failing
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+)
 from sandbox import _libc, capture, grants, landlock, mounts, namespaces, netcount, protected, seccomp
 from sandbox.box import BaseBox
 from sandbox.spec import SandboxError, SandboxSpec, find_program
@@ -325,7 +329,7 @@ def _handshake(box: Sandbox | Network, chan: socket.socket) -> None:
     while True:
         try:
             msg, anc, _, _ = chan.recvmsg(4096, socket.CMSG_SPACE(4))
-        except socket.timeout:
+        except TimeoutError:
             raise SandboxError(EXIT_SANDBOX, "the sandbox did not start in time", "internal") from None
         except ConnectionResetError:
             # It ended with our go unread. The kernel says so once, possibly before what it had

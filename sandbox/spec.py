@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from egress.core.contract import EXIT_CANNOT_EXECUTE, EXIT_LAUNCHER, EXIT_NOT_FOUND
+from egress.core.contract import EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND
 
 
 class SandboxError(Exception):

@@ -23,11 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import wsproto.handshake
-from mitmproxy import addonmanager as _addonmanager
-from mitmproxy import certs, connection, ctx, http
-from mitmproxy import exceptions as _exceptions
-from mitmproxy import master as _master
-from mitmproxy import options as _options
+from mitmproxy import (
+    addonmanager as _addonmanager,
+    certs,
+    connection,
+    ctx,
+    exceptions as _exceptions,
+    http,
+    master as _master,
+    options as _options,
+)
 from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 from mitmproxy.net.http import http1
 from mitmproxy.proxy import commands, events, layer

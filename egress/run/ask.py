@@ -76,7 +76,7 @@ class TerminalAsker:
             threading.Thread(target=self._prompt, args=(host, future), daemon=True).start()
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.hold)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._settle(host, False)
             return False
 

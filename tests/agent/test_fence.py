@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_POLICY, clean_env, egress_command
+
 from egress.agent.fence import fence, score, strip_hidden
 from egress.agent.write_guard import WriteRefused, clobbers, guarded_write
 
@@ -154,15 +154,15 @@ KEY_BODY = "MIIEowIBAAKCAQEAx4Zg8pV2\nq9W1bm3yTkRfX0aLh7sN5d\n"
 
 CLOBBERS = [  # (file as it is, new content, (new line, old line) of each clobber)
     (f"A=1\nGITHUB_TOKEN={TOKEN}\nB=2\n", "A=1\nGITHUB_TOKEN=[redacted:github-token]\nB=3\n", [(2, 2)]),
-    (f"export API_PASSWORD=hunter2hunter2\n", "export API_PASSWORD=[redacted:env-secret]  # rotated\n", [(1, 1)]),
+    ("export API_PASSWORD=hunter2hunter2\n", "export API_PASSWORD=[redacted:env-secret]  # rotated\n", [(1, 1)]),
     ('{"a": 1, "key": "sk-live-abc"}\n', '{"a": 2, "key": "[redacted:openai-key]"}\n', [(1, 1)]),
     (f"x\n-----BEGIN RSA PRIVATE KEY-----\n{KEY_BODY}-----END RSA PRIVATE KEY-----\ny\n",
      "x\n[redacted:private-key]\ny\n", [(2, 2)]),
-    (f"one\ntwo\nurl = https://user:{TOKEN}@example.test/\n", f"zero\none\ntwo\nurl = https://user:[redacted:github-token]@example.test/\n",
+    (f"one\ntwo\nurl = https://user:{TOKEN}@example.test/\n", "zero\none\ntwo\nurl = https://user:[redacted:github-token]@example.test/\n",
      [(4, 3)]),  # lines moved: paired with their old selves
 ]
 KEPT = [  # writes that replace no value
-    (f"A=1\nT=[redacted:github-token]\n", "A=2\nT=[redacted:github-token]\n"),  # the file already held it
+    ("A=1\nT=[redacted:github-token]\n", "A=2\nT=[redacted:github-token]\n"),  # the file already held it
     ("", "docs: a token shows as [redacted:github-token] in logs\n"),  # a new file
     ("a\nb\n", "a\nb\nthe placeholder [redacted:github-token] is documented here\n"),  # an added line
     (f"A={TOKEN}\n", f"A={TOKEN}\nB=2\n"),  # the real value written back

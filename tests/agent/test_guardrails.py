@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import clean_env
+
 from egress.agent.commands import builtin_rules, check, commands, compile_rule
-from egress.scan.detect import Detector, StreamRedactor
 from egress.agent.output_cap import CappedStream, parse_size
+from egress.scan.detect import Detector, StreamRedactor
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 

@@ -61,8 +61,7 @@ def test_every_exit_status_is_documented_in_the_reference():
 def test_network_modes_are_offered_and_explained_in_one_order(tmp_path):
     from egress.cli import run
     from egress.policy.loader import PolicyError, load_policy
-    from egress.run.launcher import LaunchError, RunOptions
-    from egress.run.launcher import run as launch
+    from egress.run.launcher import LaunchError, RunOptions, run as launch
 
     [network] = [p for p in run.params if p.name == "network"]
     assert tuple(network.type.choices) == contract.NETWORK_MODES

@@ -4,7 +4,6 @@ import base64
 import hashlib
 
 import pytest
-
 from conftest import run_curl
 
 from egress.core import exfil

@@ -17,10 +17,9 @@ import pytest
 from egress.core import reasons
 from egress.core.addresses import classify
 from egress.core.hosts import parse_host
-from egress.policy.matcher import Decision, Policy
-from egress.policy.loader import policy_from_mapping
-from egress.policy.loader import PolicyError, Problem, builtin_path, load_policy
 from egress.core.public_suffix import is_public_suffix, registrable_domain
+from egress.policy.loader import PolicyError, Problem, builtin_path, load_policy, policy_from_mapping
+from egress.policy.matcher import Decision, Policy
 
 
 def write(directory: Path, name: str, text: str) -> Path:

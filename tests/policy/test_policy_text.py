@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from egress.policy.loader import load_policy
-from egress.policy.loader import find_line, read_file
+from egress.policy.loader import find_line, load_policy, read_file
 from egress.policy.text import read_toml
 
 # (id, file text, {list key: line of each entry, in order})

@@ -61,10 +61,10 @@ def test_loading_a_policy_does_not_import_credentials(tmp_path):
 
 
 def test_a_live_reload_never_takes_a_policy_whose_credentials_are_wrong(tmp_path):
-    from egress.proxy.engine import Engine
-    from egress.observe.events import Recorder
     from egress.host.live import PolicyWatcher
+    from egress.observe.events import Recorder
     from egress.observe.metrics import Metrics
+    from egress.proxy.engine import Engine
     from egress.proxy.resolver import Resolver
 
     path = tmp_path / "p.toml"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from conftest import EchoServer as Echo, run_curl, start_upstream, stop_upstream
 
 NAMES = ["allowed.test", "other.test", "passthrough.test"]

@@ -17,7 +17,6 @@ import dns.rcode
 import dns.rdatatype
 import dns.rrset
 import pytest
-
 from conftest import proxied_session
 
 

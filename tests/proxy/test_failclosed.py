@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from addons.helpers import events as events_of
-from addons.helpers import make_engine, request_flow
+from addons.helpers import events as events_of, make_engine, request_flow
 from mitmproxy import options
 from mitmproxy.proxy import events, layer
 from mitmproxy.proxy.context import Context

@@ -20,8 +20,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import EchoServer as Echo
-from conftest import assert_no_crash, clean_env, start_proxy, start_upstream, stop_proxy, stop_upstream
+from conftest import (
+    EchoServer as Echo,
+    assert_no_crash,
+    clean_env,
+    start_proxy,
+    start_upstream,
+    stop_proxy,
+    stop_upstream,
+)
 
 NAMES = ["passthrough.test", "denied.passthrough.test", "private.passthrough.test", "allowed.test", "narrow.test"]
 OFF = {"EGRESS_PASSTHROUGH_FRONT": "off"}

@@ -8,8 +8,8 @@ import base64
 import socket
 
 import pytest
-
 from conftest import DEFAULT_POLICY, run_curl
+
 from egress.proxy.auth import accepts, parse
 
 SECRET = "s3cret-Only_the-run-knows"

@@ -17,12 +17,20 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import (DEFAULT_POLICY, TEST_NAMES, RawServer, _start_upstream, clean_env, egress_command,
-                      proxied_session, run_curl)
-from egress.core.contract import EXIT_LAUNCHER, EXIT_STATE
+from conftest import (
+    DEFAULT_POLICY,
+    TEST_NAMES,
+    RawServer,
+    _start_upstream,
+    clean_env,
+    egress_command,
+    proxied_session,
+    run_curl,
+)
 from test_dns import DnsServer
 from test_run import egress_run
+
+from egress.core.contract import EXIT_LAUNCHER, EXIT_STATE
 
 UNKNOWN_CA_LINE = ("EGRESS_UPSTREAM_ERROR other.test (the upstream server's certificate did not verify: unable to get "
                    "local issuer certificate; if a proxy on your network re-signs TLS, pass its CA with "

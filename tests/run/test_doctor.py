@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import clean_env, egress_command
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the doctor's sandbox checks are Linux's")

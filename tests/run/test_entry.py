@@ -8,9 +8,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from conftest import clean_env
 
 import egress.run.launcher
-from conftest import clean_env
 from egress import cli
 from egress.entry import Unparsed, parse_run
 from egress.proxy.ca import ensure_ca

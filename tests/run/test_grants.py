@@ -15,11 +15,11 @@ import threading
 import time
 
 import pytest
-
 from conftest import clean_env, egress_command
-from egress.run.ask import TerminalAsker
+
 from egress.host.control import RunState
 from egress.observe.terminal import RESET
+from egress.run.ask import TerminalAsker
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")
 

@@ -23,7 +23,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import TEST_NAMES, clean_env, egress_command, make_host_dir, one_worker_at_a_time, stop_warm_servers
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")

@@ -13,7 +13,6 @@ import sys
 import textwrap
 
 import pytest
-
 from test_run import egress_run, namespaces_available, run_as_nobody  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")

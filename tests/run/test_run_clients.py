@@ -26,7 +26,6 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from test_run import egress_run, namespaces_available  # noqa: F401 (an autouse fixture: skips without namespaces)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import array
 import errno
-import json
 import fcntl
+import json
 import os
 import pty
 import shutil
@@ -21,7 +21,6 @@ import termios
 import textwrap
 
 import pytest
-
 from conftest import TEST_NAMES, clean_env, egress_command
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="egress run confines with Linux namespaces")

@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from egress.policy.loader import policy_from_mapping
-from egress.policy.loader import PolicyError, load_policy
+from egress.policy.loader import PolicyError, load_policy, policy_from_mapping
 from egress.run.snapshot import PolicySnapshot
 from sandbox.paths import command_writable
 

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import make_host_dir
 
 if not sys.platform.startswith("linux"):

@@ -28,6 +28,7 @@ if not sys.platform.startswith("linux"):
     pytest.skip("Linux sandbox tests need Linux", allow_module_level=True)
 
 from conftest import make_host_dir  # noqa: E402
+
 from sandbox import landlock  # noqa: E402
 from sandbox.linux import (  # noqa: E402
     EXIT_CANNOT_EXECUTE,

@@ -25,12 +25,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import TEST_NAMES, clean_env
-from egress.core.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from egress.core.contract import PROXY_USER as USER
-from sandbox.environment import CA_VARIABLES, PROXY_VARIABLES
 from sbpl import decide, filter_paths, read_sbpl, rules, writable_subpaths
+
+from egress.core.contract import EXIT_LAUNCHER, EXIT_NOT_FOUND, EXIT_TIMEOUT, PROXY_USER as USER
+from sandbox.environment import CA_VARIABLES, PROXY_VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = 'allow = ["allowed.test"]\nallow_private = ["allowed.test"]\n'

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
 from conftest import clean_env, egress_command
+from test_run import POLICY, egress_run, nobody_home, test_host  # noqa: F401 (fixtures)
+
 from sandbox import container as ct
 from sandbox.providers import PROVIDERS, select
-from test_run import POLICY, egress_run, nobody_home, test_host  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the providers are tested on Linux")
 

@@ -17,11 +17,22 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sbpl import (  # noqa: F401
+    Atom,
+    ReadError,
+    Regex,
+    Str,
+    decide,
+    filter_paths,
+    posix_regex,
+    read_sbpl,
+    rules,
+    strings,
+    writable_subpaths,
+)
 
 from sandbox.protected import LATER_RUN
 from sandbox.seatbelt import FOLDS, MACH_SERVICES, ProfileError, any_case, canonical, profile, sbpl_string
-from sbpl import (Atom, ReadError, Regex, Str, decide, filter_paths, posix_regex, read_sbpl, rules,  # noqa: F401
-                  strings, writable_subpaths)
 
 GOLDEN = Path(__file__).with_name("golden")
 

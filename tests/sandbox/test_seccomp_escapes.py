@@ -28,7 +28,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import make_host_dir
 
 if not sys.platform.startswith("linux"):

@@ -18,10 +18,19 @@ import struct
 import zlib
 
 import pytest
-
 from conftest import DEFAULT_POLICY
-from test_credentials import (GITHUB, STORED, WS_ACCEPT, RawUpstream, after_the_chunks, dechunk, read_all, tunnel,
-                              ws_frame, ws_open)
+from test_credentials import (
+    GITHUB,
+    STORED,
+    WS_ACCEPT,
+    RawUpstream,
+    after_the_chunks,
+    dechunk,
+    read_all,
+    tunnel,
+    ws_frame,
+    ws_open,
+)
 
 
 def gzip_with(content: bytes = b"x=1", *, name: bytes = b"", comment: bytes = b"", extra: bytes = b"") -> bytes:

@@ -23,7 +23,6 @@ import sys
 import zlib
 
 import pytest
-
 from conftest import TEST_NAMES, RawServer, clean_env, egress_command
 from test_credentials import GITHUB
 
@@ -186,7 +185,7 @@ def curl(url: str, out: str, *args: str) -> str:
 def test_a_placeholder_outside_its_header_is_refused_and_never_sent(tmp_path, keeping, test_ca_file, curl_path):
     # N1: the command wrote its placeholder into a body; egress swapped the real value in;
     # the host kept it and gave it back. By default a secret goes in its header only.
-    script = (f'echo "$GITHUB_TOKEN"; '
+    script = ('echo "$GITHUB_TOKEN"; '
               + curl(keeping.url("allowed.test", "/store"), "body", '--data-binary "tok=$GITHUB_TOKEN"')
               + curl(keeping.url("allowed.test", '/store?tok=$GITHUB_TOKEN'), "query", "-X POST")
               + curl(keeping.url("allowed.test", '/store/$GITHUB_TOKEN'), "path", "-X POST")

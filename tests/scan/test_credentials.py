@@ -18,7 +18,6 @@ import urllib.parse
 import zlib
 
 import pytest
-
 from conftest import DEFAULT_POLICY, TEST_NAMES, RawServer, clean_env, egress_command, proxied_session, run_curl
 
 _RANDOM = random.Random(20261202)

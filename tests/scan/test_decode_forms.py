@@ -15,11 +15,9 @@ import json
 import random
 import socket
 import string
-import time
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_POLICY, proxied_session
 
 _RANDOM = random.Random(20261207)

@@ -19,7 +19,6 @@ import zlib
 
 import brotli
 import pytest
-
 import zstandard
 
 from egress.scan import detect
@@ -980,7 +979,7 @@ ORDINARY = [
     f"integrity=\"sha512-{base64.b64encode(R.randbytes(64)).decode()}\"",
     f"integrity=\"sha256-{base64.b64encode(R.randbytes(32)).decode()}\"",
     f"data:image/png;base64,x{base64.b64encode(R.randbytes(900)).decode()}",
-    f"GET /search?q=a+b&page=2&per_page=50&limit=100&offset=4500&ts=1767225600 HTTP/1.1",
+    "GET /search?q=a+b&page=2&per_page=50&limit=100&offset=4500&ts=1767225600 HTTP/1.1",
     f"amount=4999&currency=usd&qty=30&sku=AB12CD34EF56&ref={rnd(24, HEX)}",
     "NAME=\nOTHER=value\nEMPTY=\r\nLAST=1\n",
     "==========\nA heading\n==========\n",

@@ -16,7 +16,6 @@ import time
 import zlib
 
 import pytest
-
 from conftest import run_curl
 from test_dns import DnsServer
 from test_exfil import REAL

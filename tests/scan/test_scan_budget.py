@@ -20,14 +20,14 @@ import time
 import weakref
 
 import pytest
-
 from conftest import RawServer
+from test_credentials import GITHUB, read_all
+
 from egress.policy import settings
 from egress.proxy.addons import credential_guard
-from egress.scan.credentials import Credentials
 from egress.proxy.build import ProxyBuilder
 from egress.proxy.config import ProxyConfig
-from test_credentials import GITHUB, read_all
+from egress.scan.credentials import Credentials
 
 POLICY = {"allow": ["allowed.test"], "allow_private": ["allowed.test"]}
 # ~1 KB sent, 1 MiB of the slowest text known to scan ("sk-" again and again: ~0.6 us a byte,

@@ -34,7 +34,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import DEFAULT_POLICY, proxied_session
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (installed with the test extras) reads the manifests")

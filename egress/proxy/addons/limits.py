@@ -93,8 +93,7 @@ from mitmproxy.proxy.layers.http._http1 import Http1Client, Http1Server, make_bo
 
 from egress.core.hosts import InvalidHost, parse_authority
 from egress.policy.matcher import Decision
-from egress.proxy import auth as proxyauth
-from egress.proxy import mitm
+from egress.proxy import auth as proxyauth, mitm
 from egress.proxy.engine import Engine
 from egress.proxy.failclosed import guard
 from egress.proxy.flowstate import KEY, ConnState, flow_state

@@ -13,8 +13,7 @@ from mitmproxy.test import tflow
 
 from egress.proxy.addons.limits import Limits, StrictHttp1Server
 
-from .helpers import context, make_engine, run
-from .helpers import events as audit_events
+from .helpers import context, events as audit_events, make_engine, run
 
 
 def test_connections_past_the_cap_are_refused_and_their_place_given_back():
