@@ -38,6 +38,8 @@ from __future__ import annotations
 import os
 import sys
 
+from egress.core import reasons
+
 # Each part, in the order it must come. Nothing here moves the cursor.
 RESET_PARTS = (
     ("\x18", "CAN: abandons an escape sequence or string the command left unfinished (an open OSC "
@@ -97,8 +99,6 @@ def say(line: str, stream=None) -> None:
 def event_line(event) -> str | None:
     """The line a person reads for an event: ``EGRESS_BLOCKED <host> (<reason>)`` for a refusal,
     ``EGRESS_UPSTREAM_ERROR <host> (<reason>[: <cause>])`` for an upstream failure, else None."""
-    from egress.core import reasons
-
     if event.decision == "block":
         host = event.host
         if event.reason == "not-http" and event.port is not None:  # the port is what was refused

@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from egress.agent.commands import Rule, compile_rule
+from egress.agent.output_cap import parse_size
 from egress.core.contract import NETWORK_MODES
 from egress.core.hosts import _ASCII_NAME, _NUMERIC_LABEL, InvalidHost, parse_host, split_host_port
 from egress.core.public_suffix import is_icann_suffix, is_public_suffix, none_public
@@ -590,8 +592,6 @@ class _Loader:
             policy.profile = profile
 
     def load_limits(self, table: object, problem: Report) -> None:
-        from egress.agent.output_cap import parse_size
-
         if not isinstance(table, dict):
             problem("limits: expected a table, e.g. [limits] max_output = \"256K\"", key="limits")
             return
@@ -610,8 +610,6 @@ class _Loader:
                 else current
 
     def load_guardrails(self, table: object, path: str, from_file: bool, problem: Report) -> None:
-        from egress.agent.commands import Rule, compile_rule
-
         if not isinstance(table, dict):
             problem("guardrails: expected a table, e.g. [guardrails] deny_commands = [\"git push --force\"]",
                     key="guardrails")
