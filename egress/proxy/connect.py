@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from egress.core.addresses import known_addresses
 from egress.core.hosts import Host, IPAddress
@@ -107,12 +106,6 @@ class Wait:
     settle: Callable[[], Awaitable[Decision | Pin | Refusal | UpstreamFailure | None]]
 
 
-class HostNames(Protocol):
-    """What reads a CONNECT's host name for credentials (egress.proxy.addons.credential_guard)."""
-
-    def connect_refusal(self, ctx: ConnectContext) -> Decision | None: ...
-
-
 # ----------------------------------------------------------------------- the checks
 
 
@@ -135,7 +128,7 @@ async def ask(asker, decision: Decision) -> Decision:
 
 def check_name(engine, ctx: ConnectContext) -> Decision | None:
     """A credential in the host name as the client wrote it (the credential guard's HostSecrets)."""
-    names: HostNames | None = getattr(engine, "host_names", None)  # set by the credential guard, if any
+    names = engine.host_names
     return names.connect_refusal(ctx) if names is not None else None
 
 

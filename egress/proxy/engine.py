@@ -15,7 +15,7 @@ from egress.observe.events import Recorder
 from egress.policy.matcher import Policy
 from egress.proxy.flowstate import ConnState
 from egress.proxy.resolver import Resolver
-from egress.proxy.seams import Asker
+from egress.proxy.seams import Asker, HostNames
 from egress.scan.credentials import Credentials
 from egress.scan.detect import Detector
 from egress.scan.host_secrets import HostSecrets
@@ -47,6 +47,9 @@ class Engine:
         # called after each replace_policy, on the event loop: what holds live tunnels closes
         # those the new policy refuses (egress.proxy.addons.tunnels, egress.proxy.fastpath)
         self.policy_watchers: list[Callable[[], None]] = []
+        # What reads a credential in a CONNECT's host name (egress.proxy.connect.check_name): the
+        # credential guard, given when it is made; None: no credentials, nothing to read
+        self.host_names: HostNames | None = None
 
     def conn(self, client) -> ConnState:
         """The state of a client connection (created on first use)."""

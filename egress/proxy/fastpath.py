@@ -78,9 +78,7 @@ WAIT, HANDED, OPEN, CONNECTING, RELAY, DONE = range(6)
 class Front:
     """The listener in front of mitmproxy's handler (``handle_stream(reader, writer)``)."""
 
-    def __init__(self, engine, handle_stream, limits, credential_guard=None):
-        """``credential_guard``: unused (the CONNECT decision reads host names through the engine,
-        egress.proxy.connect.check_name); taken while egress.proxy.master passes it."""
+    def __init__(self, engine, handle_stream, limits):
         self.engine = engine
         self.handle_stream = handle_stream
         self.limits = limits

@@ -106,7 +106,7 @@ class EgressProxy:
         self.stopping = False  # stop() was called: /readyz says so while connections drain
         self.front = None
         if config.front:
-            self.front = Front(engine, mitm.regular_handler(self.proxyserver), limits, credential_guard)
+            self.front = Front(engine, mitm.regular_handler(self.proxyserver), limits)
         asyncio.get_running_loop().set_exception_handler(_loop_exception)
 
     async def start(self) -> None:

@@ -8,7 +8,11 @@ egress.observe.events'. Imports nothing but typing: `egress run` reads it before
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from egress.policy.matcher import Decision
+    from egress.proxy.connect import ConnectContext
 
 
 class Grants(Protocol):
@@ -30,3 +34,10 @@ class Asker(Protocol):
     def state(self) -> Grants: ...
 
     async def ask(self, host: str) -> bool: ...
+
+
+class HostNames(Protocol):
+    """What reads a CONNECT's host name for credentials (egress.proxy.addons.credential_guard):
+    egress.proxy.connect.check_name asks it through Engine.host_names."""
+
+    def connect_refusal(self, ctx: ConnectContext) -> Decision | None: ...

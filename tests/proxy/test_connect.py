@@ -69,7 +69,7 @@ def through_both(target: str, port: int = 443, asker=None):
     engine = make_engine(asker)
     credential_guard = CredentialGuard(engine, Credentials("block", []))
     addons = [PolicyGuard(engine), credential_guard, AddressGuard(engine), UpstreamErrors(engine), Reporter(engine)]
-    front = Front(engine, None, Limits(engine), credential_guard)
+    front = Front(engine, None, Limits(engine))
 
     async def go():
         with context(proxyserver.Proxyserver(), *addons) as tctx:
